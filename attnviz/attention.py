@@ -1,0 +1,215 @@
+"""Scaled dot-product attention, written out, plus its masks and variants.
+
+Two paths side by side, as in nanoGPT: `attend` with `need_weights=True` runs the five steps
+(scores, scale, mask, softmax, weighted sum) and returns the weights; without weights the
+softmax variant goes through the fused `F.scaled_dot_product_attention`. Variants (local window,
+chunked exact, linear elu+1, ReLU, top-k, temperature) share one entry point so the model, the lab
+and the latency bench all swap them the same way.
+
+Shapes: q (B, h, T, dh); k, v (B, h_kv, S, dh) with h a multiple of h_kv (grouped-query
+attention); `allowed` a bool mask broadcastable to (B, h, T, S), True where a query may look.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+KINDS = ("softmax", "local", "chunked", "linear", "relu", "topk")
+
+
+@dataclass(frozen=True)
+class Variant:
+    kind: str = "softmax"
+    window: int = 0            # local: keys within `window` positions of the query
+    chunk: int = 256           # chunked: queries per block
+    top_k: int = 0             # topk: keys kept per query
+    temperature: float = 1.0   # divides the scaled scores (softmax, local, topk)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown attention variant {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.kind == "local" and self.window < 1:
+            raise ValueError("local attention needs a window of at least 1 token, e.g. 'local:64'")
+        if self.kind == "chunked" and self.chunk < 1:
+            raise ValueError("chunked attention needs a chunk of at least 1 query, e.g. 'chunked:128'")
+        if self.kind == "topk" and self.top_k < 1:
+            raise ValueError("top-k attention needs k of at least 1, e.g. 'topk:8'")
+        if not self.temperature > 0:
+            raise ValueError("temperature must be positive")
+
+    @property
+    def label(self) -> str:
+        extra = {"local": self.window, "chunked": self.chunk, "topk": self.top_k}.get(self.kind)
+        text = self.kind if extra is None else f"{self.kind}:{extra}"
+        return text if self.temperature == 1.0 else f"{text}@T={self.temperature:g}"
+
+
+SOFTMAX = Variant()
+
+
+def parse_variant(spec: "str | Variant | None") -> Variant:
+    """'softmax' / 'eager' / 'fused', 'local:64', 'chunked:128', 'linear', 'relu', 'topk:8', 'temp:2'."""
+    if spec is None:
+        return SOFTMAX
+    if isinstance(spec, Variant):
+        return spec
+    name, _, arg = str(spec).strip().lower().partition(":")
+    try:
+        if name in ("softmax", "eager", "fused", ""):
+            return SOFTMAX
+        if name == "local":
+            return Variant("local", window=int(arg or 64))
+        if name == "chunked":
+            return Variant("chunked", chunk=int(arg or 256))
+        if name == "topk":
+            return Variant("topk", top_k=int(arg or 8))
+        if name in ("temp", "temperature"):
+            return Variant("softmax", temperature=float(arg or 1.0))
+        if name in ("linear", "relu"):
+            return Variant(name)
+    except ValueError as err:
+        if "could not convert" in str(err) or "invalid literal" in str(err):
+            raise ValueError(f"attention variant {spec!r}: {arg!r} is not a number") from None
+        raise
+    raise ValueError(f"unknown attention variant {spec!r}; choose one of "
+                     "softmax, local:W, chunked:C, linear, relu, topk:K, temp:T")
+
+
+# ---------------------------------------------------------------- masks
+
+def causal_mask(T: int, S: int | None = None, device=None) -> torch.Tensor:
+    """(T, S) bool; query i sees keys j <= i + (S - T) (keys may include a cached prefix)."""
+    S = T if S is None else S
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
+
+
+def local_mask(T: int, window: int, causal: bool, device=None) -> torch.Tensor:
+    """(T, T) bool; keys within `window` positions (only earlier ones when causal)."""
+    i = torch.arange(T, device=device)
+    dist = i[:, None] - i[None, :]
+    near = dist.abs() < window if not causal else (dist >= 0) & (dist < window)
+    return near
+
+
+def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, S) 1/0 keep mask -> (B, 1, 1, S) bool."""
+    return attention_mask.bool()[:, None, None, :]
+
+
+def combine(*masks: "torch.Tensor | None") -> "torch.Tensor | None":
+    out = None
+    for m in masks:
+        if m is not None:
+            out = m if out is None else out & m
+    return out
+
+
+# ---------------------------------------------------------------- attention
+
+def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    # (B, h_kv, S, dh) -> (B, h_kv*group, S, dh); each K/V head serves `group` query heads
+    return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+
+def softmax_weights(q, k, allowed=None, scale=None, temperature=1.0, top_k=0):
+    """The written-out path: scores = q k^T, scaled, masked, softmax. Returns (B, h, T, S)."""
+    scale = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) / temperature
+    att = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)  # (B, h, T, S)
+    if allowed is not None:
+        att.masked_fill_(~allowed, float("-inf"))
+    if top_k and top_k < att.shape[-1]:
+        kth = att.topk(top_k, dim=-1).values[..., -1:]
+        att.masked_fill_(att < kth, float("-inf"))
+    return torch.softmax(att, dim=-1)
+
+
+def _feature(x):
+    return F.elu(x) + 1.0  # Katharopoulos et al. 2020: a positive feature map
+
+
+def linear_weights(q, k, allowed=None):
+    """The explicit quadratic form of linear attention: phi(q) phi(k)^T, row-normalised."""
+    att = torch.matmul(_feature(q), _feature(k).transpose(-2, -1))
+    if allowed is not None:
+        att = att.masked_fill(~allowed, 0.0)
+    return att / att.sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+def relu_weights(q, k, allowed=None, scale=None):
+    """ReLU attention (Wortsman et al. 2023): relu(scaled scores) / number of visible keys."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    att = torch.relu(torch.matmul(q, k.transpose(-2, -1)) * scale)
+    if allowed is None:
+        return att / att.shape[-1]
+    att = att.masked_fill(~allowed, 0.0)
+    return att / allowed.sum(-1, keepdim=True).clamp_min(1)
+
+
+def _linear_fast(q, k, v, causal: bool):
+    """O(n d^2) linear attention without the n x n matrix (cumulative sums when causal)."""
+    fq, fk = _feature(q), _feature(k)
+    if not causal:
+        kv = torch.matmul(fk.transpose(-2, -1), v)            # (B, h, dh, dv)
+        z = fk.sum(-2)                                        # (B, h, dh)
+        return torch.matmul(fq, kv) / (fq * z[..., None, :]).sum(-1, keepdim=True).clamp_min(1e-12)
+    kv = torch.einsum("bhsd,bhse->bhsde", fk, v).cumsum(2)    # (B, h, S, dh, dv)
+    z = fk.cumsum(2)                                          # (B, h, S, dh)
+    num = torch.einsum("bhtd,bhtde->bhte", fq, kv)
+    return num / (fq * z).sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+def chunked_attention(q, k, v, chunk: int, allowed=None, causal=False, scale=None):
+    """Exact softmax attention over query blocks: peak memory O(T * chunk) instead of O(T^2)."""
+    T, S = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    for start in range(0, T, chunk):
+        stop = min(start + chunk, T)
+        block_allowed = None if allowed is None else allowed[..., start:stop, :]
+        if causal:
+            rows = torch.arange(start, stop, device=q.device)[:, None] + (S - T)
+            c = torch.arange(S, device=q.device)[None, :] <= rows
+            block_allowed = combine(block_allowed, c)
+        out[..., start:stop, :] = F.scaled_dot_product_attention(
+            q[..., start:stop, :], k, v, attn_mask=block_allowed, scale=scale)
+    return out
+
+
+def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
+           need_weights=False, scale=None):
+    """Attention for one layer. Returns (out (B, h, T, dv), weights (B, h, T, S) or None)."""
+    group = q.shape[1] // k.shape[1]
+    T, S = q.shape[-2], k.shape[-2]
+    kind = variant.kind
+    if kind == "local":
+        allowed = combine(allowed, local_mask(T, variant.window, causal, q.device))
+        causal = False  # already inside the local mask
+    elif causal and (need_weights or kind != "softmax"):
+        allowed = combine(allowed, causal_mask(T, S, q.device))
+        causal = False
+
+    plain_softmax = kind in ("softmax", "local") and variant.temperature == 1.0
+    if not need_weights:
+        if kind == "chunked":
+            return chunked_attention(q, _expand_kv(k, group), _expand_kv(v, group), variant.chunk,
+                                     allowed, causal, scale), None
+        if kind == "linear" and allowed is None:
+            return _linear_fast(q, _expand_kv(k, group), _expand_kv(v, group), causal), None
+        if plain_softmax or kind == "softmax":
+            s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, is_causal=causal and allowed is None,
+                scale=s / variant.temperature, enable_gqa=group > 1)
+            return out, None
+
+    k, v = _expand_kv(k, group), _expand_kv(v, group)
+    if kind == "linear":
+        att = linear_weights(q, k, allowed)
+    elif kind == "relu":
+        att = relu_weights(q, k, allowed, scale)
+    else:  # softmax, local, chunked (with weights), topk
+        att = softmax_weights(q, k, allowed, scale, variant.temperature, variant.top_k)
+    return torch.matmul(att, v), (att if need_weights else None)

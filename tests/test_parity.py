@@ -1,0 +1,207 @@
+"""Our modules against transformers eager on tiny random models of every family (minGPT style)."""
+import pytest
+import torch
+import transformers as tf
+
+import attnviz
+
+TOL = 1e-4
+VOCAB, N = 99, 11
+
+
+def tiny(family: str, **over):
+    torch.manual_seed(0)
+    if family == "bert":
+        cfg = tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=37, max_position_embeddings=64, type_vocab_size=2, **over)
+        cls = tf.BertForMaskedLM if over.pop("mlm", False) else tf.BertModel
+    elif family == "bert_mlm":
+        cfg = tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=37, max_position_embeddings=64, type_vocab_size=2)
+        cls = tf.BertForMaskedLM
+    elif family == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        cls = tf.GPT2LMHeadModel
+    elif family in ("llama", "llama_untied"):
+        cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                             tie_word_embeddings=family == "llama", rope_theta=500.0)
+        cls = tf.LlamaForCausalLM
+    elif family == "vit":
+        cfg = tf.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=37)
+        cls = tf.ViTModel
+    elif family in ("dinov2", "dinov2_swiglu"):
+        cfg = tf.Dinov2Config(image_size=28, patch_size=7, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=4, mlp_ratio=2, layerscale_value=0.5,
+                              use_swiglu_ffn=family == "dinov2_swiglu")
+        cls = tf.Dinov2Model
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).eval()
+    with torch.no_grad():  # layer-scale and norms start at constants: make them random too
+        for name, p in model.named_parameters():
+            if "lambda1" in name or "norm" in name.lower() or name.endswith("position_embeddings"):
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu"]
+
+
+def inputs(model, size=None):
+    if isinstance(model, (tf.ViTModel, tf.Dinov2Model)):
+        side = size or model.config.image_size
+        torch.manual_seed(1)
+        return torch.randn(3, side, side)
+    torch.manual_seed(1)
+    return torch.randint(0, VOCAB, (N,))
+
+
+def reference(model, x, head_mask=None):
+    """transformers eager with output_attentions; head masks through a pre-hook on the output
+    projection that scales each head's slice, the reference DESIGN.md names."""
+    hooks = []
+    if head_mask is not None:
+        for layer, proj in enumerate(out_projections(model)):
+            def hook(mod, args, layer=layer):
+                (h,) = args
+                dh = h.shape[-1] // head_mask.shape[1]
+                scale = head_mask[layer].repeat_interleave(dh).to(h.dtype)
+                return (h * scale,)
+            hooks.append(proj.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            if x.is_floating_point():
+                kw = {"interpolate_pos_encoding": True} if isinstance(model, tf.ViTModel) else {}
+                out = model(pixel_values=x[None], output_attentions=True, **kw)
+            else:
+                out = model(input_ids=x[None], output_attentions=True, output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    att = torch.stack([a[0] for a in out.attentions])
+    if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
+        hidden = out.last_hidden_state[0]
+    else:
+        hidden = out.hidden_states[-1][0]
+    return hidden, att, getattr(out, "logits", None)
+
+
+def out_projections(model):
+    base = getattr(model, "bert", None) or getattr(model, "transformer", None) or getattr(model, "model", None) or model
+    if hasattr(base, "h"):
+        return [b.attn.c_proj for b in base.h]
+    if hasattr(base, "layers"):  # Llama; transformers 5 ViT
+        return [b.self_attn.o_proj if hasattr(b, "self_attn") else b.attention.o_proj for b in base.layers]
+    return [layer.attention.output.dense if hasattr(layer.attention, "output") else layer.attention.o_proj
+            for layer in base.encoder.layer]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request):
+    hf = tiny(request.param)
+    return request.param, hf, attnviz.from_hf(hf)
+
+
+def close(a, b, tol=TOL):
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert (a - b).abs().max().item() < tol, (a - b).abs().max().item()
+
+
+def test_outputs_and_attentions_match(pair):
+    name, hf, ours = pair
+    x = inputs(hf)
+    hidden, att, logits = reference(hf, x)
+    tr = ours.trace(x)
+    close(tr.attentions, att)
+    torch.testing.assert_close(tr.attentions.sum(-1), torch.ones_like(tr.attentions.sum(-1)))
+    if name in ("bert_mlm", "gpt2", "llama", "llama_untied"):
+        close(tr.logits, logits[0])
+    else:
+        close(tr.hidden, hidden)
+        assert tr.logits is None
+
+
+def test_fast_path_equals_weights_path(pair):
+    _, hf, ours = pair
+    x = inputs(hf)
+    slow, fast = ours.trace(x), ours.trace(x, attentions=False)
+    assert fast.attentions is None
+    close(fast.hidden, slow.hidden, 1e-5)
+
+
+def test_head_mask_matches_reference(pair):
+    _, hf, ours = pair
+    x = inputs(hf)
+    torch.manual_seed(2)
+    mask = torch.rand(ours.cfg.n_layers, ours.cfg.n_heads)
+    mask[0, 1] = 0.0
+    hidden, att, logits = reference(hf, x, head_mask=mask)
+    tr = ours.trace(x, head_mask=mask)
+    out = tr.logits if logits is not None else tr.hidden
+    close(out, logits[0] if logits is not None else hidden)
+    close(tr.attentions, att)  # a masked head still shows what it would attend to
+
+
+def test_prune_equals_masked_trace_and_leaves_original(pair):
+    _, hf, ours = pair
+    x = inputs(hf)
+    before = {k: v.clone() for k, v in ours.net.state_dict().items()}
+    keep = torch.ones(ours.cfg.n_layers, ours.cfg.n_heads, dtype=torch.bool)
+    keep[0, 0] = keep[0, 3] = keep[1, 1] = False
+    small = ours.prune(keep)
+    masked, pruned = ours.trace(x, head_mask=keep.float()), small.trace(x)
+    close(pruned.hidden, masked.hidden, 1e-5)
+    if masked.logits is not None:
+        close(pruned.logits, masked.logits, 1e-4)
+    close(pruned.attentions[keep], masked.attentions[keep], 1e-5)
+    assert pruned.attentions[~keep].abs().sum() == 0
+    assert small.num_params() < ours.num_params()
+    for k, v in ours.net.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_prune_whole_layer_and_everything():
+    hf = tiny("llama")
+    ours = attnviz.from_hf(hf)
+    x = inputs(hf)
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    keep[1] = False
+    keep[0, 0] = keep[0, 1] = False  # removes K/V head 0 of layer 0 entirely (GQA group of 2)
+    small = ours.prune(keep)
+    assert small.net.blocks[0].attn.n_kv == 1 and small.net.blocks[1].attn.n_heads == 0
+    close(small.trace(x).logits, ours.trace(x, head_mask=keep.float()).logits, 1e-4)
+    twice = small.prune(torch.ones(2, 4, dtype=torch.bool))
+    assert twice.kept.equal(keep)  # already-pruned heads stay gone
+
+
+def test_uneven_gqa_pruning_keeps_shared_kv():
+    hf = tiny("llama")
+    ours = attnviz.from_hf(hf)
+    x = inputs(hf)
+    keep = torch.tensor([[True, False, False, True], [False, True, True, True]])
+    small = ours.prune(keep)
+    assert [b.attn.n_kv for b in small.net.blocks] == [2, 2]
+    close(small.trace(x).logits, ours.trace(x, head_mask=keep.float()).logits, 1e-4)
+
+
+@pytest.mark.parametrize("family,size", [("vit", 48), ("dinov2", 42), ("dinov2", 21)])
+def test_vision_position_interpolation(family, size):
+    hf = tiny(family)
+    ours = attnviz.from_hf(hf)
+    x = inputs(hf, size)
+    hidden, att, _ = reference(hf, x)
+    tr = ours.trace(x)
+    close(tr.hidden, hidden)
+    close(tr.attentions, att)
+    g = size // hf.config.patch_size
+    assert tr.grid == (g, g) and tr.n == 1 + g * g
+
+
+def test_layers_subset_captures_only_those():
+    hf = tiny("gpt2")
+    ours = attnviz.from_hf(hf)
+    x = inputs(hf)
+    full, part = ours.trace(x), ours.trace(x, layers=[1])
+    assert part.layers == [1] and part.attentions.shape[0] == 1
+    close(part.attentions[0], full.attentions[1], 1e-6)
