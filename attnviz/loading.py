@@ -90,6 +90,13 @@ def build(cfg: Config, state: dict[str, torch.Tensor]) -> Transformer:
     return net.eval()
 
 
+def random_model(cfg: Config, key: str = "random", seed: int = 0, tokenizer=None) -> Model:
+    """A model of this shape with random weights (synthetic benchmarks, toy tasks)."""
+    torch.manual_seed(seed)
+    net = Transformer(cfg).eval()
+    return Model(net, _info(key, cfg, "random weights", net), tokenizer)
+
+
 def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model:
     """Convert an in-memory transformers model (BertModel, GPT2LMHeadModel, LlamaForCausalLM,
     ViTModel, Dinov2Model and their task variants) into ours. The HF model is not changed."""

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from .attention import SOFTMAX, Variant, attend, padding_mask
 from .config import Config
-from .positional import apply_rope, interpolate_grid, rope_cos_sin
+from .positional import apply_rope, interpolate_grid, rope_cos_sin, sinusoidal
 
 ROPE_CACHE_MAX = 8192  # positions precomputed; longer inputs compute their table on the fly
 
@@ -181,6 +181,8 @@ class Transformer(nn.Module):
         x = self.tok(ids)
         if self.pos is not None:
             x = x + self.pos.weight[:T]
+        elif self.cfg.positional == "sinusoidal":
+            x = x + sinusoidal(T, self.cfg.d_model).to(x.dtype)
         if self.types is not None:
             types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids
             x = x + self.types(types)
