@@ -11,6 +11,7 @@ from .model import Transformer
 from .tokens import labels as token_labels
 
 MAX_TEXT_CHARS = 100_000  # refuse before tokenizing; the token limit below is the real cap
+MAX_IMAGE_SIDE = 1036     # 74 DINOv2 patches: 5,477 tokens, about the most a trace should hold
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Model:
         if not hasattr(image, "convert"):
             raise ValueError("give a PIL image, a float tensor [3, H, W], or bytes through attnviz.open_image")
         return preprocess(image, size or self.image_size, mean=self.image_mean, std=self.image_std,
-                          patch_size=p)
+                          patch_size=p, min_size=p, max_size=MAX_IMAGE_SIDE)
 
     def check_head_mask(self, head_mask) -> torch.Tensor | None:
         if head_mask is None:

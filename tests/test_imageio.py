@@ -1,0 +1,352 @@
+"""open_image, preprocess and the sample photos; every odd file is built in memory."""
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from attnviz.imageio import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    MAX_IMAGE_BYTES,
+    load_sample,
+    open_image,
+    preprocess,
+    sample_images,
+)
+
+RED, GREEN, BLUE, WHITE = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)
+
+
+def encode(image: Image.Image, fmt: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def quadrants() -> Image.Image:
+    """32x24 RGB image with four flat colours, so lossless formats must round-trip exactly."""
+    pixels = np.zeros((24, 32, 3), np.uint8)
+    pixels[:12, :16] = RED
+    pixels[:12, 16:] = GREEN
+    pixels[12:, :16] = BLUE
+    pixels[12:, 16:] = (200, 100, 50)
+    return Image.fromarray(pixels)
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares width x height but holds no pixel data: a bomb that costs nothing."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + body))
+        return struct.pack(">I", len(body)) + kind + body + crc
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b""))
+        + chunk(b"IEND", b"")
+    )
+
+
+# Round trips
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fmt, options",
+    [("PNG", {}), ("WEBP", {"lossless": True}), ("GIF", {}), ("BMP", {}), ("TIFF", {})],
+)
+def test_lossless_formats_round_trip_exactly(fmt, options):
+    original = quadrants()
+    opened = open_image(encode(original, fmt, **options))
+    assert opened.mode == "RGB"
+    assert np.array_equal(np.asarray(opened), np.asarray(original))
+
+
+def test_jpeg_round_trip_is_close():
+    original = quadrants()
+    opened = open_image(encode(original, "JPEG", quality=95))
+    assert opened.mode == "RGB" and opened.size == (32, 24)
+    error = np.abs(np.asarray(opened, np.int16) - np.asarray(original, np.int16))
+    assert np.median(error) <= 3  # block edges ring; flat areas stay within a few levels
+
+
+def test_result_is_fully_loaded_and_independent_of_the_bytes():
+    data = bytearray(encode(quadrants(), "PNG"))
+    opened = open_image(data)
+    data[:] = b"\0" * len(data)  # the caller may reuse its buffer
+    assert opened.getpixel((0, 0)) == RED
+
+
+# Colour modes
+# --------------------------------------------------------------------------------------------
+
+
+def test_cmyk_jpeg_becomes_rgb():
+    cmyk_red = Image.new("CMYK", (16, 16), (0, 255, 255, 0))
+    opened = open_image(encode(cmyk_red, "JPEG", quality=95))
+    assert opened.mode == "RGB"
+    assert np.allclose(opened.getpixel((8, 8)), RED, atol=6)
+
+
+def test_16_bit_png_is_scaled_not_clipped():
+    levels = np.array([[0, 257 * 128, 65535]], np.uint16)
+    image = Image.fromarray(levels)
+    assert image.mode == "I;16"
+    opened = open_image(encode(image, "PNG"))
+    assert [opened.getpixel((x, 0)) for x in range(3)] == [(0,) * 3, (128,) * 3, (255,) * 3]
+
+
+def test_float_tiff_in_unit_range_is_scaled_to_255():
+    image = Image.fromarray(np.array([[0.0, 0.25, 1.0]], np.float32))
+    assert image.mode == "F"
+    opened = open_image(encode(image, "TIFF"))
+    assert [opened.getpixel((x, 0))[0] for x in range(3)] == [0, 64, 255]
+
+
+def test_float_tiff_outside_every_range_is_stretched():
+    image = Image.fromarray(np.array([[-2.0, 0.0, 2.0]], np.float32))
+    opened = open_image(encode(image, "TIFF"))
+    assert [opened.getpixel((x, 0))[0] for x in range(3)] == [0, 128, 255]
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "GIF"])
+def test_palette_transparency_becomes_white(fmt):
+    image = Image.new("P", (4, 1))
+    image.putpalette([*RED, *GREEN] + [0] * (254 * 3))
+    image.putdata([0, 1, 0, 1])
+    opened = open_image(encode(image, fmt, transparency=0))
+    assert [opened.getpixel((x, 0)) for x in range(4)] == [WHITE, GREEN, WHITE, GREEN]
+
+
+def test_rgba_is_composited_on_white():
+    pixels = np.array([[[0, 0, 0, 0], [255, 0, 0, 255], [0, 0, 0, 128]]], np.uint8)
+    opened = open_image(encode(Image.fromarray(pixels, "RGBA"), "PNG"))
+    assert opened.getpixel((0, 0)) == WHITE  # fully transparent black shows the white
+    assert opened.getpixel((1, 0)) == RED
+    assert all(abs(channel - 127) <= 1 for channel in opened.getpixel((2, 0)))
+
+
+def test_grayscale_with_alpha_is_composited_on_white():
+    pixels = np.array([[[0, 0], [50, 255]]], np.uint8)
+    opened = open_image(encode(Image.fromarray(pixels, "LA"), "PNG"))
+    assert [opened.getpixel((x, 0)) for x in range(2)] == [WHITE, (50, 50, 50)]
+
+
+def test_lab_tiff_becomes_srgb():
+    # L* = 50 %, a* = b* = 0 is the sRGB grey 119 (not 128: Lab is not RGB).
+    opened = open_image(encode(Image.new("LAB", (4, 4), (128, 128, 128)), "TIFF"))
+    assert all(abs(channel - 119) <= 1 for channel in opened.getpixel((1, 1)))
+
+
+@pytest.mark.parametrize("mode, value, expected", [("L", 77, (77,) * 3), ("1", 0, (0,) * 3)])
+def test_grayscale_and_bilevel_become_rgb(mode, value, expected):
+    opened = open_image(encode(Image.new(mode, (8, 8), value), "PNG"))
+    assert opened.mode == "RGB" and opened.getpixel((3, 3)) == expected
+
+
+@pytest.mark.parametrize("fmt, options", [("GIF", {}), ("WEBP", {"lossless": True})])
+def test_animation_gives_its_first_frame(fmt, options):
+    frames = [Image.new("RGB", (8, 8), colour) for colour in (RED, GREEN, BLUE)]
+    data = encode(frames[0], fmt, save_all=True, append_images=frames[1:], duration=100, **options)
+    assert Image.open(io.BytesIO(data)).n_frames == 3
+    assert open_image(data).getpixel((4, 4)) == RED
+
+
+def test_exif_orientation_is_applied():
+    # Stored 40 wide x 20 high, left half red; orientation 6 = "rotate 90° clockwise to view".
+    stored = Image.new("RGB", (40, 20), BLUE)
+    stored.paste(RED, (0, 0, 20, 20))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    opened = open_image(encode(stored, "JPEG", quality=95, exif=exif))
+    assert opened.size == (20, 40)
+    assert np.allclose(opened.getpixel((10, 5)), RED, atol=8)  # left of stored → top of view
+    assert np.allclose(opened.getpixel((10, 35)), BLUE, atol=8)
+
+
+# Refusals
+# --------------------------------------------------------------------------------------------
+
+
+def test_empty_file_is_refused():
+    with pytest.raises(ValueError, match="empty"):
+        open_image(b"")
+
+
+def test_random_bytes_are_not_an_image():
+    noise = np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes()
+    with pytest.raises(ValueError, match="not an image"):
+        open_image(noise)
+
+
+def test_text_file_is_named_as_text():
+    with pytest.raises(ValueError, match="not an image but a text file"):
+        open_image("The animal didn't cross the street.\nÜber 動物\n".encode() * 20)
+
+
+def test_truncated_png_is_named_truncated():
+    rng = np.random.default_rng(1)
+    data = encode(Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)), "PNG")
+    with pytest.raises(ValueError, match="truncated"):
+        open_image(data[: len(data) // 2])
+
+
+def test_png_cut_inside_its_header_is_named_truncated_png():
+    data = encode(quadrants(), "PNG")
+    with pytest.raises(ValueError, match="starts like a PNG.*truncated"):
+        open_image(data[:30])
+
+
+def test_corrupt_pixel_data_is_refused():
+    data = bytearray(encode(quadrants(), "PNG"))
+    idat = data.index(b"IDAT")
+    data[idat + 4 : idat + 12] = b"\xff" * 8  # break the zlib stream
+    with pytest.raises(ValueError, match="corrupt|truncated"):
+        open_image(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "data, name",
+    [
+        (b"8BPS\x00\x01" + b"\x00" * 64, "Photoshop"),
+        (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n", "EPS"),
+        (b"%PDF-1.7\n" + b"\x00" * 64, "PDF"),
+        (b'<svg xmlns="x" width="10" height="10"></svg>', "SVG"),
+        (b"\x00\x00\x00\x1cftypheic" + b"\x00" * 64, "HEIC"),
+    ],
+)
+def test_unsupported_formats_are_named(data, name):
+    with pytest.raises(ValueError, match=f"{name}.*not supported"):
+        open_image(data)
+
+
+def test_real_format_outside_the_list_is_refused():
+    ppm = encode(quadrants(), "PPM")  # Pillow reads PPM, but uploads of it are not accepted
+    with pytest.raises(ValueError, match="not an image in a supported format"):
+        open_image(ppm)
+
+
+def test_decompression_bomb_is_refused_from_its_header():
+    # 10^10 pixels: over Pillow's own hard limit, refused before a byte of pixels is read.
+    with pytest.raises(ValueError, match="10,000,000,000 pixels .*over the limit of 40,000,000"):
+        open_image(png_header_only(100_000, 100_000))
+
+
+def test_image_between_pillows_warning_and_error_limits_is_refused():
+    # 100 Mpx: Pillow only warns (pytest.warns records it even where warnings are errors).
+    with pytest.warns(Image.DecompressionBombWarning):
+        with pytest.raises(ValueError, match="10000×10000 = 100,000,000 pixels, over the limit"):
+            open_image(png_header_only(10_000, 10_000))
+
+
+def test_image_over_our_pixel_limit_is_refused_before_decoding():
+    # 64 Mpx is under Pillow's limits; had it been decoded, the missing data would say "truncated".
+    expected = "8000×8000 = 64,000,000 pixels, over the limit of 40,000,000"
+    with pytest.raises(ValueError, match=expected):
+        open_image(png_header_only(8000, 8000))
+
+
+def test_pixel_limit_is_a_keyword():
+    data = encode(quadrants(), "PNG")
+    with pytest.raises(ValueError, match="32×24 = 768 pixels, over the limit of 700"):
+        open_image(data, max_pixels=700)
+    assert open_image(data, max_pixels=768).size == (32, 24)
+
+
+def test_byte_limit():
+    data = encode(quadrants(), "BMP")
+    with pytest.raises(ValueError, match="over the limit"):
+        open_image(data, max_bytes=len(data) - 1)
+    with pytest.raises(ValueError, match="21.0 MiB, over the limit of 20.0 MiB"):
+        open_image(b"\0" * (MAX_IMAGE_BYTES + 2**20))
+
+
+def test_non_bytes_input_is_a_type_error():
+    with pytest.raises(TypeError, match="bytes"):
+        open_image("picture.png")
+
+
+# Preprocessing
+# --------------------------------------------------------------------------------------------
+
+
+def test_preprocess_shape_and_normalisation():
+    mean_colour = tuple(round(m * 255) for m in IMAGENET_MEAN)
+    pixels = preprocess(Image.new("RGB", (300, 200), mean_colour), 224)
+    assert pixels.shape == (3, 224, 224) and pixels.dtype == torch.float32
+    assert pixels.abs().max() < 0.01  # the mean colour normalises to ~0
+
+    white = preprocess(Image.new("RGB", (50, 70), WHITE), 112)
+    expected = [(1 - m) / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD)]
+    assert torch.allclose(white.mean(dim=(1, 2)), torch.tensor(expected), atol=1e-6)
+
+
+def test_preprocess_puts_left_on_left_and_red_in_channel_0():
+    image = Image.new("RGB", (280, 140), BLUE)
+    image.paste(RED, (0, 0, 140, 140))
+    pixels = preprocess(image, 224, mean=(0, 0, 0), std=(1, 1, 1))
+    assert torch.allclose(pixels[:, 100, 10], torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.allclose(pixels[:, 100, 210], torch.tensor([0.0, 0.0, 1.0]))
+
+
+def test_preprocess_matches_the_transformers_processor():
+    from transformers import BitImageProcessorPil  # the backend the DINOv2 processor uses
+
+    processor = BitImageProcessorPil(
+        size={"height": 224, "width": 224},
+        do_center_crop=False,
+        image_mean=IMAGENET_MEAN,
+        image_std=IMAGENET_STD,
+    )
+    noise = np.random.default_rng(2).integers(0, 256, (150, 260, 3), dtype=np.uint8)
+    image = Image.fromarray(noise)
+    reference = processor(image, return_tensors="pt")["pixel_values"][0]
+    assert torch.allclose(preprocess(image, 224), reference, atol=1e-5)
+
+
+def test_preprocess_composites_alpha_like_open_image():
+    transparent = Image.new("RGBA", (20, 20), (0, 0, 0, 0))
+    pixels = preprocess(transparent, 112, mean=(0, 0, 0), std=(1, 1, 1))
+    assert torch.all(pixels == 1.0)
+
+
+@pytest.mark.parametrize("size", [0, -14, 100, 98, 462, 224.0])
+def test_preprocess_refuses_bad_sizes(size):
+    with pytest.raises(ValueError, match="Image size"):
+        preprocess(Image.new("RGB", (10, 10)), size)
+
+
+def test_preprocess_bounds_and_patch_size_are_keywords():
+    image = Image.new("RGB", (10, 10))
+    assert preprocess(image, 32, patch_size=16, min_size=32).shape == (3, 32, 32)
+    assert preprocess(image, 476, max_size=476).shape == (3, 476, 476)
+    with pytest.raises(ValueError, match="std"):
+        preprocess(image, 224, std=(0.2, 0.0, 0.2))
+
+
+# Sample photos
+# --------------------------------------------------------------------------------------------
+
+
+def test_sample_images_are_found():
+    samples = sample_images()
+    assert set(samples) == {"cat", "coffee", "astronaut", "rocket", "motorcycle"}
+    assert all(path.is_file() for path in samples.values())
+
+
+def test_load_sample_gives_an_rgb_photo():
+    cat = load_sample("cat")
+    assert cat.mode == "RGB" and cat.size == (451, 300)
+    assert np.asarray(cat).std() > 20  # a photo, not a flat image
+
+
+def test_unknown_sample_is_refused():
+    with pytest.raises(ValueError, match="cat"):
+        load_sample("dog")
