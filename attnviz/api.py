@@ -95,11 +95,14 @@ class Model:
         return torch.tensor(ids, dtype=torch.long), dropped
 
     def _ids(self, x) -> torch.Tensor:
-        ids = torch.as_tensor(x)
-        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or ids.dim() != 1:
-            raise ValueError("token ids must be a 1-D list or LongTensor of integers")
+        try:
+            ids = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError("token ids must be a 1-D list or LongTensor of integers") from None
         if ids.numel() == 0:
             raise ValueError("no token ids given")
+        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or ids.dim() != 1:
+            raise ValueError("token ids must be a 1-D list or LongTensor of integers")
         if ids.numel() > self.max_tokens:
             raise ValueError(f"{ids.numel()} tokens is more than the model's {self.max_tokens} positions")
         if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:

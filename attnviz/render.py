@@ -133,7 +133,8 @@ def overview_image(attn, max_cell: int = 64, gap: int = 2, per_head: bool = True
     padded = np.empty((n_layers, n_heads, cell + gap, cell + gap, 3), dtype=np.uint8)
     padded[...] = OVERVIEW_BACKGROUND
     padded[:, :, :cell, :cell] = cells
-    tiled = padded.transpose(0, 2, 1, 3, 4).reshape(n_layers * (cell + gap), n_heads * (cell + gap), 3)
+    tiled = padded.transpose(0, 2, 1, 3, 4).reshape(          # (L*(c+gap), H*(c+gap), 3)
+        n_layers * (cell + gap), n_heads * (cell + gap), 3)
     return np.ascontiguousarray(tiled[: tiled.shape[0] - gap, : tiled.shape[1] - gap])
 
 
@@ -180,7 +181,7 @@ def _label_font(size: int) -> ImageFont.ImageFont:
 def grid_of_overlays(image: Image.Image, maps, labels: list[str] | None = None,
                      columns: int | None = None, tile: int = 192, alpha: float = 0.5,
                      cmap: str = "inferno", normalise: bool = True, gap: int = 4) -> Image.Image:
-    """Tile one overlay per map ([K, gh, gw], e.g. one per head or layer) with a label above each."""
+    """Tile one overlay per map ([K, gh, gw], e.g. one per head or layer), labelled above."""
     maps = _numpy(maps)
     if maps.ndim != 3:
         raise ValueError(f"maps must be [K, grid_h, grid_w], got {maps.shape}")

@@ -16,8 +16,18 @@ VISIBLE = {"\n": "↵", "\r": "⏎", "\t": "⇥", " ": SPACE}
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-    return {c: b for b, c in bytes_to_unicode().items()}
+    """Inverse of GPT-2's byte -> printable-character table (fixed by the byte-level BPE format;
+    transformers 5 no longer exports it from a stable place)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
 
 
 def tokenizer_kind(tokenizer) -> str:

@@ -1,0 +1,80 @@
+"""Readable labels: byte-level pieces decoded, CJK and emoji intact, specials kept, no mojibake."""
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+import attnviz
+from attnviz.tokens import SPACE, labels, show
+
+
+@pytest.fixture(scope="module")
+def bytelevel():
+    """A byte-level BPE like GPT-2's, trained here on a few words, so CJK splits into bytes."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the cat sat on the mat", "hello world"] * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def test_bytelevel_english_has_space_marker(bytelevel):
+    ids = bytelevel("the cat")["input_ids"]
+    out, special = labels(bytelevel, ids)
+    assert "".join(out).replace(SPACE, " ") == "the cat"
+    assert not any(special)
+
+
+def test_bytelevel_cjk_and_emoji_never_mojibake(bytelevel):
+    text = "猫🐈 ok"
+    ids = bytelevel(text)["input_ids"]
+    assert len(ids) > 4  # split into bytes
+    out, _ = labels(bytelevel, ids)
+    assert all("�" not in o and "Ã" not in o for o in out)
+    complete = [o for o in out if not o.endswith("…")]
+    assert "".join(complete).replace(SPACE, " ") == text
+    assert out[0] == "猫…" and "猫" in out
+
+
+def test_special_tokens_labelled(bytelevel):
+    ids = bytelevel("the")["input_ids"] + [bytelevel.eos_token_id]
+    out, special = labels(bytelevel, ids)
+    assert out[-1] == "<|endoftext|>" and special[-1] and not special[0]
+
+
+def test_invisible_characters_are_shown():
+    assert show("a\tb\n") == "a⇥b↵"
+    assert show("a\u200bb") == "a⟨U+200B⟩b"
+    assert show("\x07") == "⟨U+0007⟩"
+    assert show("שלום") == "שלום"
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return attnviz.load_model("minilm")
+
+
+def test_minilm_labels_and_specials(minilm):
+    tr = minilm.trace("Playing with 猫 and 🐈!", attentions=False)
+    assert tr.tokens[0] == "[CLS]" and tr.tokens[-1] == "[SEP]"
+    assert "猫" in tr.tokens and "[UNK]" in tr.tokens  # MiniLM's vocabulary has no emoji
+    assert [t for t, s in zip(tr.tokens, tr.special.tolist()) if s] == ["[CLS]", "[UNK]", "[SEP]"]
+
+
+def test_truncation_is_reported(minilm):
+    tr = minilm.trace("word " * 700, attentions=False)
+    assert tr.n == 512 and tr.truncated > 0
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t"])
+def test_empty_text_refused(minilm, text):
+    with pytest.raises(ValueError, match="empty"):
+        minilm.trace(text)
+
+
+@pytest.mark.parametrize("text", ["\u202eabc\u202c", "\x00\x01\x02 hi", "🐈" * 300, "x" * 6000,
+                                  "{{ user }} {% if %} <script>alert(1)</script>"])
+def test_odd_text_traces(minilm, text):
+    tr = minilm.trace(text)
+    assert tr.attentions.shape[-1] == tr.n == len(tr.tokens)

@@ -1,0 +1,222 @@
+"""Figure builders and renderers: exact values in figures, exact pixels in images."""
+
+import base64
+import io
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from attnviz import analysis, viz
+
+
+def decode(value):
+    """A plotly JSON array: a plain list, or the base64 typed array plotly 6+ writes."""
+    if isinstance(value, dict) and "bdata" in value:
+        array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        return array.reshape([int(s) for s in shape.split(",")]) if shape else array
+    return np.asarray(value)
+
+
+def as_json(figure):
+    return json.loads(figure.to_json())
+
+
+def random_attention(layers, heads, n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(layers, heads, n, n, generator=gen), -1)
+
+
+TOKENS = ["[CLS]", "the", "cat", "saw", "the", "猫", "<|im_start|>", "the", "[SEP]"]
+
+
+def test_head_heatmap_keeps_z_and_distinct_repeated_tokens():
+    matrix = random_attention(1, 1, len(TOKENS))[0, 0]
+    spec = as_json(viz.head_heatmap(matrix, TOKENS, title="L0 H0"))
+    trace = spec["data"][0]
+    np.testing.assert_array_equal(decode(trace["z"]), matrix.numpy())   # bit for bit
+    assert decode(trace["x"]).tolist() == list(range(len(TOKENS)))
+    assert decode(trace["y"]).tolist() == list(range(len(TOKENS)))
+    assert spec["layout"]["xaxis"]["ticktext"] == TOKENS             # "the" three times
+    assert spec["layout"]["yaxis"]["ticktext"] == TOKENS
+    assert spec["layout"]["yaxis"]["autorange"] == "reversed"        # query 0 at the top
+    custom = trace["customdata"]
+    assert custom[5][2] == ["猫", "cat"]                              # hover: query, key tokens
+    assert "%{z" in trace["hovertemplate"]
+
+
+def test_head_heatmap_causal_adds_a_mask_trace_and_thins_long_labels():
+    n = 200
+    tokens = [f"t{i}" for i in range(n)]
+    matrix = torch.softmax(torch.randn(n, n).tril() + torch.triu(torch.full((n, n), -1e9), 1), -1)
+    spec = as_json(viz.head_heatmap(matrix, tokens, causal=True, max_ticks=50))
+    np.testing.assert_array_equal(decode(spec["data"][0]["z"]), matrix.numpy())
+    assert len(spec["data"]) == 2
+    ticks = spec["layout"]["xaxis"]["tickvals"]
+    assert len(ticks) <= 50 and ticks[:2] == [0, 4]
+    assert spec["layout"]["xaxis"]["ticktext"][1] == "t4"
+    with pytest.raises(ValueError, match="does not match"):
+        viz.head_heatmap(matrix, tokens[:-1])
+
+
+def test_token_labels_escape_plotly_markup_and_show_blanks():
+    assert viz.token_label("<s>") == "&lt;s&gt;"          # would otherwise be a strikethrough
+    assert viz.token_label("</s>") == "&lt;/s&gt;"
+    assert viz.token_label("<|im_end|>") == "<|im_end|>"
+    assert viz.token_label(" ") == "␣"
+    assert viz.token_label("\n\n") == "⏎⏎"
+    assert viz.token_label("\u200b") == "<U+200B>"
+    assert viz.token_label("") == "∅"
+    assert viz.token_label("😀שלום") == "😀שלום"
+    assert viz.token_label("x" * 40).endswith("…") and len(viz.token_label("x" * 40)) == 24
+
+
+@pytest.mark.parametrize("layers, heads", [(30, 9), (6, 12)])   # SmolLM2, MiniLM
+def test_overview_image_tiles_every_head(layers, heads):
+    n = 10
+    image = viz.overview_image(random_attention(layers, heads, n), max_cell=64, gap=2)
+    pooled, upscale = viz.overview_geometry(n, 64)
+    cell = pooled * upscale                                   # 10 tokens -> 4x -> 40 px
+    assert cell == 40
+    assert image.dtype == np.uint8
+    assert image.shape == (layers * (cell + 2) - 2, heads * (cell + 2) - 2, 3)
+
+
+def test_overview_cells_land_where_expected_and_long_inputs_are_pooled():
+    n = 8
+    attn = torch.full((2, 3, n, n), 1.0 / n)
+    attn[1, 2] = torch.eye(n)                                  # layer 1, head 2: identity
+    image = viz.overview_image(attn, gap=2, min_cell=8)        # upscale 1: one pixel per entry
+    pitch = n + 2
+    cell = image[pitch: pitch + n, 2 * pitch: 2 * pitch + n]
+    lut = viz.colour_lut("viridis")
+    assert (cell[np.arange(n), np.arange(n)] == lut[255]).all()
+    assert (cell[0, 1] == lut[0]).all()
+    assert (image[n:n + 2, :] == 255).all()                   # the gap row is background
+    big = viz.overview_image(random_attention(1, 2, 300), max_cell=64)
+    assert big.shape[0] == 60                                  # 300 tokens pooled by 5 to 60
+
+
+def test_overview_survives_nan():
+    attn = random_attention(2, 2, 6)
+    broken = attn.clone()
+    broken[0, 1, 2, 3] = float("nan")
+    image = viz.overview_image(broken)
+    cleaned = broken.nan_to_num(0.0)
+    np.testing.assert_array_equal(image, viz.overview_image(cleaned))
+
+
+def test_overview_figure_labels_layers_and_heads():
+    layers, heads = 30, 9
+    spec = as_json(viz.overview_figure(random_attention(layers, heads, 12), selected=(3, 4),
+                                       off=torch.zeros(layers, heads, dtype=torch.bool)))
+    image_trace, hover_trace = spec["data"]
+    assert image_trace["type"] == "image" and image_trace["source"].startswith("data:image/png")
+    png = Image.open(io.BytesIO(base64.b64decode(image_trace["source"].split(",", 1)[1])))
+    assert png.size[1] > png.size[0]                          # 30 layers tall, 9 heads wide
+    assert spec["layout"]["yaxis"]["ticktext"] == [str(i) for i in range(layers)]
+    assert spec["layout"]["xaxis"]["ticktext"] == [str(i) for i in range(heads)]
+    custom = hover_trace["customdata"]
+    assert custom[3][4][:2] == [3, 4]                          # hover / selection: layer, head
+    x_centres = decode(hover_trace["x"])
+    assert x_centres[0] == pytest.approx((png.size[0] - (heads - 1) * 2) / heads / 2 - 0.5)
+    assert len(spec["layout"]["shapes"]) == 1
+
+
+def test_overlay_colours_exactly_one_patch():
+    patch, grid = 8, (4, 5)
+    image = Image.new("RGB", (grid[1] * patch, grid[0] * patch), (128, 128, 128))
+    patch_map = np.zeros(grid)
+    patch_map[1, 3] = 1.0
+    out = np.asarray(viz.overlay_patch_map(image, patch_map, alpha=0.6))
+    assert out.shape == (32, 40, 3)
+    hot = np.zeros(out.shape[:2], dtype=bool)
+    hot[8:16, 24:32] = True
+    hot_colours = np.unique(out[hot].reshape(-1, 3), axis=0)
+    cold_colours = np.unique(out[~hot].reshape(-1, 3), axis=0)
+    assert len(hot_colours) == 1 and len(cold_colours) == 1
+    assert not np.array_equal(hot_colours, cold_colours)
+    expected_hot = np.rint(0.4 * 128 + 0.6 * viz.colour_lut("inferno")[255].astype(float))
+    np.testing.assert_array_equal(hot_colours[0], expected_hot)
+
+
+def test_overlay_scales_to_a_larger_image():
+    image = Image.new("RGB", (100, 60), (0, 0, 0))             # grid 3 x 4 -> 20 x 25 px cells
+    patch_map = np.zeros((3, 4))
+    patch_map[2, 0] = 5.0
+    out = np.asarray(viz.overlay_patch_map(image, patch_map, alpha=1.0))
+    lut = viz.colour_lut("inferno")
+    assert (out[40:60, 0:25] == lut[255]).all()
+    assert (out[:40] == lut[0]).all() and (out[:, 25:] == lut[0]).all()
+
+
+def test_grid_of_overlays_tiles_and_checks_labels():
+    image = Image.new("RGB", (64, 32), (200, 200, 200))
+    maps = torch.rand(5, 2, 4)
+    grid = viz.grid_of_overlays(image, maps, [f"H{i}" for i in range(5)], columns=3, tile=64)
+    assert grid.size == (3 * 64 + 2 * 4, 2 * (32 + 18) + 4)
+    with pytest.raises(ValueError, match="labels"):
+        viz.grid_of_overlays(image, maps, ["only one"])
+
+
+def test_exports_have_the_right_magic_and_no_glyph_warnings():
+    matrix = random_attention(1, 1, len(TOKENS))[0, 0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        png = viz.figure_png(matrix, TOKENS, TOKENS, title="$price$ 猫")
+        svg = viz.figure_svg(matrix, TOKENS, TOKENS, title="head 0")
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert svg.lstrip().startswith(b"<?xml") and b"<svg" in svg[:2000]
+    assert "猫".encode() in svg                                # text kept as text in SVG
+    assert not [w for w in caught if "Glyph" in str(w.message)]
+    rgb = viz.overview_image(random_attention(2, 2, 5))
+    png_overview = viz.image_png(rgb)
+    assert png_overview.startswith(b"\x89PNG")
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(png_overview))), rgb)
+
+
+def test_lines_figure_draws_each_weight_above_threshold_once():
+    attn_layer = random_attention(1, 3, 6, seed=4)[0]
+    figure = viz.lines_figure(attn_layer, TOKENS[:6], heads=[0, 2], threshold=0.2)
+    spec = as_json(figure)
+    line_traces = [t for t in spec["data"]
+                   if t.get("mode") == "lines" and t.get("hoverinfo") == "skip"]
+    drawn = sum(int(np.isnan(decode(t["x"]).astype(float)).sum()) for t in line_traces)
+    assert drawn == int((attn_layer[[0, 2]] >= 0.2).sum())
+    one_query = as_json(viz.lines_figure(attn_layer, TOKENS[:6], heads=[1], query=2, threshold=0))
+    ys = np.concatenate([decode(t["y"]).astype(float) for t in one_query["data"]
+                         if t.get("hoverinfo") == "skip"])
+    assert set(ys[0::3]) == {2.0}                             # every line starts at query 2
+    with pytest.raises(ValueError, match="heads"):
+        viz.lines_figure(attn_layer, TOKENS[:6], heads=[3])
+
+
+def test_role_map_uses_the_stats_roles():
+    patterns = torch.stack([torch.eye(6), torch.ones(6, 6) / 6])[None].expand(2, 2, 6, 6)
+    stats = analysis.head_stats(patterns)
+    spec = as_json(viz.role_map_figure(stats))
+    z = decode(spec["data"][0]["z"])
+    assert z.shape == (2, 2)
+    assert z[0, 0] == analysis.ROLES.index("self") and z[1, 1] == analysis.ROLES.index("broad")
+    stat_spec = as_json(viz.stat_map_figure(stats, "norm_entropy"))
+    assert decode(stat_spec["data"][0]["z"])[0, 1] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_bar_topk_keeps_order_and_duplicates():
+    spec = as_json(viz.bar_topk([" Paris", " the", " the"], [0.7, 0.2, 0.1]))
+    assert decode(spec["data"][0]["x"]).tolist() == pytest.approx([0.7, 0.2, 0.1])
+    assert spec["layout"]["yaxis"]["ticktext"] == [" Paris", " the", " the"]
+    assert spec["layout"]["yaxis"]["autorange"] == "reversed"
+
+
+def test_distance_and_flow_figures_carry_the_values():
+    distances = torch.arange(6.0).reshape(3, 2)
+    spec = as_json(viz.distance_figure(distances))
+    assert decode(spec["data"][1]["y"]).tolist() == [1.0, 3.0, 5.0]
+    flow = analysis.token_flow(random_attention(3, 2, 4), 1)
+    flow_spec = as_json(viz.token_flow_figure(flow, ["a", "b", "a", "c"]))
+    np.testing.assert_array_equal(decode(flow_spec["data"][0]["z"]), flow.numpy())
