@@ -56,9 +56,9 @@ def minilm():
 
 
 def test_minilm_labels_and_specials(minilm):
-    tr = minilm.trace("Playing with 猫 and 🐈!", attentions=False)
+    tr = minilm.trace("Playing with 中国 and 🐈!", attentions=False)
     assert tr.tokens[0] == "[CLS]" and tr.tokens[-1] == "[SEP]"
-    assert "猫" in tr.tokens and "[UNK]" in tr.tokens  # MiniLM's vocabulary has no emoji
+    assert "中" in tr.tokens and "国" in tr.tokens  # MiniLM's vocabulary has no emoji
     assert [t for t, s in zip(tr.tokens, tr.special.tolist()) if s] == ["[CLS]", "[UNK]", "[SEP]"]
 
 
