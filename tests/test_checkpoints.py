@@ -195,3 +195,62 @@ def test_decoder_stays_in_inference_mode_and_checks_its_input(dinov2_read):
         assert decoder(tokens, (16, 16), image_size=(100, 60)).shape == (1, 1, 100, 60)
     with pytest.raises(ValueError, match="CLS dropped"):
         decoder(torch.randn(1, 257, 384), (16, 16))
+
+
+# ---------------------------------------------------------------- our modules on the bundled weights
+import attnviz  # noqa: E402
+
+
+def test_our_smollm2_matches_transformers_gguf(smollm2_reference):
+    ours = attnviz.load_model("smollm2")
+    tr = ours.trace(PROMPT + " a city of light and")
+    with torch.no_grad():
+        ref = smollm2_reference(input_ids=tr.ids[None], output_attentions=False).logits[0]
+    assert (tr.logits.argmax(-1) == ref.argmax(-1)).all()
+    assert (tr.logits - ref).abs().max() < 0.05
+    paris = ours.trace(PROMPT, attentions=False).logits[-1]
+    assert ours.tokenizer.decode([int(paris.argmax())]) == " Paris"
+    assert tr.attentions.shape == (30, 9, tr.n, tr.n)
+
+
+def test_our_smollm2_attentions_match_transformers_eager(smollm2_reference):
+    ours = attnviz.load_model("smollm2")
+    tr = ours.trace("Attention is all you need.")
+    smollm2_reference.config._attn_implementation = "eager"
+    with torch.no_grad():
+        ref = smollm2_reference(input_ids=tr.ids[None], output_attentions=True).attentions
+    assert (tr.attentions - torch.stack([a[0] for a in ref])).abs().max() < 1e-4
+
+
+def test_our_dinov2_matches_transformers_and_onnxruntime(dinov2_read, dinov2_hf, tmp_path, monkeypatch):
+    import onnxruntime
+
+    monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path))
+    ours = attnviz.load_model("dinov2")            # converts and caches
+    again = attnviz.load_model("dinov2")           # from the safetensors cache
+    assert list(tmp_path.glob("dinov2-*/weights.safetensors"))
+    dinov2_hf.load_state_dict(dinov2_read[1], strict=True)
+    dinov2_hf.config._attn_implementation = "eager"
+    pixels = torch.randn(3, 224, 224, generator=torch.Generator().manual_seed(3))
+    tr = ours.trace(pixels)
+    with torch.no_grad():
+        ref = dinov2_hf(pixel_values=pixels[None], output_attentions=True)
+    assert (tr.hidden - ref.last_hidden_state[0]).abs().max() < 1e-4
+    assert (tr.attentions - torch.stack([a[0] for a in ref.attentions])).abs().max() < 1e-4
+    session = onnxruntime.InferenceSession(str(ck.dinov2_onnx_path()), providers=["CPUExecutionProvider"])
+    sal = session.run(["output_importance"], {"input_image": pixels[None].numpy()})[0][0, 0]
+    assert np.abs(tr.saliency.numpy() - sal).max() < 1e-4
+    assert torch.equal(again.trace(pixels, attentions=False).hidden, ours.trace(pixels, attentions=False).hidden)
+
+
+def test_our_minilm_matches_transformers():
+    from transformers import AutoModel
+
+    ours = attnviz.load_model("minilm")
+    ref_model = AutoModel.from_pretrained(str(attnviz.loading.bundled_path("minilm")),
+                                          attn_implementation="eager").eval()
+    tr = ours.trace("The animal didn't cross the street because it was too tired.")
+    with torch.no_grad():
+        ref = ref_model(input_ids=tr.ids[None], output_attentions=True)
+    assert (tr.hidden - ref.last_hidden_state[0]).abs().max() < 1e-4
+    assert (tr.attentions - torch.stack([a[0] for a in ref.attentions])).abs().max() < 1e-4
