@@ -7,10 +7,11 @@ import torch
 
 from .attention import parse_variant
 from .config import Config
+from .limits import LIMITS
 from .model import Transformer
 from .tokens import labels as token_labels
 
-MAX_TEXT_CHARS = 100_000  # refuse before tokenizing; the token limit below is the real cap
+MAX_TEXT_CHARS = LIMITS.max_text_chars  # refused before tokenizing; the model's positions cap tokens
 MAX_IMAGE_SIDE = 1036     # 74 DINOv2 patches: 5,477 tokens, about the most a trace should hold
 
 

@@ -18,6 +18,7 @@ import torch
 from .api import Model, ModelInfo
 from .config import Config
 from .convert import SUPPORTED, convert
+from .limits import LIMITS
 from .model import Transformer
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,6 @@ def load_model(key_or_dir: str) -> Model:
     except ImportError:
         pass
     if os.sep in key or key.startswith(".") or Path(key).expanduser().exists():
-        return load_dir(key)
+        return load_dir(LIMITS.check_model_dir(key))
     raise ValueError(f"unknown model {key!r}; choose one of {', '.join(m.key for m in list_models())} "
                      "or give the path of a local Hugging Face model folder")

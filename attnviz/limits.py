@@ -1,0 +1,68 @@
+"""Every limit a deployment may want to change, in one place.
+
+Each value can be overridden by an environment variable `ATTNVIZ_<NAME>` (e.g.
+`ATTNVIZ_MAX_TEXT_CHARS=20000 make run`), read once at import. Streamlit's own upload cap lives in
+`.streamlit/config.toml` (`server.maxUploadSize`, MB) and must agree with MAX_UPLOAD_BYTES.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+def _env(name: str, default, cast):
+    raw = os.environ.get(f"ATTNVIZ_{name}")
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError:
+        raise ValueError(f"environment variable ATTNVIZ_{name}={raw!r} is not a valid "
+                         f"{cast.__name__}") from None
+
+
+@dataclass(frozen=True)
+class Limits:
+    # text
+    max_text_chars: int = 100_000       # refused before tokenizing
+    max_trace_tokens: int = 2048        # tokens a page traces (the model's positions cap it further)
+    max_full_capture_tokens: int = 512  # above this, pages capture one layer at full size, the rest downsampled
+    # images
+    max_upload_bytes: int = 20 * 2**20  # = server.maxUploadSize (20 MB) in .streamlit/config.toml
+    max_image_pixels: int = 40_000_000  # decoded pixels; Pillow's bomb guard becomes a ValueError
+    min_image_side: int = 112
+    max_image_side: int = 448           # model input side in the app (the library allows up to 1036)
+    # work budgets
+    max_sweep_seconds: float = 120.0    # estimated time of one latency sweep
+    max_sweep_memory_mb: float = 4096.0  # estimated peak memory of one latency sweep
+    max_train_seconds: float = 60.0     # one toy training run in the lab
+    max_importance_tokens: int = 2048   # evaluation tokens of one head-importance run
+    # caches (st.cache_resource / st.cache_data max_entries)
+    model_cache_entries: int = 4
+    trace_cache_entries: int = 32
+    # deployments: local checkpoint folders users may load ("" = any folder the local user types)
+    allowed_model_dirs: str = ""        # os.pathsep-separated list of folders
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        values = {}
+        for f in fields(cls):
+            default = f.default
+            values[f.name] = _env(f.name.upper(), default, type(default))
+        return cls(**values)
+
+    def allowed_dirs(self) -> list[Path]:
+        return [Path(p).expanduser().resolve() for p in self.allowed_model_dirs.split(os.pathsep) if p.strip()]
+
+    def check_model_dir(self, folder: str | Path) -> Path:
+        """Refuse a folder outside the allow-list (when one is set)."""
+        path = Path(folder).expanduser().resolve()
+        allowed = self.allowed_dirs()
+        if allowed and not any(path == a or a in path.parents for a in allowed):
+            raise ValueError("this deployment only loads model folders under: "
+                             + ", ".join(str(a) for a in allowed))
+        return path
+
+
+LIMITS = Limits.from_env()

@@ -1,0 +1,41 @@
+import pytest
+
+import attnviz
+from attnviz.limits import Limits
+
+
+def test_env_overrides_and_bad_values(monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_MAX_TEXT_CHARS", "1234")
+    monkeypatch.setenv("ATTNVIZ_MAX_SWEEP_SECONDS", "2.5")
+    lim = Limits.from_env()
+    assert lim.max_text_chars == 1234 and lim.max_sweep_seconds == 2.5
+    monkeypatch.setenv("ATTNVIZ_MAX_TEXT_CHARS", "lots")
+    with pytest.raises(ValueError, match="ATTNVIZ_MAX_TEXT_CHARS"):
+        Limits.from_env()
+
+
+def test_allow_list(tmp_path):
+    inside, outside = tmp_path / "models" / "a", tmp_path / "elsewhere"
+    inside.mkdir(parents=True), outside.mkdir()
+    lim = Limits(allowed_model_dirs=str(tmp_path / "models"))
+    assert lim.check_model_dir(inside) == inside.resolve()
+    with pytest.raises(ValueError, match="only loads model folders under"):
+        lim.check_model_dir(outside)
+    with pytest.raises(ValueError, match="only loads"):
+        lim.check_model_dir(tmp_path / "models" / ".." / "elsewhere")
+    assert Limits().check_model_dir(outside) == outside.resolve()  # default: any folder
+
+
+def test_allow_list_applies_to_load_model(tmp_path, monkeypatch):
+    from attnviz import loading
+    monkeypatch.setattr(loading, "LIMITS", Limits(allowed_model_dirs=str(tmp_path / "ok")))
+    with pytest.raises(ValueError, match="only loads model folders"):
+        attnviz.load_model(str(tmp_path))
+
+
+def test_streamlit_upload_cap_agrees_with_limits():
+    import tomllib
+    from pathlib import Path
+    cfg = tomllib.loads((Path(__file__).parent.parent / ".streamlit" / "config.toml").read_text())
+    assert cfg["server"]["maxUploadSize"] * 2**20 == Limits().max_upload_bytes
+    assert cfg["server"]["enableXsrfProtection"] is True
