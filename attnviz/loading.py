@@ -78,17 +78,7 @@ def list_models() -> list[ModelInfo]:
 
 # ---------------------------------------------------------------- building
 def build(cfg: Config, state: dict[str, torch.Tensor]) -> Transformer:
-    net = Transformer(cfg)
-    try:
-        missing, unexpected = net.load_state_dict(state, strict=False)
-    except RuntimeError as err:  # shape mismatch
-        raise ValueError(f"weights do not fit the model's config: {str(err)[:500]}") from None
-    allowed = {"lm_head.weight"} if cfg.tie_embeddings else set()
-    missing = [k for k in missing if k not in allowed]
-    if missing or unexpected:
-        raise ValueError(f"weights do not match the architecture: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    return net.eval()
+    return Transformer.from_state(cfg, state)
 
 
 def random_model(cfg: Config, key: str = "random", seed: int = 0, tokenizer=None) -> Model:

@@ -60,10 +60,12 @@ class Attention(nn.Module):
         d = cfg.d_model
         self.qkv = nn.Linear(d, (self.n_heads + 2 * self.n_kv) * cfg.d_head, bias=cfg.qkv_bias)
         self.out = nn.Linear(self.n_heads * cfg.d_head, d, bias=cfg.out_bias)
-        self.register_buffer("heads", torch.tensor(heads, dtype=torch.long), persistent=False)
+        # Buffers are built on the CPU explicitly: `Transformer.from_state` constructs on "meta".
+        self.register_buffer("heads", torch.tensor(heads, dtype=torch.long, device="cpu"), persistent=False)
         kv_local = {kv: i for i, kv in enumerate(kv_heads)}
         kv_of_head = [kv_local[h // cfg.group] for h in heads]
-        self.register_buffer("kv_of_head", torch.tensor(kv_of_head, dtype=torch.long), persistent=False)
+        self.register_buffer("kv_of_head", torch.tensor(kv_of_head, dtype=torch.long, device="cpu"),
+                             persistent=False)
         # Uniform grouping lets the fused kernel handle GQA; a pruned, uneven one indexes K/V explicitly.
         self.uniform_groups = (self.n_kv > 0 and self.n_heads % self.n_kv == 0 and
                                kv_of_head == [i // (self.n_heads // self.n_kv) for i in range(self.n_heads)])
@@ -171,9 +173,28 @@ class Transformer(nn.Module):
             if cfg.tie_embeddings:
                 self.lm_head.weight = self.tok.weight
         if cfg.positional == "rotary":
-            cos, sin = rope_cos_sin(min(cfg.max_positions, ROPE_CACHE_MAX), cfg.d_head, cfg.rope_theta)
+            with torch.device("cpu"):
+                cos, sin = rope_cos_sin(min(cfg.max_positions, ROPE_CACHE_MAX), cfg.d_head, cfg.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+
+    @classmethod
+    def from_state(cls, cfg: Config, state: dict, heads=None, kv_heads=None) -> "Transformer":
+        """Build around existing tensors without random initialisation (no copy: the tensors are
+        adopted). Raises ValueError when the tensors do not fit this config."""
+        with torch.device("meta"):
+            net = cls(cfg, heads, kv_heads)
+        try:
+            missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
+        except RuntimeError as err:  # shape mismatch
+            raise ValueError(f"weights do not fit the model's config: {str(err)[:500]}") from None
+        if cfg.tie_embeddings and net.lm_head is not None:
+            net.lm_head.weight = net.tok.weight
+        missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_embeddings)]
+        if missing or unexpected:
+            raise ValueError(f"weights do not match the architecture: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        return net.eval()
 
     # ---------------------------------------------------------------- embeddings
     def embed_text(self, ids, token_type_ids=None):
