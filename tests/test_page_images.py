@@ -1,0 +1,121 @@
+"""AppTest of pages/3_Images.py with the bundled DINOv2: sample photos, uploads good and bad,
+head toggling. Pixel exactness of the maps is tested in test_vision.py."""
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from streamlit.testing.v1 import AppTest
+
+from tests.test_imageio import png_header_only
+from tests.test_parity import tiny
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "3_Images.py")
+HEADS_KEY = "img_heads:12x6"
+
+
+def png(width=90, height=60) -> bytes:
+    buffer = io.BytesIO()
+    pixels = np.zeros((height, width, 3), np.uint8)
+    pixels[:, width // 2:] = (250, 200, 0)
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def run_page() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=180).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def photo_caption(at) -> str:
+    return next(c.value for c in at.caption if "squeezed to" in c.value)
+
+
+def image_captions(at) -> list[str]:
+    return [text for image in at.get("image") for text in image.captions]
+
+
+def test_sample_photo_shows_every_view():
+    at = run_page()
+    assert not at.error
+    assert at.sidebar.selectbox(key="model_choice:vision").value == "dinov2"
+    assert "**cat**" in photo_caption(at) and "16×16 patches of 14 px · 257 tokens" in photo_caption(at)
+    captions = image_captions(at)
+    assert any("Attention from CLS" in c for c in captions)
+    assert any("Where patch (8, 8)" in c for c in captions)          # centre patch by default
+    assert any("rollout" in c for c in captions) and any("saliency output" in c for c in captions)
+    assert any("flagged patches outlined" in c for c in captions)
+    assert any("patches flagged" in m.value for m in at.markdown)
+    assert len(at.get("plotly_chart")) == 1                          # distance vs depth
+    assert [b.key for b in at.get("download_button")] == ["img_png_view", "img_png", "img_npz"]
+    assert "All heads are on" in at.info[0].value
+
+    size = at.sidebar.select_slider(key="img_size")
+    assert size.options[0].startswith("112 px · 65 tokens") and size.options[-1].startswith("448 px")
+    at.sidebar.selectbox(key="img_sample").set_value("coffee")
+    size.set_value(112)
+    at.radio(key="img_view").set_value("Every layer × head")
+    at.run()
+    assert not at.exception and not at.error
+    assert "**coffee**" in photo_caption(at) and "8×8 patches" in photo_caption(at)
+    assert at.number_input(key="img_row").value == 7                 # clamped into the 8 x 8 grid
+
+
+def test_uploads_good_and_bad_keep_the_page_working():
+    at = run_page()
+    at.sidebar.radio(key="img_source").set_value("Upload").run()
+    uploader = at.sidebar.file_uploader(key="img_upload")
+    assert set(uploader.allowed_type) >= {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tiff"}
+    assert "**cat**" in photo_caption(at)                            # nothing uploaded yet
+
+    uploader.set_value(("stripes.png", png(), "image/png"))
+    at.run()
+    assert not at.exception and not at.error
+    assert "**stripes.png** · 90×60 px" in photo_caption(at)
+
+    bad = [("empty.png", b"", "empty"),
+           ("bomb.png", png_header_only(60_000, 60_000), "pixels"),
+           ("notes.png", b"just some text, not a picture\n" * 20, "not an image"),
+           ("cut.png", png()[:120], "truncated")]
+    for name, data, reason in bad:
+        at.sidebar.file_uploader(key="img_upload").set_value((name, data, "image/png"))
+        at.run()
+        assert not at.exception, name
+        assert len(at.error) == 1 and name in at.error[0].value and reason in at.error[0].value
+        assert "**stripes.png**" in photo_caption(at), name          # the last good photo stays
+        assert any("Attention from CLS" in c for c in image_captions(at))
+
+
+def test_switching_heads_off_shows_the_effect():
+    layer, head = 0, 3
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    at.session_state[HEADS_KEY] = {"edited_rows": {layer: {f"H{head}": False}},
+                                   "added_rows": [], "deleted_rows": []}
+    at.run()
+    assert not at.exception, at.exception
+    assert "1 heads off" in photo_caption(at)
+    metrics = {m.label: float(m.value) for m in at.metric}
+    assert set(metrics) == {"CLS embedding cosine", "Saliency IoU at 0.5", "Saliency mean |change|"}
+    assert 0 < metrics["CLS embedding cosine"] < 1
+    assert 0 <= metrics["Saliency IoU at 0.5"] <= 1 and metrics["Saliency mean |change|"] > 0
+    captions = image_captions(at)
+    assert "Saliency, 1 heads off" in captions and "Rollout, heads off" in captions
+
+    at.button(key="img_all_on").click().run()
+    assert not at.exception and "heads off" not in photo_caption(at)
+    assert "All heads are on" in at.info[0].value and not at.metric
+
+
+def test_a_local_vit_folder_works_too(tmp_path):
+    tiny("vit").save_pretrained(tmp_path)                  # patch 8, 2 layers x 4 heads, no decoder
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    at.session_state["model_choice:vision"] = "local folder…"
+    at.session_state["model_custom_dir"] = str(tmp_path)
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.error
+    size = at.sidebar.select_slider(key="img_size")
+    assert size.value == 112 and size.options[1].startswith("120 px")   # multiples of 8
+    assert "14×14 patches of 8 px · 197 tokens" in photo_caption(at)
+    assert any("no saliency decoder" in i.value for i in at.info)
