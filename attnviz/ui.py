@@ -8,6 +8,8 @@ from attnviz.loading import BUNDLED, DEFAULT_MODEL
 
 MODEL_KEY = "model_choice"      # session key of the sidebar's model picker
 CUSTOM_KEY = "model_custom_dir"  # session key of the local-folder text box
+SHARED_KEY = "model_last"          # the last model picked on any page (not a widget key)
+SHARED_CUSTOM_KEY = "model_last_dir"
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -22,15 +24,23 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
     keys = [m.key for m in infos] + ["local folder…"]
     default = default or (DEFAULT_MODEL if DEFAULT_MODEL in keys else keys[0])
     page_key = f"{MODEL_KEY}:{'/'.join(tasks)}"
+    # Streamlit forgets a widget's state when a page that lacks it runs, so the last choice is
+    # also kept under plain keys: every page's picker opens on the model picked elsewhere.
+    if st.session_state.get(SHARED_KEY) in keys and page_key not in st.session_state:
+        default = st.session_state[SHARED_KEY]
     st.session_state.setdefault(page_key, default)
+    if CUSTOM_KEY not in st.session_state and st.session_state.get(SHARED_CUSTOM_KEY):
+        st.session_state[CUSTOM_KEY] = st.session_state[SHARED_CUSTOM_KEY]
     if st.session_state[page_key] not in keys:
         st.session_state[page_key] = default
     with st.sidebar:
         choice = st.selectbox("Model", keys, key=page_key,
                               format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})")
+        st.session_state[SHARED_KEY] = choice
         if choice == "local folder…":
             choice = st.text_input("Hugging Face model folder", key=CUSTOM_KEY,
                                    placeholder="/path/to/model (config.json + model.safetensors)").strip()
+            st.session_state[SHARED_CUSTOM_KEY] = choice
             if not choice:
                 st.info("Type the path of a local model folder.")
                 return None
@@ -53,3 +63,64 @@ def show_shape(model: attnviz.Model):
                f" ({c.n_kv_heads} K/V) · d_model {c.d_model} · "
                f"{'image ' + str(model.image_size) + ' px' if c.is_vision else str(c.max_positions) + ' positions'}"
                f" · {model.num_params() / 1e6:.1f} M params")
+
+
+def picked_cell(chart_key: str, n_columns: int = 0) -> tuple[int, int] | None:
+    """(row, column) of the point clicked in a plotly chart drawn with on_select="rerun" and
+    customdata [row, column, ...] (e.g. viz.overview_figure: [layer, head, ...]); None if none."""
+    state = st.session_state.get(chart_key)
+    try:
+        points = state["selection"]["points"]
+    except (KeyError, TypeError):
+        return None
+    if not points:
+        return None
+    data = points[0].get("customdata")
+    try:
+        if data is not None and len(data) >= 2:
+            return int(data[0]), int(data[1])
+        if n_columns:   # some Streamlit versions omit customdata: points are laid out row-major
+            index = int(points[0].get("point_index", points[0].get("point_number")))
+            return divmod(index, n_columns)
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
+def clickable_overview(figure):
+    """Make `viz.overview_figure` clickable in Streamlit: its transparent hover heatmap gets a
+    twin of invisible scatter markers (Streamlit's on_select reports scatter points, but not
+    heatmap cells), with the same [layer, head, text] customdata, row-major."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    cells = figure.data[1]
+    xs, ys = np.asarray(cells.x), np.asarray(cells.y)
+    custom = np.asarray(cells.customdata, dtype=object)                # (L, H, 3)
+    grid_x, grid_y = np.meshgrid(xs, ys)                               # (L, H) each
+    pitch = float(ys[1] - ys[0]) if len(ys) > 1 else float(xs[1] - xs[0]) if len(xs) > 1 else 40.0
+    # Marker sizes are screen pixels: the image is drawn height-first (scaleanchor), so one image
+    # pixel is about plot height / image height screen pixels. Squares cover ~95 % of a cell.
+    margin = figure.layout.margin
+    plot_height = (figure.layout.height or 450) - (margin.t or 0) - (margin.b or 0)
+    screen_per_pixel = plot_height / (pitch * len(ys))
+    figure.add_trace(go.Scatter(
+        x=grid_x.ravel(), y=grid_y.ravel(), customdata=custom.reshape(-1, custom.shape[-1]),
+        mode="markers", marker=dict(symbol="square", size=max(6.0, 0.95 * pitch * screen_per_pixel),
+                                    color="rgba(0,0,0,0)"),
+        hovertemplate=cells.hovertemplate, showlegend=False))
+    figure.data[1].hoverinfo = "skip"
+    figure.update_layout(clickmode="event+select")
+    return figure
+
+
+def figure_downloads(name: str, matrix, xlabels: list[str], ylabels: list[str], title: str,
+                     key: str):
+    """PNG and SVG download buttons of a heatmap; the bytes are made only when clicked."""
+    from attnviz import viz
+
+    left, right = st.columns(2)
+    left.download_button(f"{name} PNG", lambda: viz.figure_png(matrix, xlabels, ylabels, title),
+                         file_name=f"{key}.png", mime="image/png", key=f"{key}_png")
+    right.download_button(f"{name} SVG", lambda: viz.figure_svg(matrix, xlabels, ylabels, title),
+                          file_name=f"{key}.svg", mime="image/svg+xml", key=f"{key}_svg")

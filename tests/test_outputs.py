@@ -1,0 +1,143 @@
+"""attnviz.outputs: bounded text capture (exact against a full trace), next-token top-k,
+sentence embeddings and similarity, the NPZ export."""
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz import outputs
+from attnviz.analysis import downsample_attention
+from attnviz.config import Config
+from attnviz.loading import random_model
+
+LLAMA = Config(family="llama", n_layers=3, n_heads=4, n_kv_heads=2, d_model=32, d_head=8, d_ff=64,
+               vocab_size=50, max_positions=256, norm="rmsnorm", norm_eps=1e-6,
+               positional="rotary", causal=True, pre_norm=True, activation="silu", gated_mlp=True,
+               qkv_bias=False, out_bias=False, mlp_bias=False)
+BERT = Config(family="bert", n_layers=2, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
+              vocab_size=50, max_positions=256, type_vocab_size=2, final_norm=False)
+
+
+def _ids(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("cfg", [LLAMA, BERT], ids=["llama", "bert"])
+def test_short_input_is_captured_whole_and_equals_trace(cfg):
+    model = random_model(cfg, seed=1)
+    ids = _ids(40)
+    cap = outputs.capture_text(model, ids)
+    tr = model.trace(ids)
+    assert cap.full and cap.start == 0 and cap.size == 40
+    torch.testing.assert_close(cap.attentions, tr.attentions, rtol=0, atol=0)
+    torch.testing.assert_close(cap.hidden, tr.hidden, rtol=0, atol=0)
+    torch.testing.assert_close(cap.overview, downsample_attention(tr.attentions, 64))
+
+
+@pytest.mark.parametrize("cfg", [LLAMA, BERT], ids=["llama", "bert"])
+@pytest.mark.parametrize("start", [0, 37, 500])
+def test_long_input_window_and_pooled_overview_are_exact(cfg, start):
+    model = random_model(cfg, seed=2)
+    n = 150
+    ids = _ids(n, seed=3)
+    # A budget of 3*4*32*32 floats allows a 32-token window: the long, layer-by-layer path.
+    budget = cfg.n_layers * cfg.n_heads * 32 * 32
+    cap = outputs.capture_text(model, ids, start=start, budget=budget, max_cell=16)
+    tr = model.trace(ids)
+    assert not cap.full and cap.size == 32
+    assert cap.start == min(start, n - 32)          # clipped so the window fits
+    s = cap.start
+    torch.testing.assert_close(cap.attentions, tr.attentions[:, :, s:s + 32, s:s + 32],
+                               atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(cap.overview, downsample_attention(tr.attentions, 16),
+                               atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(cap.hidden, tr.hidden, atol=2e-5, rtol=1e-5)
+    assert cap.window_tokens == tr.tokens[s:s + 32]
+
+
+def test_long_path_of_a_pruned_model_keeps_heads_in_place():
+    model = random_model(LLAMA, seed=4)
+    keep = torch.ones(3, 4, dtype=torch.bool)
+    keep[0, 1] = keep[2, :2] = False
+    small = model.prune(keep)
+    ids = _ids(100, seed=5)
+    cap = outputs.capture_text(small, ids, budget=3 * 4 * 24 * 24, max_cell=10)
+    tr = small.trace(ids)
+    torch.testing.assert_close(cap.attentions, tr.attentions[:, :, :24, :24], atol=2e-6, rtol=1e-5)
+    assert cap.overview[0, 1].abs().max() == 0 and cap.overview[2, :2].abs().max() == 0
+
+
+def test_window_size_bound():
+    assert outputs.window_size(30, 9) == 352            # SmolLM2: 30*9*352^2 <= 2^25
+    assert outputs.window_size(6, 12) == outputs.MAX_WINDOW
+    assert 30 * 9 * outputs.window_size(30, 9) ** 2 <= outputs.FULL_BUDGET
+
+
+def test_renormalise_rows():
+    a = torch.tensor([[[[0.2, 0.2], [0.0, 0.0]]]])
+    r = outputs.renormalise_rows(a)
+    torch.testing.assert_close(r[0, 0, 0], torch.tensor([0.5, 0.5]))
+    assert r[0, 0, 1].abs().sum() == 0
+
+
+def test_next_token_topk_matches_full_logits():
+    model = random_model(LLAMA, seed=6)
+    ids = _ids(20)
+    tr = model.trace(ids)
+    top_ids, probs = outputs.next_token_topk(model, tr.hidden[7], k=10)
+    expected = torch.softmax(tr.logits[7], -1).topk(10)
+    assert top_ids == expected.indices.tolist()
+    torch.testing.assert_close(probs, expected.values)
+    assert bool((probs[:-1] >= probs[1:]).all())
+
+
+def test_next_token_topk_refuses_encoders_and_bad_rows():
+    with pytest.raises(ValueError, match="not a language model"):
+        outputs.next_token_topk(random_model(BERT), torch.zeros(32))
+    with pytest.raises(ValueError, match="hidden_row must be"):
+        outputs.next_token_topk(random_model(LLAMA), torch.zeros(5))
+
+
+def test_sentence_embedding_is_normalised_mean():
+    hidden = torch.tensor([[3.0, 0.0], [1.0, 4.0]])           # mean (2, 2)
+    torch.testing.assert_close(outputs.sentence_embedding(hidden),
+                               torch.tensor([2.0, 2.0]) / 8 ** 0.5)
+    with pytest.raises(ValueError):
+        outputs.sentence_embedding(torch.zeros(0, 4))
+
+
+def test_minilm_similarity_ranks_paraphrase_above_unrelated():
+    from attnviz import ui
+    model = ui.load_model("minilm")
+    a = "A man is eating food."
+    same = outputs.sentence_similarity(model, a, a)
+    para = outputs.sentence_similarity(model, a, "A man is eating a meal.")
+    other = outputs.sentence_similarity(model, a, "The stock market crashed today.")
+    assert same == pytest.approx(1.0, abs=1e-5)
+    assert para > 0.8 > 0.3 > other
+
+
+def test_attention_npz_round_trip_without_pickle():
+    model = random_model(LLAMA, seed=7)
+    cap = outputs.capture_text(model, _ids(12))
+    data = np.load(io.BytesIO(outputs.attention_npz(cap)), allow_pickle=False)
+    np.testing.assert_array_equal(data["attentions"], cap.attentions.numpy())
+    np.testing.assert_array_equal(data["ids"], cap.ids.numpy())
+    assert list(data["tokens"]) == cap.tokens and int(data["start"]) == 0
+
+
+def test_vision_models_are_refused():
+    cfg = Config(family="vit", n_layers=1, n_heads=2, n_kv_heads=2, d_model=8, d_head=4, d_ff=16,
+                 image_size=28, patch_size=14, pre_norm=True)
+    with pytest.raises(ValueError, match="Images page"):
+        outputs.capture_text(random_model(cfg), "hello")
+
+
+def test_partial_character_candidates_show_their_bytes():
+    from attnviz import ui
+    model = ui.load_model("smollm2")
+    whole = model.tokenizer.convert_tokens_to_ids("è¿Ļ")   # bytes E8 BF 99: the whole of 这
+    assert outputs.token_names(model, [whole]) == ["这"]
+    partial = model.tokenizer.convert_tokens_to_ids("ä½")   # bytes E4 BD: a character's start
+    assert outputs.token_names(model, [partial]) == ["⟨E4 BD⟩…"]
