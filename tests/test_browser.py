@@ -1,0 +1,69 @@
+"""End to end in a real browser: Debian's Chromium driven by Playwright against `streamlit run`.
+
+Screenshots go to test-artifacts/ (git-ignored); look at them when a test fails.
+"""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from tests.browser import ARGS, ARTIFACTS, CHROMIUM, streamlit_server, wait_idle
+
+TIMEOUT = 120_000
+
+
+@pytest.fixture(scope="module")
+def server():
+    ARTIFACTS.mkdir(exist_ok=True)
+    with streamlit_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 2200})
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT)
+    yield pg
+    context.close()
+
+
+def open_page(page, server, path=""):
+    page.goto(f"{server}/{path}")
+    page.wait_for_selector('[data-testid="stSidebar"]')
+    wait_idle(page)
+
+
+def test_attention_paste_run_heatmap(page, server):
+    open_page(page, server, "Attention")
+    box = page.locator('textarea[aria-label="Text"]')
+    box.fill("The pilot landed the plane because she was skilled.")
+    page.get_by_role("button", name="Run").click()
+    wait_idle(page)
+    expect(page.get_by_text("pilot", exact=False).first).to_be_visible()
+    detail = page.locator(".js-plotly-plot").nth(1)   # 0: overview, 1: detail heatmap
+    expect(detail.locator(".heatmaplayer, image").first).to_be_attached()
+    assert page.locator('[data-testid="stException"]').count() == 0
+    page.screenshot(path=str(ARTIFACTS / "attention.png"))
+
+
+def test_images_upload_photo(page, server, tmp_path):
+    from attnviz.imageio import sample_images
+    open_page(page, server, "Images")
+    page.get_by_text("Upload", exact=True).click()
+    wait_idle(page)
+    page.locator('input[type="file"]').set_input_files(str(sample_images()["coffee"]))
+    wait_idle(page)
+    expect(page.get_by_text("coffee", exact=False).first).to_be_visible()
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+    expect(page.locator('[data-testid="stImage"] img').first).to_be_visible()
+    page.screenshot(path=str(ARTIFACTS / "images.png"))
