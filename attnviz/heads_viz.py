@@ -1,0 +1,87 @@
+"""Figure builders of the Heads page: pruning curves, per-token loss, latency, attention change.
+Pure functions from arrays and tables to plotly figures; no Streamlit."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from .viz import head_heatmap, token_label
+
+ORDER_COLOURS = {"importance": "#1f77b4", "random": "#ff7f0e"}
+METRIC_LABELS = {"perplexity": "perplexity", "top1": "top-1 agreement with the full model",
+                 "kl": "KL(full ‖ pruned), nats/token", "cosine": "embedding cosine to the full model",
+                 "loss": "loss, nats/token"}
+
+
+def curve_figure(summary: pd.DataFrame, metric: str, log_y: bool = False) -> go.Figure:
+    """Metric against the share of heads removed, one line per order; random runs show mean ±
+    one standard deviation over seeds as a band."""
+    figure = go.Figure()
+    for order, part in summary.groupby("order", sort=False):
+        part = part.sort_values("fraction")
+        x = 100 * part["fraction"].to_numpy()
+        mean, std = part[f"{metric}_mean"].to_numpy(), part[f"{metric}_std"].to_numpy()
+        colour = ORDER_COLOURS.get(order, "#555")
+        runs = int(part["runs"].max())
+        if runs > 1:
+            figure.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]),
+                                        y=np.concatenate([mean + std, (mean - std)[::-1]]),
+                                        fill="toself", fillcolor=colour, opacity=0.2, line=dict(width=0),
+                                        hoverinfo="skip", showlegend=False))
+        name = "by importance (re-estimated each step)" if order == "importance" else \
+            f"random order (mean ± sd of {runs} seeds)"
+        figure.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", name=name,
+                                    line=dict(color=colour),
+                                    hovertemplate=f"%{{x:.0f}}% removed<br>{metric} %{{y:.4g}}<extra></extra>"))
+    figure.update_xaxes(title="heads removed (%)")
+    figure.update_yaxes(title=METRIC_LABELS.get(metric, metric), type="log" if log_y else "linear")
+    figure.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10), legend=dict(y=1.15, orientation="h"))
+    return figure
+
+
+def token_loss_figure(tokens: list[str], loss_full, loss_masked) -> go.Figure:
+    """Loss of each token given the ones before it (nats), full model against masked model."""
+    loss_full, loss_masked = np.asarray(loss_full, dtype=float), np.asarray(loss_masked, dtype=float)
+    targets = tokens[1:]
+    if len(targets) != len(loss_full) or len(loss_full) != len(loss_masked):
+        raise ValueError("one loss per predicted token (tokens 1..n-1) is expected for both models")
+    x = np.arange(1, len(tokens))
+    labels = [token_label(t) for t in targets]
+    figure = go.Figure()
+    for name, y, colour in (("full model", loss_full, "#888"), ("masked", loss_masked, "#d62728")):
+        figure.add_trace(go.Bar(x=x, y=y, name=name, marker_color=colour, customdata=labels,
+                                hovertemplate="%{customdata}: %{y:.2f} nats<extra>" + name + "</extra>"))
+    step = max(1, len(x) // 60)
+    figure.update_xaxes(tickmode="array", tickvals=x[::step], ticktext=labels[::step], tickangle=-60)
+    figure.update_yaxes(title="loss (nats)")
+    figure.update_layout(barmode="group", height=320, margin=dict(l=10, r=10, t=30, b=10),
+                         legend=dict(orientation="h", y=1.15))
+    return figure
+
+
+def difference_heatmap(before, after, tokens: list[str], title: str = "", causal: bool = False) -> go.Figure:
+    """after - before of one head's [n, n] attention, on a diverging scale centred at zero."""
+    diff = np.asarray(after, dtype=np.float32) - np.asarray(before, dtype=np.float32)
+    top = float(np.abs(diff).max()) or 1e-6
+    figure = head_heatmap(diff, tokens, title=title, causal=causal, zmax=top)
+    figure.data[0].update(zmin=-top, zmax=top, zmid=0, colorscale="RdBu_r", colorbar=dict(title="Δ weight"))
+    return figure
+
+
+def latency_figure(table: pd.DataFrame, modelled: pd.DataFrame | None = None) -> go.Figure:
+    """Measured latency of the full and the pruned model against sequence length (log-log),
+    plus the modelled Raspberry Pi latencies when given."""
+    figure = go.Figure()
+    for column, name, dash in (("full_ms", "full model", "solid"), ("pruned_ms", "pruned", "solid")):
+        figure.add_trace(go.Scatter(x=table["tokens"], y=table[column], mode="lines+markers",
+                                    name=f"{name} (this CPU, measured)", line=dict(dash=dash)))
+    if modelled is not None:
+        for device, part in modelled.groupby("device"):
+            for column, name in (("full_ms", "full"), ("pruned_ms", "pruned")):
+                figure.add_trace(go.Scatter(x=part["tokens"], y=part[column], mode="lines+markers",
+                                            name=f"{name} ({device}, modelled)", line=dict(dash="dot")))
+    figure.update_xaxes(title="tokens", type="log")
+    figure.update_yaxes(title="latency (ms)", type="log")
+    figure.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10))
+    return figure

@@ -1,0 +1,266 @@
+"""Head importance, pruning curves and speed-up bookkeeping on tiny models with known answers."""
+import math
+
+import pytest
+import torch
+
+from attnviz.config import Config
+from attnviz.importance import (EvalSet, ablation_importance, eval_windows, evaluate, gradient_importance,
+                                keep_top, normalise_per_layer, reference)
+from attnviz.loading import random_model
+from attnviz.pruning import forward_flops, measure_speedup, pruning_curve
+
+SIGNAL = (1, 2)  # the one head that carries everything in the toy models
+
+
+def lm_config(n_kv=4):
+    return Config(family="llama", n_layers=2, n_heads=4, n_kv_heads=n_kv, d_model=32, d_head=8,
+                  d_ff=64, vocab_size=40, max_positions=64, norm="rmsnorm", norm_eps=1e-6,
+                  positional="rotary", causal=True, pre_norm=True, activation="silu", gated_mlp=True,
+                  qkv_bias=False, out_bias=False, mlp_bias=False)
+
+
+def bert_config():
+    return Config(family="bert", n_layers=2, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
+                  vocab_size=40, max_positions=64, type_vocab_size=2, final_norm=False)
+
+
+def one_head_model(cfg):
+    """Every head's output-projection columns are zero except SIGNAL's, which is boosted."""
+    model = random_model(cfg, seed=1)
+    dh = cfg.d_head
+    for i, block in enumerate(model.net.blocks):
+        w = block.attn.out.weight
+        for h in range(cfg.n_heads):
+            cols = slice(h * dh, (h + 1) * dh)
+            w.data[:, cols] = w.data[:, cols] * 4 if (i, h) == SIGNAL else 0
+    return model
+
+
+def data(cfg, windows=3, n=12, seed=0):
+    ids = torch.randint(0, cfg.vocab_size, (windows, n), generator=torch.Generator().manual_seed(seed))
+    return EvalSet(ids=ids, n_tokens=ids.numel(), available=ids.numel())
+
+
+@pytest.mark.parametrize("cfg", [lm_config(), bert_config()], ids=["lm", "encoder"])
+@pytest.mark.parametrize("method", ["gradient", "ablation"])
+def test_the_head_that_carries_the_signal_ranks_first(cfg, method):
+    model, d = one_head_model(cfg), data(cfg)
+    fn = gradient_importance if method == "gradient" else ablation_importance
+    imp = fn(model, d)
+    assert imp.complete and imp.done == imp.total
+    for normalised in (True, False):
+        table = imp.table(normalised)
+        assert (table.loc[0, "layer"], table.loc[0, "head"]) == SIGNAL
+        assert table.loc[0, "score"] > 0
+        assert imp.keep_top(1 / 8, normalised=normalised)[SIGNAL]
+    others = imp.raw.clone()
+    others[SIGNAL] = 0
+    # a head whose output projection is zero changes nothing: its score is exactly zero
+    assert torch.allclose(others, torch.zeros_like(others), atol=1e-7)
+    if method == "gradient":  # Michel et al.: per-layer L2 normalisation
+        assert torch.allclose(imp.scores[SIGNAL[0]].norm(), torch.tensor(1.0))
+
+
+def test_encoder_gradient_score_estimates_the_ablation_effect():
+    """At m = 1 the encoder score is the second-order estimate of the rise of 1 - cos; with all
+    d probes it is exact up to third-order terms, so it is close to the measured ablation effect."""
+    cfg = bert_config()
+    model, d = one_head_model(cfg), data(cfg)
+    grad = gradient_importance(model, d, probes=cfg.d_model)
+    abl = ablation_importance(model, d)
+    est, real = float(grad.raw[SIGNAL]), float(abl.raw[SIGNAL])
+    assert real > 0 and 0.3 < est / real < 3
+
+
+def test_lm_gradient_score_is_mean_absolute_gradient():
+    cfg = lm_config()
+    model, d = random_model(cfg, seed=3), data(cfg, windows=2)
+    imp = gradient_importance(model, d)
+    expected = torch.zeros(cfg.n_layers, cfg.n_heads)
+    for w in range(2):
+        mask = torch.ones(cfg.n_layers, cfg.n_heads, requires_grad=True)
+        logits = model.net(input_ids=d.ids[w:w + 1], head_mask=mask).logits[0]
+        torch.nn.functional.cross_entropy(logits[:-1], d.ids[w, 1:]).backward()
+        expected += mask.grad.abs() / 2
+    assert torch.allclose(imp.raw, expected, atol=1e-6)
+    assert torch.allclose(imp.scores, normalise_per_layer(expected), atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", [lm_config(n_kv=2), bert_config()], ids=["gqa-lm", "encoder"])
+def test_masked_outputs_equal_pruned_outputs(cfg):
+    model, d = random_model(cfg, seed=2), data(cfg, windows=2)
+    keep = torch.tensor([[True, False, True, True], [False, False, True, False]])
+    small = model.prune(keep)
+    with torch.inference_mode():
+        masked = model.net(input_ids=d.ids, head_mask=keep.float())
+        pruned = small.net(input_ids=d.ids)
+    assert torch.allclose(masked.hidden, pruned.hidden, atol=1e-5)
+    if masked.logits is not None:
+        assert torch.allclose(masked.logits, pruned.logits, atol=1e-5)
+    full_ref = reference(model, d)
+    m_masked = evaluate(model, d, keep.float(), full_ref)
+    m_pruned = evaluate(small, d, None, full_ref)
+    for key, value in m_masked.items():
+        assert m_pruned[key] == pytest.approx(value, rel=1e-4, abs=1e-6)
+
+
+def test_evaluate_full_model_agrees_with_itself():
+    cfg = lm_config()
+    model, d = random_model(cfg), data(cfg)
+    m = evaluate(model, d)
+    assert m["top1"] == 1.0 and abs(m["kl"]) < 1e-3
+    assert m["perplexity"] == pytest.approx(math.exp(m["loss"]))
+
+
+@pytest.mark.parametrize("cfg", [lm_config(), bert_config()], ids=["lm", "encoder"])
+def test_pruning_curve_bookkeeping(cfg):
+    model, d = random_model(cfg), data(cfg, windows=2)
+    curve = pruning_curve(model, d, step=0.25, max_fraction=0.75, seeds=(0, 1), normalised=cfg.task == "lm")
+    assert curve.complete and curve.total == 4 * 3
+    t = curve.table
+    assert len(t) == 12 and set(t["order"]) == {"importance", "random"}
+    for (order, seed), run in t.groupby(["order", "seed"]):
+        assert run["fraction"].tolist() == [0.0, 0.25, 0.5, 0.75]
+        assert run["removed"].tolist() == [0, 2, 4, 6]  # 8 heads, steps of 25%
+    imp_masks = [curve.masks[("importance", -1, f)] for f in (0.0, 0.25, 0.5, 0.75)]
+    for before, after in zip(imp_masks, imp_masks[1:]):
+        assert torch.all(after <= before)  # a removed head stays removed
+    start = t[t["fraction"] == 0]
+    metric = "top1" if cfg.task == "lm" else "cosine"
+    assert start[metric].tolist() == pytest.approx([1.0] * 3)
+    s = curve.summary()
+    assert set(s["runs"]) == {1, 2}
+    assert (s[s["order"] == "random"]["runs"] == 2).all()
+    assert f"{curve.metric}_mean" in s and f"{curve.metric}_std" in s
+
+
+def test_cancelled_runs_return_partial_results():
+    cfg = lm_config()
+    model, d = one_head_model(cfg), data(cfg, windows=4)
+    calls = []
+    stop_after = lambda n: (lambda: len(calls) >= n)  # noqa: E731
+    record = lambda done, total, partial: calls.append((done, total))  # noqa: E731
+    g = gradient_importance(model, d, progress=record, should_stop=stop_after(2))
+    assert not g.complete and (g.done, g.total) == (2, 4)
+    assert not torch.isnan(g.scores).any()
+    calls.clear()
+    a = ablation_importance(model, d, progress=record, should_stop=stop_after(3))
+    assert not a.complete and a.done == 3 and a.total == 8
+    assert int((~torch.isnan(a.scores)).sum()) == 3 and len(a.table()) == 3
+    calls.clear()
+    c = pruning_curve(model, d, step=0.5, max_fraction=0.5, seeds=(0,), progress=record,
+                      should_stop=stop_after(3))
+    assert not c.complete and len(c.table) == 3 == c.done
+
+
+def test_keep_top_and_masked_heads():
+    scores = torch.tensor([[0.1, 0.9, float("nan")], [0.5, 0.2, 0.3]])
+    keep = keep_top(scores, 0.4)
+    assert keep.tolist() == [[False, True, False], [True, False, False]]
+    with pytest.raises(ValueError, match="compute importance"):
+        keep_top(torch.full((2, 2), float("nan")), 0.5)
+    cfg = lm_config()
+    model, d = random_model(cfg), data(cfg, windows=1)
+    mask = torch.ones(2, 4)
+    mask[0, 1] = 0
+    imp = gradient_importance(model, d, head_mask=mask)
+    assert torch.isnan(imp.scores[0, 1]) and int(torch.isnan(imp.scores).sum()) == 1
+
+
+def test_eval_windows_on_a_real_tokenizer(minilm):
+    d = eval_windows(minilm, None, max_tokens=300, window=64)
+    assert d.ids.shape == (300 // 62, 64)
+    cls, sep = minilm.tokenizer.cls_token_id, minilm.tokenizer.sep_token_id
+    assert (d.ids[:, 0] == cls).all() and (d.ids[:, -1] == sep).all()
+    short = eval_windows(minilm, "The cat sat on the mat.", max_tokens=300, window=64)
+    assert short.n_windows == 1 and short.ids.shape[1] == short.n_tokens + 2
+    for bad in ("", "   ", "cat"):
+        with pytest.raises(ValueError, match="at least two|empty"):
+            eval_windows(minilm, bad)
+
+
+def test_speedup_bookkeeping():
+    cfg = lm_config(n_kv=2)
+    model = random_model(cfg)
+    keep = torch.tensor([[True, True, False, False], [True, False, False, False]])
+    sp = measure_speedup(model, keep, lengths=(8, 16), repeats=1)
+    assert sp.params_pruned < sp.params_full and (sp.heads_kept, sp.heads_total) == (3, 8)
+    t = sp.table
+    assert t["tokens"].tolist() == [8, 16]
+    k = 3 / 8
+    assert t["bound"].tolist() == pytest.approx((1 / (1 - t["attention_share"] * (1 - k))).tolist())
+    with pytest.raises(ValueError, match="every head"):
+        measure_speedup(model, torch.zeros(2, 4, dtype=torch.bool))
+    f_full, f_small = forward_flops(model.cfg, 16), forward_flops(model.prune(keep).cfg, 16)
+    assert f_small["other"] == f_full["other"] and f_small["attention"] < f_full["attention"]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    import attnviz
+    return attnviz.load_model("minilm")
+
+
+def test_live_outputs_match_single_runs(minilm):
+    """The page's one padded batch (text + ranking sentences) equals separate unpadded runs."""
+    from attnviz import effects
+    sentences = ["A kitten is resting on a rug.", "Stock markets fell sharply today, and the rest of this is long."]
+    mask = torch.ones(6, 12)
+    mask[1, 4] = mask[3, 0] = 0
+    out = effects.outputs(minilm, "The cat sits on the mat.", mask, 4, sentences)
+    tr = minilm.trace("The cat sits on the mat.", head_mask=mask, layers=[4])
+    assert torch.allclose(out.attention, tr.attentions[0], atol=1e-5)
+    assert torch.allclose(out.embedding, torch.nn.functional.normalize(tr.hidden.mean(0), dim=0), atol=1e-5)
+    for s, e in zip(sentences, out.sentence_embeddings):
+        alone = torch.nn.functional.normalize(minilm.trace(s, head_mask=mask).hidden.mean(0), dim=0)
+        assert torch.allclose(e, alone, atol=1e-5)
+    full = effects.outputs(minilm, "The cat sits on the mat.", None, 4, sentences)
+    cmp = effects.compare(full, out, sentences)
+    assert cmp["cosine"] < 1 and list(cmp["ranking"]["rank_full"]) == [1, 2]
+    assert effects.compare(full, full, sentences)["cosine"] == pytest.approx(1.0)
+
+
+def test_live_outputs_language_model():
+    from attnviz import effects
+    cfg = lm_config()
+    model = one_head_model(cfg)
+    ids = list(range(10))
+    full = effects.outputs(model, ids)
+    same = effects.compare(full, effects.outputs(model, ids, torch.ones(2, 4)))
+    assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["top1"] == 1.0
+    off = torch.ones(2, 4)
+    off[SIGNAL] = 0
+    changed = effects.compare(full, effects.outputs(model, ids, off))
+    assert changed["kl"] > 0 and full.token_loss.shape == (9,)
+    assert changed["perplexity_full"] == pytest.approx(math.exp(float(full.token_loss.mean())), rel=1e-5)
+
+
+def test_mask_link_encoding_round_trip():
+    from attnviz.pruning import decode_mask, encode_mask
+    for seed in range(5):
+        keep = torch.rand(30, 9, generator=torch.Generator().manual_seed(seed)) > 0.5
+        code = encode_mask(keep)
+        assert code.startswith("30x9-") and len(code) <= 5 + 68
+        assert torch.equal(decode_mask(code, 30, 9), keep)
+    assert decode_mask(encode_mask(torch.zeros(6, 12, dtype=torch.bool)), 6, 12).sum() == 0
+    for bad in ("", "6x12", "6x12-xyz", "6x12--1", "6x12-1" + "0" * 30):
+        with pytest.raises(ValueError, match="link"):
+            decode_mask(bad, 6, 12)
+
+
+def test_heads_figures():
+    import numpy as np
+    from attnviz import heads_viz
+    before, after = torch.rand(4, 4), torch.rand(4, 4)
+    fig = heads_viz.difference_heatmap(before, after, list("abcd"))
+    z = np.asarray(fig.data[0].z, dtype=np.float32)
+    assert np.allclose(z, (after - before).numpy()) and fig.data[0].zmid == 0
+    assert fig.data[0].zmin == -fig.data[0].zmax
+    cfg = lm_config()
+    curve = pruning_curve(random_model(cfg), data(cfg, windows=1), step=0.5, max_fraction=0.5, seeds=(0, 1))
+    fig = heads_viz.curve_figure(curve.summary(), "perplexity")
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert len(lines) == 2 and list(lines[0].x) == [0.0, 50.0]
+    with pytest.raises(ValueError, match="one loss per predicted token"):
+        heads_viz.token_loss_figure(["a", "b", "c"], [1.0], [1.0, 2.0])
