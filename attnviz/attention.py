@@ -4,7 +4,9 @@ Two paths side by side, as in nanoGPT: `attend` with `need_weights=True` runs th
 (scores, scale, mask, softmax, weighted sum) and returns the weights; without weights the
 softmax variant goes through the fused `F.scaled_dot_product_attention`. Variants (local window,
 chunked exact, linear elu+1, ReLU, top-k, temperature) share one entry point so the model, the lab
-and the latency bench all swap them the same way.
+and the latency bench all swap them the same way. Without weights, each variant takes its cheap
+path: chunked holds (chunk, S) scores at a time, local scores only its band (O(T * window)), linear
+never forms (T, S) (causal in blocks). 'eager' forces the written-out path, to measure it.
 
 Shapes: q (B, h, T, dh); k, v (B, h_kv, S, dh) with h a multiple of h_kv (grouped-query
 attention); `allowed` a bool mask broadcastable to (B, h, T, S), True where a query may look.
@@ -27,6 +29,7 @@ class Variant:
     chunk: int = 256           # chunked: queries per block
     top_k: int = 0             # topk: keys kept per query
     temperature: float = 1.0   # divides the scaled scores (softmax, local, topk)
+    fused: bool = True         # softmax: False runs the written-out five steps ('eager') even without weights
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -44,10 +47,13 @@ class Variant:
     def label(self) -> str:
         extra = {"local": self.window, "chunked": self.chunk, "topk": self.top_k}.get(self.kind)
         text = self.kind if extra is None else f"{self.kind}:{extra}"
+        if self.kind == "softmax" and not self.fused:
+            text = "eager"
         return text if self.temperature == 1.0 else f"{text}@T={self.temperature:g}"
 
 
 SOFTMAX = Variant()
+EAGER = Variant(fused=False)
 
 
 def parse_variant(spec: "str | Variant | None") -> Variant:
@@ -58,7 +64,9 @@ def parse_variant(spec: "str | Variant | None") -> Variant:
         return spec
     name, _, arg = str(spec).strip().lower().partition(":")
     try:
-        if name in ("softmax", "eager", "fused", ""):
+        if name == "eager":  # the explicit path: materialises the (T, S) weights, then drops them
+            return EAGER
+        if name in ("softmax", "fused", ""):
             return SOFTMAX
         if name == "local":
             return Variant("local", window=int(arg or 64))
@@ -75,7 +83,7 @@ def parse_variant(spec: "str | Variant | None") -> Variant:
             raise ValueError(f"attention variant {spec!r}: {arg!r} is not a number") from None
         raise
     raise ValueError(f"unknown attention variant {spec!r}; choose one of "
-                     "softmax, local:W, chunked:C, linear, relu, topk:K, temp:T")
+                     "softmax (= fused), eager, local:W, chunked:C, linear, relu, topk:K, temp:T")
 
 
 # ---------------------------------------------------------------- masks
@@ -123,7 +131,12 @@ def softmax_weights(q, k, allowed=None, scale=None, temperature=1.0, top_k=0):
     if top_k and top_k < att.shape[-1]:
         kth = att.topk(top_k, dim=-1).values[..., -1:]
         att.masked_fill_(att < kth, float("-inf"))
-    return torch.softmax(att, dim=-1)
+    att = torch.softmax(att, dim=-1)
+    if allowed is not None:  # a query that may see no key gets zero weights (as the fused kernel), not NaN
+        blind = ~allowed.any(-1, keepdim=True)
+        if blind.any():  # out of place: softmax's backward needs its output untouched
+            att = att.masked_fill(blind, 0.0)
+    return att
 
 
 def _feature(x):
@@ -148,68 +161,120 @@ def relu_weights(q, k, allowed=None, scale=None):
     return att / allowed.sum(-1, keepdim=True).clamp_min(1)
 
 
-def _linear_fast(q, k, v, causal: bool):
-    """O(n d^2) linear attention without the n x n matrix (cumulative sums when causal)."""
+def _linear_fast(q, k, v, causal: bool, chunk: int = 64):
+    """Linear attention without the (T, S) matrix: O(T dh dv) time, O(dh dv) state.
+
+    Causal: blocks of `chunk` queries use the masked quadratic form inside the block and a running
+    sum of phi(k)^T v over earlier blocks (memory O(chunk^2 + dh dv) instead of the O(T dh dv) that a
+    plain cumulative sum of outer products needs)."""
     fq, fk = _feature(q), _feature(k)
     if not causal:
         kv = torch.matmul(fk.transpose(-2, -1), v)            # (B, h, dh, dv)
         z = fk.sum(-2)                                        # (B, h, dh)
         return torch.matmul(fq, kv) / (fq * z[..., None, :]).sum(-1, keepdim=True).clamp_min(1e-12)
-    kv = torch.einsum("bhsd,bhse->bhsde", fk, v).cumsum(2)    # (B, h, S, dh, dv)
-    z = fk.cumsum(2)                                          # (B, h, S, dh)
-    num = torch.einsum("bhtd,bhtde->bhte", fq, kv)
-    return num / (fq * z).sum(-1, keepdim=True).clamp_min(1e-12)
+    B, h, T, dh = fq.shape
+    state = fq.new_zeros(B, h, dh, v.shape[-1])               # sum of phi(k)^T v over earlier blocks
+    z = fq.new_zeros(B, h, 1, dh)                             # sum of phi(k) over earlier blocks
+    out = fq.new_empty(B, h, T, v.shape[-1])
+    tri = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    for start in range(0, T, chunk):
+        stop = min(start + chunk, T)
+        qb, kb, vb = fq[..., start:stop, :], fk[..., start:stop, :], v[..., start:stop, :]
+        att = torch.matmul(qb, kb.transpose(-2, -1))          # (B, h, c, c) inside the block
+        att = att.masked_fill(~tri[: stop - start, : stop - start], 0.0)
+        num = torch.matmul(qb, state) + torch.matmul(att, vb)
+        den = (qb * z).sum(-1, keepdim=True) + att.sum(-1, keepdim=True)
+        out[..., start:stop, :] = num / den.clamp_min(1e-12)
+        state = state + torch.matmul(kb.transpose(-2, -1), vb)
+        z = z + kb.sum(-2, keepdim=True)
+    return out
 
 
 def chunked_attention(q, k, v, chunk: int, allowed=None, causal=False, scale=None):
-    """Exact softmax attention over query blocks: peak memory O(T * chunk) instead of O(T^2)."""
+    """Exact softmax attention over query blocks: peak memory O(T * chunk) instead of O(T^2).
+
+    k, v may hold fewer (grouped) heads than q. The causal mask is built per block, never whole."""
     T, S = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    gqa = q.shape[1] != k.shape[1]
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     for start in range(0, T, chunk):
         stop = min(start + chunk, T)
-        block_allowed = None if allowed is None else allowed[..., start:stop, :]
+        block_allowed = allowed
+        if allowed is not None and allowed.shape[-2] == T:  # a (.., 1, S) padding mask broadcasts as is
+            block_allowed = allowed[..., start:stop, :]
         if causal:
             rows = torch.arange(start, stop, device=q.device)[:, None] + (S - T)
-            c = torch.arange(S, device=q.device)[None, :] <= rows
+            c = torch.arange(S, device=q.device)[None, :] <= rows   # (chunk, S)
             block_allowed = combine(block_allowed, c)
         out[..., start:stop, :] = F.scaled_dot_product_attention(
-            q[..., start:stop, :], k, v, attn_mask=block_allowed, scale=scale)
+            q[..., start:stop, :], k, v, attn_mask=block_allowed, scale=scale, enable_gqa=gqa)
     return out
+
+
+def local_attention(q, k, v, window: int, causal=False, scale=None, temperature=1.0):
+    """Exact sliding-window softmax attention computed block by block: O(T * window) time and memory.
+
+    Queries go in blocks of `window` (at least 32, to keep the Python loop short); a block only
+    scores the keys that any of its queries may see, so nothing outside the band is computed."""
+    T = q.shape[-2]
+    scale = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) / temperature
+    gqa = q.shape[1] != k.shape[1]
+    block = max(window, 32)
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    for start in range(0, T, block):
+        stop = min(start + block, T)
+        k_start = max(0, start - window + 1)
+        k_stop = stop if causal else min(T, stop + window - 1)
+        dist = (torch.arange(start, stop, device=q.device)[:, None]
+                - torch.arange(k_start, k_stop, device=q.device)[None, :])   # (block, keys)
+        near = (dist >= 0) & (dist < window) if causal else dist.abs() < window
+        out[..., start:stop, :] = F.scaled_dot_product_attention(
+            q[..., start:stop, :], k[..., k_start:k_stop, :], v[..., k_start:k_stop, :],
+            attn_mask=near, scale=scale, enable_gqa=gqa)
+    return out
+
+
+def _fast(q, k, v, causal, allowed, variant: Variant, scale):
+    """The paths that never hold a (T, S) matrix, or None when this case needs the explicit one."""
+    kind, group = variant.kind, q.shape[1] // k.shape[1]
+    T, S = q.shape[-2], k.shape[-2]
+    s = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) / variant.temperature
+    if kind == "chunked":
+        return chunked_attention(q, k, v, variant.chunk, allowed, causal, s)
+    if kind == "linear" and allowed is None and T == S:
+        return _linear_fast(q, _expand_kv(k, group), _expand_kv(v, group), causal)
+    if kind == "local" and T == S:
+        if allowed is None:
+            return local_attention(q, k, v, variant.window, causal, scale, variant.temperature)
+        allowed, causal = combine(allowed, local_mask(T, variant.window, causal, q.device)), False
+    if kind == "local" or (kind == "softmax" and variant.fused):
+        if causal and allowed is not None:  # is_causal ignores attn_mask's presence: join them here
+            allowed, causal = combine(allowed, causal_mask(T, S, q.device)), False
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=causal,
+                                              scale=s, enable_gqa=group > 1)
+    return None
 
 
 def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
            need_weights=False, scale=None):
     """Attention for one layer. Returns (out (B, h, T, dv), weights (B, h, T, S) or None)."""
+    if not need_weights:
+        out = _fast(q, k, v, causal, allowed, variant, scale)
+        if out is not None:
+            return out, None
     group = q.shape[1] // k.shape[1]
     T, S = q.shape[-2], k.shape[-2]
     kind = variant.kind
     if kind == "local":
         allowed = combine(allowed, local_mask(T, variant.window, causal, q.device))
-        causal = False  # already inside the local mask
-    elif causal and (need_weights or kind != "softmax"):
+    elif causal:
         allowed = combine(allowed, causal_mask(T, S, q.device))
-        causal = False
-
-    plain_softmax = kind in ("softmax", "local") and variant.temperature == 1.0
-    if not need_weights:
-        if kind == "chunked":
-            return chunked_attention(q, _expand_kv(k, group), _expand_kv(v, group), variant.chunk,
-                                     allowed, causal, scale), None
-        if kind == "linear" and allowed is None:
-            return _linear_fast(q, _expand_kv(k, group), _expand_kv(v, group), causal), None
-        if plain_softmax or kind == "softmax":
-            s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, is_causal=causal and allowed is None,
-                scale=s / variant.temperature, enable_gqa=group > 1)
-            return out, None
-
     k, v = _expand_kv(k, group), _expand_kv(v, group)
     if kind == "linear":
         att = linear_weights(q, k, allowed)
     elif kind == "relu":
         att = relu_weights(q, k, allowed, scale)
-    else:  # softmax, local, chunked (with weights), topk
+    else:  # softmax (eager or with weights), local, chunked (with weights), topk
         att = softmax_weights(q, k, allowed, scale, variant.temperature, variant.top_k)
     return torch.matmul(att, v), (att if need_weights else None)

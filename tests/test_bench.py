@@ -1,0 +1,308 @@
+"""Timing, memory, sweeps, budgets, the CSV schema and its import checks, and the CLI. No assertion
+on how long anything takes: timings on a shared machine are noise; behaviour is not."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from attnviz import bench, costmodel as cm, latency_figures as lf, results
+from attnviz.attention import EAGER, attend, parse_variant
+from attnviz.results import config_spec, parse_synthetic, read_results
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "synthetic:layers=2,d=32,heads=4,ff=64,vocab=50,positions=64"
+TINY_CAUSAL = "synthetic:layers=2,d=32,heads=4,kv=2,ff=64,vocab=50,positions=64,causal=1"
+
+
+@pytest.fixture(scope="module")
+def tiny_results():
+    plan = bench.SweepPlan(models=[TINY, TINY_CAUSAL], seq_lens=[8, 16], variants=["fused", "eager"],
+                           heads=[2, 4], threads=[1], backends=["cpu", "pi4"], repeats=2, warmup=1)
+    models = {k: bench.load(k) for k in plan.models}
+    calls = []
+    df = bench.run_sweep(plan, models, progress=lambda i, n, label: calls.append((i, n)))
+    return plan, df, calls
+
+
+# ---------------------------------------------------------------- shapes
+def test_synthetic_specs():
+    cfg = parse_synthetic("synthetic:layers=6,d=384,heads=8")
+    assert (cfg.family, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff, cfg.causal) == \
+        ("bert", 6, 384, 8, 48, 1536, False)
+    llama = parse_synthetic("synthetic:layers=2,d=64,heads=4,kv=2,ff=96,causal=1")
+    assert llama.family == "llama" and llama.causal and llama.n_kv_heads == 2 and llama.gated_mlp
+    assert parse_synthetic("synthetic:family=gpt2,layers=1,d=32,heads=2").causal
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("synthetic:layers=6,d=384", "layers, d and heads are required"),
+    ("synthetic:layers=6,d=384,heads=8,colour=red", "unknown keys"),
+    ("synthetic:layers=six,d=384,heads=8", "whole numbers"),
+    ("synthetic:layers=6,d=100,heads=8", "multiple of heads"),
+    ("synthetic:layers=0,d=384,heads=8", "positive"),
+    ("synthetic:layers=6,d=384,heads=8,family=rnn", "family must be one of"),
+    ("synthetic:layers6,d=384,heads=8", "key=value"),
+    ("synthetic:layers=2,d=64,heads=4,kv=3", "multiple of n_kv_heads")])
+def test_synthetic_specs_refused_with_a_reason(spec, words):
+    with pytest.raises(ValueError, match=words):
+        parse_synthetic(spec)
+
+
+@pytest.mark.parametrize("spec", [TINY, TINY_CAUSAL, "synthetic:family=gpt2,layers=1,d=32,heads=2,vocab=9"])
+def test_config_spec_round_trips_what_the_cost_model_needs(spec):
+    cfg = parse_synthetic(spec)
+    again = parse_synthetic(config_spec(cfg))
+    assert again == cfg
+    assert cm.predict(again, 64, cm.PI4).total_ms == cm.predict(cfg, 64, cm.PI4).total_ms
+
+
+def test_minilm_shape_in_the_csv_reproduces_its_config():
+    import attnviz
+    cfg = attnviz.load_model("minilm").cfg
+    again = parse_synthetic(config_spec(cfg))
+    for field in ("family", "n_layers", "n_heads", "d_model", "d_head", "d_ff", "vocab_size", "norm",
+                  "positional", "pre_norm", "causal", "final_norm", "type_vocab_size"):
+        assert getattr(again, field) == getattr(cfg, field), field
+    assert cm.predict(again, 128, cm.PI4).total_ms == pytest.approx(cm.predict(cfg, 128, cm.PI4).total_ms)
+
+
+# ---------------------------------------------------------------- timing and memory
+def test_time_call_statistics_and_threads_restored():
+    before = torch.get_num_threads()
+    calls = []
+    t = bench.time_call(lambda: calls.append(1), warmup=2, repeats=5, threads=1)
+    assert len(calls) == 7 and len(t.times_ms) == 5
+    assert t.p10_ms <= t.median_ms <= t.p90_ms
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="repeats"):
+        bench.time_call(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="clock"):
+        bench.time_call(lambda: None, clock="sundial")
+
+
+def test_thread_count_restores_after_an_error():
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError):
+        with bench.thread_count(1):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("boom")
+    assert torch.get_num_threads() == before
+
+
+def test_peak_memory_sees_torch_allocations():
+    def allocate():
+        x = torch.ones(10 * 2**20 // 4)  # 10 MB
+        y = x * 2                        # 10 MB more while x lives
+        return float(y[0])
+    assert 19.5 <= bench.peak_memory_mb(allocate) < 25
+
+
+def test_chunked_attention_needs_far_less_memory_than_eager():
+    q, k, v = (torch.randn(1, 2, 1024, 32) for _ in range(3))
+    naive = bench.peak_memory_mb(lambda: attend(q, k, v, variant=EAGER))
+    chunked = bench.peak_memory_mb(lambda: attend(q, k, v, variant=parse_variant("chunked:64")))
+    assert naive >= 2 * 2 * 1024 * 1024 * 4 / 2**20 * 0.99  # scores and softmax side by side
+    assert chunked <= naive / 8
+
+
+def test_machine_metadata():
+    meta = bench.machine_metadata()
+    assert meta["cpu"] and meta["cores"] >= 1 and meta["torch"] == torch.__version__ and meta["arch"]
+
+
+# ---------------------------------------------------------------- plans and budgets
+@pytest.mark.parametrize("change,words", [
+    (dict(seq_lens=[0, 16]), "positive"), (dict(seq_lens=[-8]), "positive"), (dict(threads=[0]), "threads|thread"),
+    (dict(heads=[0]), "head counts"), (dict(repeats=0), "repeats"), (dict(backends=["gpu"]), "unknown backend"),
+    (dict(variants=["bogus"]), "unknown attention variant"), (dict(models=[]), "at least one model"),
+    (dict(clock="sundial"), "clock")])
+def test_plan_refuses_bad_input(change, words):
+    plan = bench.SweepPlan(**{**dict(models=[TINY], seq_lens=[8]), **change})
+    with pytest.raises(ValueError, match=words):
+        plan.points({TINY: parse_synthetic(TINY)})
+
+
+def test_plan_refuses_lengths_beyond_positions_and_too_many_heads():
+    cfg = parse_synthetic(TINY)
+    with pytest.raises(ValueError, match="beyond .* 64 positions"):
+        bench.SweepPlan(models=[TINY], seq_lens=[65]).points({TINY: cfg})
+    with pytest.raises(ValueError, match="cannot keep 5"):
+        bench.SweepPlan(models=[TINY], seq_lens=[8], heads=[5]).points({TINY: cfg})
+    rotary = parse_synthetic("synthetic:layers=1,d=32,heads=2,causal=1,positions=64")
+    assert len(bench.SweepPlan(models=["r"], seq_lens=[128]).points({"r": rotary})) == 1  # RoPE extrapolates
+
+
+def test_budget_refuses_sweeps_that_do_not_fit():
+    plan = bench.SweepPlan(models=["big"], seq_lens=[512, 4096], variants=["eager"], repeats=5)
+    configs = {"big": parse_synthetic("synthetic:layers=12,d=768,heads=12,positions=8192")}
+    est = bench.estimate(plan, configs)
+    assert est.points == 2 and est.seconds > 0 and est.peak_mb > cm.weights_mb(configs["big"])
+    with pytest.raises(ValueError, match="budget 1 s"):
+        est.check(max_seconds=1, max_mb=None)
+    with pytest.raises(ValueError, match="MB of memory"):
+        est.check(max_seconds=None, max_mb=100)
+    est.check(max_seconds=10**9, max_mb=10**9)  # within budget: no error
+    shorter = bench.estimate(bench.SweepPlan(models=["big"], seq_lens=[512], variants=["eager"], repeats=5), configs)
+    assert shorter.seconds < est.seconds and shorter.peak_mb < est.peak_mb
+
+
+def test_parse_int_list():
+    assert bench.parse_int_list("16, 32 64", "n") == [16, 32, 64]
+    for bad in ("", "16,x", "0", "-4"):
+        with pytest.raises(ValueError, match="n must be"):
+            bench.parse_int_list(bad, "n")
+
+
+# ---------------------------------------------------------------- sweeps
+def test_sweep_rows_and_columns(tiny_results):
+    plan, df, calls = tiny_results
+    assert list(df.columns) == results.COLUMNS
+    assert len(df) == 2 * 2 * 2 * 2 * 2  # models x heads x variants x n x backends
+    assert calls[-1] == (16, 16) and calls[0] == (0, 16)
+    measured = df[df["measured"]]
+    assert set(measured["backend"]) == {"cpu"} and set(df[~df["measured"]]["backend"]) == {"pi4"}
+    assert (measured["median_ms"] > 0).all() and (measured["peak_mem_mb"] >= 0).all()
+    assert ((measured["p10_ms"] <= measured["median_ms"]) & (measured["median_ms"] <= measured["p90_ms"])).all()
+    modelled = df[~df["measured"]]
+    groups = modelled[[f"{g}_ms" for g in cm.GROUPS]].sum(axis=1)
+    assert (groups - modelled["median_ms"]).abs().max() < 1e-9
+    assert set(df["n_heads"]) == {2, 4} and set(df["variant"]) == {"fused", "eager"}
+    assert df["tokens_per_s"].tolist() == pytest.approx((df["seq_len"] / df["median_ms"] * 1e3).tolist())
+
+
+def test_pruned_rows_are_modelled_with_fewer_heads(tiny_results):
+    _, df, _ = tiny_results
+    pi = df[(df["backend"] == "pi4") & (df["model"] == TINY) & (df["variant"] == "eager") & (df["seq_len"] == 16)]
+    two, four = (pi[pi["n_heads"] == k]["median_ms"].iloc[0] for k in (2, 4))
+    assert two < four
+
+
+def test_csv_round_trip(tiny_results, tmp_path):
+    _, df, _ = tiny_results
+    text = results.to_csv(df)
+    back = read_results(text.encode())
+    assert list(back.columns) == results.COLUMNS and len(back) == len(df)
+    pd.testing.assert_series_equal(back["median_ms"], df["median_ms"], check_exact=False, rtol=1e-12)
+    assert back["measured"].tolist() == df["measured"].tolist()
+    path = tmp_path / "r.csv"
+    path.write_text(text)
+    assert len(read_results(path)) == len(df) == len(read_results(str(path)))
+
+
+def test_modelled_like_and_model_error(tiny_results):
+    _, df, _ = tiny_results
+    measured = df[df["measured"]]
+    modelled = lf.modelled_like(measured, cm.PI4)
+    assert len(modelled) == len(measured) and not modelled["measured"].any()
+    err = lf.model_error(df, cm.PI4)
+    assert len(err) == len(measured)
+    assert (err["modelled_ms"] / err["measured_ms"] - 1).mul(100).sub(err["error_pct"]).abs().max() < 1e-9
+    pi = df[df["backend"] == "pi4"].assign(measured=True)  # the model against itself: no error
+    assert lf.model_error(pi, cm.PI4)["error_pct"].abs().max() < 1e-9
+
+
+def test_recalibration_from_a_device_csv(tiny_results):
+    """A 'Pi' that runs everything 3x slower than the pi4 profile: the fitted profile predicts it."""
+    _, df, _ = tiny_results
+    device = df[df["backend"] == "pi4"].assign(measured=True, backend="cpu")
+    device["median_ms"] = device["p10_ms"] = device["p90_ms"] = device["median_ms"] * 3
+    back = read_results(results.to_csv(device).encode())
+    fitted = lf.recalibrate_from(back, cm.PI4)
+    assert lf.model_error(back, fitted)["error_pct"].abs().max() < 1.0
+    assert lf.model_error(back, cm.PI4)["error_pct"].abs().max() > 60
+
+
+def test_host_model_error_and_split_table(tiny_results):
+    _, df, _ = tiny_results
+    err = bench.host_model_error(df)
+    assert len(err) == int(df["measured"].sum()) and err["modelled_ms"].gt(0).all()
+    split = lf.split_table(parse_synthetic(TINY), [8, 16], cm.PI5, "eager")
+    assert list(split.columns) == ["seq_len"] + [f"{g}_ms" for g in cm.GROUPS]
+    assert split.drop(columns="seq_len").sum(axis=1).tolist() == pytest.approx(
+        [cm.predict(parse_synthetic(TINY), n, cm.PI5, "eager").total_ms for n in (8, 16)])
+
+
+def test_comparisons(tiny_results):
+    _, df, _ = tiny_results
+    cmp = lf.compare(df)
+    assert {"n 16 → 8", "4 → 2 heads", "fused → eager"} <= set(cmp["comparison"])
+    row = cmp[(cmp["comparison"] == "n 16 → 8") & (cmp["backend"] == "pi4") & (cmp["model"] == TINY)
+              & (cmp["variant"] == "fused") & (cmp["n_heads"] == 4)]
+    pi = df[(df["backend"] == "pi4") & (df["model"] == TINY) & (df["variant"] == "fused") & (df["n_heads"] == 4)]
+    t = pi.set_index("seq_len")["median_ms"]
+    assert row["speedup"].iloc[0] == pytest.approx(t[16] / t[8])
+
+
+# ---------------------------------------------------------------- malformed CSV
+def good_csv(tiny_results) -> str:
+    return results.to_csv(tiny_results[1])
+
+
+@pytest.mark.parametrize("mutate,words", [
+    (lambda t: "", "empty"),
+    (lambda t: "name,age\nann,3\n", "not written by `python -m attnviz.bench`: missing columns backend"),
+    (lambda t: t.replace(",cpu,True,", ",cpu,perhaps,", 1), "column 'measured'"),
+    (lambda t: t.replace(",fused,8,", ",fused,eight,", 1), "row 2, column 'seq_len'"),
+    (lambda t: t.replace(",fused,8,", ",fused,-8,", 1), "column 'seq_len'"),
+    (lambda t: t.replace(",fused,8,", ",fused,8.5,", 1), "whole number"),
+    (lambda t: t.replace(",fused,", ",warp-drive,", 1), "column 'variant'"),
+    (lambda t: t.replace("synthetic:family=bert", "synthetic:family=rnn", 1), "column 'shape'"),
+    (lambda t: t.replace("attnviz-bench/1", "attnviz-bench/9", 1), "unsupported schema"),
+])
+def test_malformed_csv_is_refused_with_a_clear_error(tiny_results, mutate, words):
+    with pytest.raises(ValueError, match=words):
+        read_results(mutate(good_csv(tiny_results)).encode())
+
+
+def test_csv_with_inverted_percentiles_binary_or_huge_is_refused(tiny_results):
+    df = tiny_results[1].copy()
+    df.loc[0, "p10_ms"] = df.loc[0, "median_ms"] * 2
+    with pytest.raises(ValueError, match="p10_ms <= median_ms <= p90_ms"):
+        read_results(results.to_csv(df).encode())
+    with pytest.raises(ValueError, match="not a readable CSV|not written by"):
+        read_results(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
+    with pytest.raises(ValueError, match="larger than"):
+        read_results(b"x" * (results.MAX_CSV_BYTES + 1))
+
+
+# ---------------------------------------------------------------- CLI
+def cli(*args):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "attnviz.bench", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=240)
+
+
+def test_cli_help():
+    out = cli("--help")
+    assert out.returncode == 0
+    for flag in ("--model", "--seq-lens", "--variants", "--heads", "--threads", "--repeats", "--warmup",
+                 "--backend", "--out"):
+        assert flag in out.stdout
+
+
+def test_cli_tiny_sweep_writes_a_csv_the_page_reads(tmp_path):
+    out_file = tmp_path / "pi.csv"
+    out = cli("--model", TINY, "--seq-lens", "8,16", "--variants", "fused,chunked:4,linear", "--heads", "2,4",
+              "--threads", "1", "--repeats", "2", "--warmup", "0", "--backend", "cpu,pi5", "--out", str(out_file))
+    assert out.returncode == 0, out.stderr
+    df = read_results(out_file)
+    assert len(df) == 2 * 3 * 2 * 2 and set(df["backend"]) == {"cpu", "pi5"}
+    assert set(df["variant"]) == {"fused", "chunked:4", "linear"} and (df["threads"] == 1).all()
+    assert "wrote 24 rows" in out.stderr and "profiler_start" not in out.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--seq-lens", "0,16"), "positive"),
+    (("--model", TINY, "--seq-lens", "100"), "beyond"),
+    (("--model", "synthetic:layers=2", "--seq-lens", "8"), "required"),
+    (("--model", TINY, "--seq-lens", "8", "--backend", "tpu"), "unknown backend"),
+    (("--model", "synthetic:layers=24,d=4096,heads=32", "--seq-lens", "4096", "--max-mem-mb", "100"), "budget"),
+])
+def test_cli_refuses_bad_input(args, words, capsys):
+    with pytest.raises(SystemExit) as exit_:  # in process: the subprocess start-up is tested above
+        bench.main(list(args))
+    assert exit_.value.code == 2 and words in capsys.readouterr().err
