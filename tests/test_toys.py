@@ -1,0 +1,150 @@
+"""Toy transformers: exact task data, training to >= 99% on copy, the time budget, gradient
+checkpointing (same gradients, less memory), shipped checkpoints at their stated accuracy."""
+import pytest
+import torch
+
+import attnviz
+from attnviz import toys
+from attnviz.toy_training import (TensorMeter, TrainSettings, _loss, check_settings, checkpointed,
+                                  estimate_seconds, train, training_memory)
+from attnviz.model import Transformer
+
+ALL = [toys.Task(name, length=5, n_keys=7) for name in toys.TASKS]
+
+
+@pytest.mark.parametrize("task", ALL, ids=lambda t: t.name)
+def test_task_answers_and_sources_are_exact(task):
+    inputs, answers, sources = task.sample(64, torch.Generator().manual_seed(0))
+    assert inputs.shape == (64, task.seq_len) and answers.shape == sources.shape == (64, task.length)
+    full = torch.cat([inputs, answers[:, -1:]], 1)
+    # teacher forcing: the token after each answer position is the answer ...
+    assert torch.equal(full[:, [p + 1 for p in task.answer_positions]], answers)
+    # ... and it is the token found at its source position, earlier in the input
+    assert torch.equal(inputs.gather(1, sources), answers)
+    assert torch.all(sources < torch.tensor(task.answer_positions))
+    x = inputs[:, 1:task.length + 1] if task.name != "recall" else None
+    if task.name == "sort":
+        assert torch.equal(answers, x.sort(-1).values)
+    if task.name == "reverse":
+        assert torch.equal(answers, x.flip(-1))
+
+
+def test_prompts_and_solutions():
+    recall = toys.Task("recall", length=3, n_keys=5)
+    ids, queries = recall.prompt("a3 b1 c4 | c a")
+    assert recall.solve(ids, queries) == [recall.vocab.index("4"), recall.vocab.index("3")]
+    sort = toys.Task("sort", length=4)
+    ids, _ = sort.prompt("3141")
+    assert [sort.vocab[i] for i in sort.solve(ids, [])] == list("1134")
+    for bad, match in [("314", "expects 4 digits"), ("31x1", "vocabulary")]:
+        with pytest.raises(ValueError, match=match):
+            sort.prompt(bad)
+    for bad, match in [("a3 b1 c4 c", r"\|"), ("a3 a1 c4 | a", "distinct"), ("a3 b1 c4 | d", "ask")]:
+        with pytest.raises(ValueError, match=match):
+            recall.prompt(bad)
+    with pytest.raises(ValueError, match="unknown task"):
+        toys.Task("translate")
+
+
+def test_copy_task_reaches_99_percent():
+    threads = torch.get_num_threads()
+    # stop_at_budget=False: the test asserts learning, not the wall time of a shared machine
+    result = train(TrainSettings(task=toys.Task("copy", length=6), steps=250, seed=0), stop_at_budget=False)
+    assert not result.stopped_early and result.steps_done == 250
+    assert torch.get_num_threads() == threads  # training's single thread is given back
+    assert result.score.exact >= 0.99
+    assert result.losses[-1] < result.losses[0] / 100
+    answer, truth = toys.complete(result.model, "503142")
+    assert answer == truth == list("503142")
+
+
+def test_settings_over_budget_are_refused_with_advice():
+    fits = TrainSettings(steps=300)
+    check_settings(fits)
+    too_long = TrainSettings(steps=20000)
+    assert estimate_seconds(too_long) > 60
+    with pytest.raises(ValueError, match=r"over the 60 s budget.*at most \d+ steps"):
+        check_settings(too_long)
+    with pytest.raises(ValueError, match="budget"):
+        train(TrainSettings(n_layers=8, d_model=256, steps=3000))
+    with pytest.raises(ValueError, match="multiple of the number of heads"):
+        check_settings(TrainSettings(d_model=64, n_heads=3))
+    assert estimate_seconds(TrainSettings(checkpoint=True)) > estimate_seconds(TrainSettings())
+
+
+def test_checkpointing_gives_the_same_gradients_with_less_memory():
+    s = TrainSettings(task=toys.Task("copy", length=8), n_layers=3)
+    torch.manual_seed(0)
+    net = Transformer(s.config()).train()
+    inputs, answers, _ = s.task.sample(16, torch.Generator().manual_seed(0))
+    grads = []
+    for use in (False, True):
+        net.zero_grad()
+        _loss(net, s.task, inputs, answers, None, use).backward()
+        grads.append([p.grad.clone() for p in net.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+    with checkpointed(net):
+        assert "forward" in vars(net.blocks[0])
+    assert "forward" not in vars(net.blocks[0])  # restored
+    plain, ckpt = training_memory(s, False), training_memory(s, True)
+    assert ckpt.step_peak < 0.8 * plain.step_peak
+    assert plain.resident == ckpt.resident > 0
+
+
+def test_tensor_meter_counts_live_storages():
+    meter = TensorMeter()
+    with meter:
+        a = torch.ones(1000, 250)   # 1 MB
+        b = a * 2                   # 1 MB more
+        del b
+        c = a + 1
+    assert meter.peak == 2_000_000
+    assert meter.current == 2_000_000  # a and c still alive
+    del a, c
+
+
+# ---------------------------------------------------------------- shipped checkpoints
+def test_shipped_toys_are_listed_small_and_complete():
+    assert {"toy-copy", "toy-reverse", "toy-sort", "toy-recall"} <= set(toys.TOYS)
+    keys = {m.key for m in attnviz.list_models()}
+    assert set(toys.TOYS) <= keys
+    total = sum(p.stat().st_size for p in toys.TOY_DIR.iterdir() if p.is_file())
+    assert total < 2_000_000
+    assert sum(1 for k in toys.TOYS if toys.TOYS[k].get("compare")) == 2
+
+
+@pytest.mark.parametrize("key", sorted(toys.TOYS))
+def test_shipped_toy_reaches_stated_accuracy(key):
+    m = attnviz.load_model(key)
+    stated = toys.TOYS[key]["accuracy"]
+    score = toys.evaluate(m)
+    assert score.n == toys.EVAL_SIZE
+    assert score.exact == pytest.approx(stated["exact"], abs=2e-3)
+    assert score.exact >= 0.95
+    answer, truth = toys.complete(m, m.task.example_prompt())
+    assert answer == truth
+
+
+def test_recall_toy_has_induction_and_previous_token_heads():
+    m = attnviz.load_model("toy-recall")
+    scores = toys.head_scores(m)
+    assert scores["source"][-1].max() > 0.5      # an induction head in the last layer
+    assert scores["previous"][0].max() > 0.3     # a previous-token head in the first layer
+    tokens, att = toys.example(m)
+    assert att.shape == (2, m.cfg.n_heads, len(tokens), len(tokens))
+
+
+def test_head_toggling_and_pruning_curve():
+    m = attnviz.load_model("toy-copy")
+    L, H = m.cfg.n_layers, m.cfg.n_heads
+    full = toys.evaluate(m, n=500)
+    assert toys.evaluate(m, torch.ones(L, H), n=500) == full
+    off = toys.evaluate(m, torch.zeros(L, H), n=500)
+    assert off.exact < 0.05
+    curve = toys.pruning_curve(m, n=300)
+    assert len(curve) == L * H + 1
+    assert curve[0]["exact"] == toys.evaluate(m, n=300).exact
+    assert curve[-1]["exact"] == toys.evaluate(m, torch.zeros(L, H), n=300).exact
+    assert len({r["head"] for r in curve[1:]}) == L * H
+    with pytest.raises(ValueError, match="head_mask"):
+        toys.evaluate(m, torch.ones(L + 1, H))
