@@ -39,3 +39,7 @@ if model is not None:
     cols[2].metric("K/V heads", c.n_kv_heads)
     cols[3].metric("Image size" if c.is_vision else "Positions",
                    f"{model.image_size} px" if c.is_vision else f"{c.max_positions:,}")
+    with st.expander("Weights fingerprint"):
+        st.caption("SHA-256 of every parameter of the model this server shares between all "
+                   "sessions; it never changes while the server runs.")
+        st.code(ui.fingerprint(model), language=None)

@@ -214,6 +214,18 @@ class Model:
         from .pruning import prune_model
         return prune_model(self, keep)
 
+    def fingerprint(self) -> str:
+        """SHA-256 of every parameter and buffer, in order: shows that a shared model was never
+        changed by the sessions using it."""
+        import hashlib
+        h = hashlib.sha256()
+        modules = [self.net] + ([self.decoder] if self.decoder is not None else [])
+        for module in modules:
+            for name, t in module.state_dict().items():
+                h.update(name.encode())
+                h.update(t.detach().contiguous().cpu().numpy().tobytes())
+        return h.hexdigest()
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.net.parameters()) + (
             sum(p.numel() for p in self.decoder.parameters()) if self.decoder is not None else 0)

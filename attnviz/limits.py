@@ -38,6 +38,9 @@ class Limits:
     max_sweep_memory_mb: float = 4096.0  # estimated peak memory of one latency sweep
     max_train_seconds: float = 60.0     # one toy training run in the lab
     max_importance_tokens: int = 2048   # evaluation tokens of one head-importance run
+    # torch threads per server process (0: torch's default, one per core). On a shared server
+    # with many sessions, 1 avoids oversubscribing the cores with every rerun's thread pool.
+    torch_threads: int = 0
     # caches (st.cache_resource / st.cache_data max_entries)
     model_cache_entries: int = 4
     trace_cache_entries: int = 32

@@ -4,7 +4,12 @@ from __future__ import annotations
 import streamlit as st
 
 import attnviz
+from attnviz.limits import LIMITS
 from attnviz.loading import BUNDLED, DEFAULT_MODEL
+
+if LIMITS.torch_threads > 0:  # once per server process, before any model runs
+    import torch
+    torch.set_num_threads(LIMITS.torch_threads)
 
 MODEL_KEY = "model_choice"      # session key of the sidebar's model picker
 CUSTOM_KEY = "model_custom_dir"  # session key of the local-folder text box
@@ -12,7 +17,7 @@ SHARED_KEY = "model_last"          # the last model picked on any page (not a wi
 SHARED_CUSTOM_KEY = "model_last_dir"
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
+@st.cache_resource(max_entries=LIMITS.model_cache_entries, show_spinner=False)
 def load_model(key: str) -> attnviz.Model:
     """One shared, never-mutated model per key for every browser session of this process."""
     return attnviz.load_model(key)
@@ -55,6 +60,15 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
             return None
         show_shape(model)
     return model
+
+
+@st.cache_data(max_entries=8, show_spinner=False, ttl=60)
+def _fingerprint(key: str, _model: attnviz.Model) -> str:
+    return _model.fingerprint()
+
+
+def fingerprint(model: attnviz.Model) -> str:
+    return _fingerprint(f"{model.info.key}@{id(model)}", model)
 
 
 def show_shape(model: attnviz.Model):

@@ -59,3 +59,94 @@ def wait_idle(page, timeout_ms: int = 120_000):
     with contextlib.suppress(PlaywrightTimeout):  # a fast rerun may finish before it is seen
         page.wait_for_selector('[data-testid="stStatusWidget"]', state="attached", timeout=1500)
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
+
+
+# ---------------------------------------------------------------- many sessions at once
+WORDS = ["dog", "cow", "horse", "parrot", "tiger", "whale", "spider", "camel", "otter", "eagle", "lion",
+         "mouse", "snake", "rabbit", "sheep", "monkey", "frog", "duck", "bear", "wolf", "fox", "goat",
+         "shark", "turtle"]
+
+
+def session_mask(k: int, layers: int = 6, heads: int = 12):
+    """Session k switches off heads 0..k (row-major): every session has a different mask."""
+    import torch
+    keep = torch.ones(layers * heads, dtype=torch.bool)
+    keep[: k + 1] = False
+    return keep.view(layers, heads)
+
+
+def session_word(k: int, round_: int) -> str:
+    """A word no default text on the page contains, so its arrival marks this rerun."""
+    return WORDS[(k * 3 + round_) % len(WORDS)]  # distinct for 8 sessions x 3 rounds
+
+
+def session_text(k: int, round_: int) -> str:
+    return f"Session {k}: the {session_word(k, round_)} sleeps on the mat."
+
+
+async def _one_session(browser, url: str, k: int, rounds: int, shots: Path | None):
+    import re
+
+    from attnviz.pruning import encode_mask
+    context = await browser.new_context(viewport={"width": 1300, "height": 1800})
+    page = await context.new_page()
+    page.set_default_timeout(240_000)
+    mask = session_mask(k)
+    await page.goto(f"{url}/Heads?model=minilm&heads={encode_mask(mask)}")
+    # typing before the first run has finished would be overwritten by that run's widget state
+    await page.locator('[data-testid="stMetricValue"]').first.wait_for()
+    await page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached")
+    seen, times = [], []
+    for r in range(rounds):
+        text = session_text(k, r)
+        box = page.locator('textarea[aria-label="Text"]')
+        await box.fill(text)
+        start = time.perf_counter()
+        await box.press("Control+Enter")
+        # the rerun is done when the server has drawn this text's own word as a heatmap label
+        await page.wait_for_function(
+            "w => [...document.querySelectorAll('.js-plotly-plot text')].some(e => e.textContent === w)",
+            arg=session_word(k, r), polling=100)
+        await page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached")
+        times.append(time.perf_counter() - start)
+        caption = await page.get_by_text(re.compile(r"\d+ of \d+ heads on")).first.inner_text()
+        cosine = await page.locator('[data-testid="stMetricValue"]').first.inner_text()
+        box_value = await box.input_value()
+        seen.append(dict(session=k, round=r, text=text, box=box_value, caption=caption,
+                         cosine=float(cosine), url=page.url))
+    if shots is not None:
+        await page.screenshot(path=str(shots / f"session-{k}.png"))
+    await context.close()
+    return seen, times
+
+
+def run_sessions(url: str, n: int = 8, rounds: int = 3, shots: Path | None = None):
+    """Drive n browser sessions at once on the heads page, each with its own text and mask.
+    Returns (observations, rerun seconds)."""
+    import asyncio
+
+    from playwright.async_api import async_playwright
+
+    async def main():
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                results = await asyncio.gather(*[_one_session(browser, url, k, rounds, shots)
+                                                 for k in range(n)])
+            finally:
+                await browser.close()
+        return [o for seen, _ in results for o in seen], [t for _, ts in results for t in ts]
+
+    return asyncio.run(main())
+
+
+def expected_cosine(model, text: str, keep) -> float:
+    """What the heads page must show for this text and mask, computed here from the library."""
+    from attnviz import effects
+    sentences = ["A kitten is resting on a rug.", "The dog sleeps on the sofa.", "A man is playing a guitar.",
+                 "Stock markets fell sharply today.", "The cat is lying on a carpet."]
+    ids = model.encode_text(text)[0][:256].tolist()
+    last = model.cfg.n_layers - 1
+    full = effects.outputs(model, ids, None, last, sentences)
+    masked = effects.outputs(model, ids, keep.float(), last, sentences)
+    return effects.compare(full, masked, sentences)["cosine"]
