@@ -66,6 +66,8 @@ class Model:
         self.kept = kept if kept is not None else torch.ones(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
         for p in self.net.parameters():
             p.requires_grad_(False)
+        if LIMITS.packed_linear:
+            self.net.pack()
 
     @property
     def cfg(self) -> Config:

@@ -355,7 +355,7 @@ def main(argv=None) -> int:
         configs = configs_of(plan.models)
         est = estimate(plan, configs)
         est.check(args.max_seconds, args.max_mem_mb or memory_budget_mb())
-        print(f"{est.points} points, about {est.seconds:,.0f} s, peak about {est.peak_mb:,.0f} MB", file=sys.stderr)
+        sys.stderr.write(f"{est.points} points, about {est.seconds:,.0f} s, peak about {est.peak_mb:,.0f} MB\n")
         models = {key: load(key) for key in plan.models}
         bar = tqdm(total=1, file=sys.stderr, unit="point", disable=None)
 
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
-        print(f"wrote {len(df)} rows to {args.out}", file=sys.stderr)
+        sys.stderr.write(f"wrote {len(df)} rows to {args.out}\n")
     else:
         sys.stdout.write(text)
     return 0

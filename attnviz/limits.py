@@ -11,15 +11,23 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError(raw)
+    return value in ("1", "true", "yes", "on")
+
+
 def _env(name: str, default, cast):
     raw = os.environ.get(f"ATTNVIZ_{name}")
     if raw is None or raw.strip() == "":
         return default
+    kind, cast = cast.__name__, (_bool if cast is bool else cast)
     try:
         return cast(raw)
     except ValueError:
         raise ValueError(f"environment variable ATTNVIZ_{name}={raw!r} is not a valid "
-                         f"{cast.__name__}") from None
+                         f"{kind}") from None
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class Limits:
     # torch threads per server process (0: torch's default, one per core). On a shared server
     # with many sessions, 1 avoids oversubscribing the cores with every rerun's thread pool.
     torch_threads: int = 0
+    # oneDNN-prepacked linear weights for inference: faster traces for a second copy of the weights
+    packed_linear: bool = True
     # caches (st.cache_resource / st.cache_data max_entries)
     model_cache_entries: int = 4
     trace_cache_entries: int = 32

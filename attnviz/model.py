@@ -26,6 +26,47 @@ ACTIVATIONS = {
 }
 
 
+def _version(t: torch.Tensor):
+    """In-place change counter; tensors made under inference_mode have none (and cannot be
+    changed outside it)."""
+    return None if t.is_inference() else t._version
+
+
+class Linear(nn.Linear):
+    """nn.Linear that, for inference (no grad), can use a oneDNN-prepacked copy of its weight:
+    the same product, 15-40 % faster for the small row counts a trace runs on x86 CPUs (measured in
+    bench/speed_vs_transformers.py). The copy is made once by `pack()` before a model is shared;
+    if the weight is changed in place afterwards (training), the plain path is used again. Writes
+    through `.data` bypass PyTorch's change counter: call `pack()` again after those."""
+
+    _packed = None
+    _packed_version = -1
+
+    def pack(self, rows_hint: int = 128) -> bool:
+        if self.weight.numel() == 0 or self.weight.dtype != torch.float32 or self.weight.is_meta:
+            return False
+        try:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), rows_hint)
+        except (RuntimeError, AttributeError):  # no oneDNN in this build (some aarch64 wheels)
+            self._packed = None
+            return False
+        self._packed_version = _version(self.weight)
+        return True
+
+    def _use_packed(self, x) -> bool:
+        return (self._packed is not None and not torch.is_grad_enabled() and x.dtype == torch.float32
+                and _version(self.weight) == self._packed_version)
+
+    def forward(self, x, act: str = "none"):
+        """`act`: "gelu" or "gelu_tanh" fuses that activation into the product on the packed path."""
+        if self._use_packed(x):
+            algorithm = "tanh" if act == "gelu_tanh" else "none"
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
+                                                      "none" if act == "none" else "gelu", [], algorithm)
+        y = F.linear(x, self.weight, self.bias)
+        return y if act == "none" else ACTIVATIONS[act](y)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float):
         super().__init__()
@@ -58,8 +99,8 @@ class Attention(nn.Module):
         kv_heads = list(range(cfg.n_kv_heads)) if kv_heads is None else list(kv_heads)
         self.n_heads, self.n_kv, self.d_head = len(heads), len(kv_heads), cfg.d_head
         d = cfg.d_model
-        self.qkv = nn.Linear(d, (self.n_heads + 2 * self.n_kv) * cfg.d_head, bias=cfg.qkv_bias)
-        self.out = nn.Linear(self.n_heads * cfg.d_head, d, bias=cfg.out_bias)
+        self.qkv = Linear(d, (self.n_heads + 2 * self.n_kv) * cfg.d_head, bias=cfg.qkv_bias)
+        self.out = Linear(self.n_heads * cfg.d_head, d, bias=cfg.out_bias)
         # Buffers are built on the CPU explicitly: `Transformer.from_state` constructs on "meta".
         self.register_buffer("heads", torch.tensor(heads, dtype=torch.long, device="cpu"), persistent=False)
         kv_local = {kv: i for i, kv in enumerate(kv_heads)}
@@ -95,15 +136,18 @@ class MLP(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
         self.gated = cfg.gated_mlp
+        self.act_name = cfg.activation
         self.act = ACTIVATIONS[cfg.activation]
         width = 2 * cfg.d_ff if self.gated else cfg.d_ff
-        self.fc_in = nn.Linear(cfg.d_model, width, bias=cfg.mlp_bias)
-        self.fc_out = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
+        self.fc_in = Linear(cfg.d_model, width, bias=cfg.mlp_bias)
+        self.fc_out = Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
 
     def forward(self, x):
         if self.gated:  # SwiGLU: act(gate) * up, gate and up fused in one matmul
             gate, up = self.fc_in(x).chunk(2, dim=-1)
             return self.fc_out(self.act(gate) * up)
+        if self.act_name in ("gelu", "gelu_tanh"):
+            return self.fc_out(self.fc_in(x, act=self.act_name))
         return self.fc_out(self.act(self.fc_in(x)))
 
 
@@ -166,10 +210,10 @@ class Transformer(nn.Module):
         self.norm = make_norm(cfg) if cfg.final_norm else None
         self.lm_head = None
         if cfg.mlm_head:
-            self.mlm_transform = nn.Linear(d, d)
+            self.mlm_transform = Linear(d, d)
             self.mlm_norm = make_norm(cfg)
         if cfg.task == "lm" or cfg.mlm_head:
-            self.lm_head = nn.Linear(d, cfg.vocab_size, bias=cfg.mlm_head)
+            self.lm_head = Linear(d, cfg.vocab_size, bias=cfg.mlm_head)
             if cfg.tie_embeddings:
                 self.lm_head.weight = self.tok.weight
         if cfg.positional == "rotary":
@@ -195,6 +239,10 @@ class Transformer(nn.Module):
             raise ValueError(f"weights do not match the architecture: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
         return net.eval()
+
+    def pack(self) -> int:
+        """Prepack every linear weight for inference (see `Linear`). Returns how many were packed."""
+        return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
 
     # ---------------------------------------------------------------- embeddings
     def embed_text(self, ids, token_type_ids=None):

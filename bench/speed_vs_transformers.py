@@ -54,7 +54,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default="minilm,smollm2")
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--pairs", type=int, default=9)
+    ap.add_argument("--pairs", type=int, default=15)
     args = ap.parse_args()
     torch.manual_seed(0)
     for key in args.models.split(","):

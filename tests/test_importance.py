@@ -33,7 +33,8 @@ def one_head_model(cfg):
         w = block.attn.out.weight
         for h in range(cfg.n_heads):
             cols = slice(h * dh, (h + 1) * dh)
-            w.data[:, cols] = w.data[:, cols] * 4 if (i, h) == SIGNAL else 0
+            with torch.no_grad():  # in place on the parameter: the packed copy sees the change
+                w[:, cols] = w[:, cols] * 4 if (i, h) == SIGNAL else 0
     return model
 
 
