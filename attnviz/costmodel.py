@@ -352,12 +352,18 @@ def calibrate_host(threads: int | None = None, quick: bool = False, clock: str =
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            # linear layers, weights cycled through a pool bigger than the cache (as in a real model)
-            pool, turn = [torch.randn(1536, 384) for _ in range(24)], iter(range(10**9))  # 57 MB
+            # linear layers, weights cycled through a pool bigger than the cache (as in a real model),
+            # through the same Linear the model uses (oneDNN-prepacked when the limits allow it)
+            from .limits import LIMITS
+            from .model import Linear
+            pool, turn = [Linear(384, 1536, bias=False) for _ in range(24)], iter(range(10**9))  # 57 MB
+            if LIMITS.packed_linear:
+                for layer in pool:
+                    layer.pack()
             gemm = {}
             for rows in (4, 16, 64, 256):
                 x = torch.randn(rows, 384)
-                gemm[rows] = 2 * rows * 384 * 1536 / secs(lambda: F.linear(x, pool[next(turn) % 24]), 3 * reps) / 1e9
+                gemm[rows] = 2 * rows * 384 * 1536 / secs(lambda: pool[next(turn) % 24](x), 12 * reps) / 1e9
             peak = max(gemm.values())
             half = statistics.median(r * (peak / g - 1) for r, g in gemm.items() if g < peak)
             # per-head matmuls at n = 512, d_head 32 and 64: scores (n x dh x n) and weights x V (n x n x dh)

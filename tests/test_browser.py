@@ -67,3 +67,28 @@ def test_images_upload_photo(page, server, tmp_path):
     assert page.locator('[data-testid="stAlertContentError"]').count() == 0
     expect(page.locator('[data-testid="stImage"] img').first).to_be_visible()
     page.screenshot(path=str(ARTIFACTS / "images.png"))
+
+
+def test_heads_toggle_changes_the_output(page, server):
+    open_page(page, server, "Heads?model=minilm")
+    cosine = page.locator('[data-testid="stMetricValue"]').first
+    expect(cosine).to_have_text("1.0000")  # every head on: the masked model is the full model
+    page.get_by_text("layer 0", exact=True).click()   # switch off every head of layer 0
+    wait_idle(page)
+    expect(page.get_by_text("60 of 72 heads on", exact=False)).to_be_visible()
+    expect(cosine).not_to_have_text("1.0000")
+    assert float(cosine.inner_text()) < 1.0
+    assert "heads=" in page.url          # the mask travels in the link
+    page.screenshot(path=str(ARTIFACTS / "heads.png"))
+
+
+def test_latency_tiny_sweep(page, server):
+    open_page(page, server, "Latency")
+    seq = page.locator('input[aria-label="Sequence lengths"]')
+    seq.fill("16,32")
+    page.get_by_role("button", name="Run").click()
+    wait_idle(page)
+    expect(page.locator(".js-plotly-plot").first).to_be_visible()
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+    page.screenshot(path=str(ARTIFACTS / "latency.png"))
