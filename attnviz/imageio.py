@@ -23,13 +23,15 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from .limits import LIMITS
+
 logger = logging.getLogger(__name__)
 
 # Limits, named so that a later single place for all limits can import them.
-MAX_IMAGE_BYTES = 20 * 1024 * 1024  # 20 MiB: larger than any photo a phone takes
-MAX_IMAGE_PIXELS = 40_000_000  # 40 Mpx: RGBA at this size is 160 MB of memory
-MIN_INPUT_SIZE = 112  # 8 x 8 patches of 14 px: smaller maps say little
-MAX_INPUT_SIZE = 448  # 1025 tokens: attention maps already cost ~0.5 s per trace on 2 cores
+MAX_IMAGE_BYTES = LIMITS.max_upload_bytes  # 20 MiB: larger than any photo a phone takes
+MAX_IMAGE_PIXELS = LIMITS.max_image_pixels  # 40 Mpx: RGBA at this size is 160 MB of memory
+MIN_INPUT_SIZE = LIMITS.min_image_side  # 112: 8 x 8 patches of 14 px: smaller maps say little
+MAX_INPUT_SIZE = LIMITS.max_image_side  # 448: 1025 tokens: attention maps already cost ~0.5 s per trace on 2 cores
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

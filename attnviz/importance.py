@@ -30,10 +30,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from .limits import LIMITS
+
 Progress = Callable[[int, int, object], None]
 ShouldStop = Callable[[], bool]
 
-MAX_EVAL_TOKENS = 4096  # evaluation tokens; LM reference log-probs cost 2 bytes x vocab per token
+MAX_EVAL_TOKENS = LIMITS.max_importance_tokens  # evaluation tokens; LM reference log-probs cost 2 bytes x vocab per token
 GRAD_PROBES = 8         # random probes per window for the encoder's Gauss-Newton diagonal
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from .api import Model, Trace
 from .attention import parse_variant
+from .limits import LIMITS
 from .model import Transformer
 from .positional import alibi_bias, apply_rope, rope_cos_sin, sinusoidal
 
@@ -271,7 +272,10 @@ def shuffle_order(n: int, special: list[bool] | None = None, seed: int = 0) -> l
 def permutation_test(model: Model, x, order: list[int] | None = None, seed: int = 0) -> Permutation:
     """Run ids and ids[order]; return how far the shuffled attention is from the original one
     with rows and columns permuted the same way. Zero (to rounding) exactly when nothing in the
-    model tells positions apart: no positional encoding and no causal mask."""
+    model tells positions apart: no positional encoding and no causal mask. Text is cut to
+    LIMITS.lab_max_tokens tokens (every layer's weights are held twice)."""
+    if isinstance(x, str):
+        x = model.encode_text(x)[0][: LIMITS.lab_max_tokens]
     base = model.trace(x)
     ids = base.ids
     n = len(ids)
@@ -329,7 +333,7 @@ def variant_fidelity(model: Model, text: str, variants, label: str = "", repeats
     else:
         spec = parse_variant(variants)
     inp = model.inputs(text)
-    ids = inp["input_ids"]
+    ids = inp["input_ids"][:, : LIMITS.lab_max_tokens]  # bounded: explicit variants hold n x n per head
     if ids.shape[1] < 2:
         raise ValueError("the text needs at least two tokens to compare next-token predictions")
     net = model.net

@@ -34,26 +34,30 @@ def _env(name: str, default, cast):
 class Limits:
     # text
     max_text_chars: int = 100_000       # refused before tokenizing
-    max_trace_tokens: int = 2048        # tokens a page traces (the model's positions cap it further)
-    max_full_capture_tokens: int = 512  # above this, pages capture one layer at full size, the rest downsampled
+    attention_capture_mb: int = 128     # attention page: L*H*n*n floats captured at once; longer texts go
+                                        # layer by layer into a pooled overview plus one exact window
+    attention_window_tokens: int = 512  # detail views never show more tokens per axis than this
+    live_max_tokens: int = 256          # heads page: tokens of the live comparison (both runs' log-probs)
+    lab_max_tokens: int = 512           # lab: tokens of the step-by-step view (several n x n steps)
+    max_importance_tokens: int = 4096   # heads page: evaluation tokens of one importance / curve run
     # images
     max_upload_bytes: int = 20 * 2**20  # = server.maxUploadSize (20 MB) in .streamlit/config.toml
     max_image_pixels: int = 40_000_000  # decoded pixels; Pillow's bomb guard becomes a ValueError
-    min_image_side: int = 112
-    max_image_side: int = 448           # model input side in the app (the library allows up to 1036)
+    min_image_side: int = 112           # model input side offered in the app
+    max_image_side: int = 448
+    image_attention_mb: int = 512       # images page: resolutions whose attention weights exceed this are not offered
     # work budgets
-    max_sweep_seconds: float = 120.0    # estimated time of one latency sweep
-    max_sweep_memory_mb: float = 4096.0  # estimated peak memory of one latency sweep
-    max_train_seconds: float = 60.0     # one toy training run in the lab
-    max_importance_tokens: int = 2048   # evaluation tokens of one head-importance run
+    max_sweep_seconds: float = 600.0    # latency page: the most a sweep may be estimated to take
+    max_sweep_memory_mb: float = 4096.0  # latency page: the most a sweep may be estimated to need
+    max_train_seconds: float = 60.0     # lab: one toy training run
+    # caches (st.cache_resource max_entries): models, and large per-input results (traces, captures)
+    model_cache_entries: int = 4
+    trace_cache_entries: int = 4
     # torch threads per server process (0: torch's default, one per core). On a shared server
     # with many sessions, 1 avoids oversubscribing the cores with every rerun's thread pool.
     torch_threads: int = 0
     # oneDNN-prepacked linear weights for inference: faster traces for a second copy of the weights
     packed_linear: bool = True
-    # caches (st.cache_resource / st.cache_data max_entries)
-    model_cache_entries: int = 4
-    trace_cache_entries: int = 32
     # deployments: local checkpoint folders users may load ("" = any folder the local user types)
     allowed_model_dirs: str = ""        # os.pathsep-separated list of folders
 

@@ -20,10 +20,11 @@ import torch.nn.functional as F
 
 from .analysis import downsample_attention
 from .attention import softmax_weights
+from .limits import LIMITS
 from .positional import apply_rope
 
-FULL_BUDGET = 1 << 25      # floats of L*H*n*n captured at once (128 MB): every MiniLM input fits
-MAX_WINDOW = 512           # the detail views never show more than this many tokens per axis
+FULL_BUDGET = LIMITS.attention_capture_mb * 2**20 // 4  # floats of L*H*n*n captured at once (128 MB): every MiniLM input fits
+MAX_WINDOW = LIMITS.attention_window_tokens  # the detail views never show more than this many tokens per axis
 CHUNK_FLOATS = 1 << 24     # H x chunk x n floats per scored query chunk (64 MB) in the long path
 
 

@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw
 from . import analysis, render
 from .api import Model, Trace
 from .imageio import MAX_INPUT_SIZE, MIN_INPUT_SIZE
+from .limits import LIMITS
 
 # Artefact tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): DINOv2 recycles a
 # few low-information background patches as global scratch space; their residual-stream norm is
@@ -31,7 +32,7 @@ ARTEFACT_K = 6.0
 
 # A trace holds L x H x n^2 float32 weights: DINOv2 ViT-S at 448 px is 302 MB. Sides whose
 # weights would pass this are not offered (ViT-B/8 at 448 px would need 5.7 GB).
-ATTENTION_BUDGET_BYTES = 512 * 2**20
+ATTENTION_BUDGET_BYTES = LIMITS.image_attention_mb * 2**20
 DISPLAY_MAX_SIDE = 640   # photos are shown (and overlaid) at most this large: fast, still sharp
 MARK_COLOUR = (0, 255, 255)
 

@@ -4,6 +4,7 @@ import streamlit as st
 import torch
 
 from attnviz import analysis, outputs, texts, ui, viz
+from attnviz.limits import LIMITS
 
 st.set_page_config(page_title="attnviz · Attention", layout="wide")
 st.title("Attention")
@@ -17,7 +18,7 @@ ss.setdefault("att_good", DEFAULT_TEXT)       # the last text that ran without a
 ss.setdefault("att_text_input", ss["att_text"])
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)   # each at most ~128 MB (outputs.FULL_BUDGET)
+@st.cache_resource(max_entries=LIMITS.trace_cache_entries, show_spinner=False)  # each <= outputs.FULL_BUDGET
 def capture(model_id: str, text: str, start: int, _model) -> outputs.TextCapture:
     # cache_resource, not cache_data: tensors are shared as they are (cache_data would pickle
     # up to 128 MB on every rerun). Nothing downstream mutates a capture.

@@ -6,8 +6,9 @@ import torch
 
 import attnviz
 from attnviz import effects, heads_viz, importance, pruning, ui, viz
+from attnviz.limits import LIMITS
 
-LIVE_MAX_TOKENS = 256  # the live view keeps [n, vocab] log-probs of both runs: bounded
+LIVE_MAX_TOKENS = LIMITS.live_max_tokens  # the live view keeps [n, vocab] log-probs of both runs: bounded
 TASKS = ("encoder", "lm")
 ss = st.session_state
 

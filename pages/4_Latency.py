@@ -6,6 +6,7 @@ import os
 import streamlit as st
 
 from attnviz import bench, costmodel as cm, latency_figures as lf, results, ui
+from attnviz.limits import LIMITS
 from attnviz.loading import BUNDLED
 
 st.set_page_config(page_title="attnviz · Latency", layout="wide")
@@ -48,8 +49,11 @@ with st.form("lat_form"):
                      help="cpu: this process's CPU time; ignores other programs on a busy machine (1 thread)")
     memory = c3.checkbox("Measure peak memory", True, key="lat_memory")
     b1, b2 = st.columns(2)
-    max_s = b1.number_input("Time budget (s)", 1, 3600, 120, key="lat_budget_s")
-    max_mb = b2.number_input("Memory budget (MB)", 100, 1_000_000, int(bench.memory_budget_mb()), key="lat_budget_mb")
+    cap_s, cap_mb = int(LIMITS.max_sweep_seconds), int(min(bench.memory_budget_mb(), LIMITS.max_sweep_memory_mb))
+    max_s = b1.number_input("Time budget (s)", 1, cap_s, min(120, cap_s), key="lat_budget_s",
+                            help=f"at most {cap_s} s on this server (ATTNVIZ_MAX_SWEEP_SECONDS)")
+    max_mb = b2.number_input("Memory budget (MB)", 100, max(100, cap_mb), max(100, cap_mb), key="lat_budget_mb",
+                             help="at most half the free memory, and ATTNVIZ_MAX_SWEEP_MEMORY_MB")
     run = st.form_submit_button("Run", type="primary")
 
 if run:

@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
+from attnviz.limits import LIMITS
 from attnviz import lab, toy_training, toys, ui, viz
 from attnviz import lab_figures as lf
 from attnviz.texts import eval_text
@@ -19,9 +20,12 @@ tab_steps, tab_pos, tab_var, tab_toy, tab_cross = st.tabs(
      "Cross-modal"])
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def trace_states(_model, key: str, text: str):
-    return _model.trace(text, states=True)
+@st.cache_resource(max_entries=LIMITS.trace_cache_entries, show_spinner=False)
+def trace_states(_model, key: str, text: str, layer: int):
+    """One layer's pattern and every block input, for at most LIMITS.lab_max_tokens tokens (the
+    steps hold several n x n matrices). cache_resource: no copy per rerun; nothing mutates it."""
+    ids, _ = _model.encode_text(text)
+    return _model.trace(ids[: LIMITS.lab_max_tokens], states=True, layers=[layer]), len(ids)
 
 
 @st.cache_resource(max_entries=2, show_spinner=False)
@@ -86,7 +90,9 @@ with tab_steps:
         causal = c4.toggle("Causal mask", cfg.causal, key=f"lab_causal_{cfg.causal}",
                            help="queries see only earlier tokens")
         try:
-            tr = trace_states(model, model.info.key, text)
+            tr, n_text = trace_states(model, model.info.key, text, int(layer))
+            if n_text > tr.n:
+                st.warning(f"The step-by-step view uses the first {tr.n} of the text's {n_text} tokens.")
             hidden = st.multiselect("Hide keys (mask them for every query)", range(tr.n), key="lab_hide",
                                     format_func=lambda i: f"{i}: {tr.tokens[i]}")
             result = lab.head_steps(model, tr, int(layer), int(head), temperature=temperature,

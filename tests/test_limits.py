@@ -39,3 +39,14 @@ def test_streamlit_upload_cap_agrees_with_limits():
     cfg = tomllib.loads((Path(__file__).parent.parent / ".streamlit" / "config.toml").read_text())
     assert cfg["server"]["maxUploadSize"] * 2**20 == Limits().max_upload_bytes
     assert cfg["server"]["enableXsrfProtection"] is True
+
+
+def test_lab_views_are_bounded_in_tokens():
+    from attnviz import lab
+    from attnviz.limits import LIMITS
+    model = attnviz.load_model("minilm")
+    long_text = "word " * 2000  # 2,002 tokens before the model's own 512-position cut
+    perm = lab.permutation_test(model, long_text)
+    assert len(perm.tokens) == min(LIMITS.lab_max_tokens, 512)
+    fid = lab.variant_fidelity(model, long_text, "relu", repeats=1)
+    assert fid.cosine is not None
