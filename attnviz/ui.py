@@ -1,6 +1,8 @@
 """The only module that imports streamlit: cached loaders, the shared sidebar, session keys."""
 from __future__ import annotations
 
+import re
+
 import streamlit as st
 
 import attnviz
@@ -15,6 +17,15 @@ MODEL_KEY = "model_choice"      # session key of the sidebar's model picker
 CUSTOM_KEY = "model_custom_dir"  # session key of the local-folder text box
 SHARED_KEY = "model_last"          # the last model picked on any page (not a widget key)
 SHARED_CUSTOM_KEY = "model_last_dir"
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
+
+
+def plain(text: str) -> str:
+    """Text a user supplied (file names, paths, CSV cells inside error messages), escaped so that
+    Streamlit's markdown shows it as typed: no links, images or formatting from user input."""
+    return _MARKDOWN.sub(r"\\\1", str(text))
 
 
 @st.cache_resource(max_entries=LIMITS.model_cache_entries, show_spinner=False)
@@ -53,7 +64,7 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
             with st.spinner(f"Loading {choice} (the first start converts and caches the weights)…"):
                 model = load_model(choice)
         except ValueError as err:
-            st.error(str(err))
+            st.error(plain(err))
             return None
         if model.cfg.task not in tasks:
             st.error(f"{choice} is a {model.cfg.task} model; this page needs one of: {', '.join(tasks)}.")

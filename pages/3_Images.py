@@ -56,7 +56,7 @@ if chosen is not None:
         photo = decoded(chosen[1], chosen[2])
         st.session_state[K + "last"] = chosen
     except ValueError as err:
-        st.error(f"Could not use {chosen[0]}: {err}")
+        st.error(f"Could not use {ui.plain(chosen[0])}: {err}")
 if photo is None:
     # A bad (or no) upload: keep showing the last photo that worked, else the first sample.
     fallback = st.session_state.get(K + "last")
@@ -68,7 +68,7 @@ if photo is None:
         st.stop()
     chosen, photo = fallback, decoded(fallback[1], fallback[2])
     if upload is not None or source == "Upload":
-        st.caption(f"Showing {chosen[0]} until a photo is uploaded that can be read.")
+        st.caption(f"Showing {ui.plain(chosen[0])} until a photo is uploaded that can be read.")
 label, image_key = chosen[0], chosen[1]
 
 # --- Resolution, opacity, heads ------------------------------------------------------------------
@@ -105,7 +105,7 @@ with st.spinner(f"Tracing {grid_h * grid_w} patches…"):
     tr = traced(model.info.key, image_key, size, mask.numpy().tobytes(), model, photo, head_mask)
 shown = vision.display_image(photo)
 off = (mask == 0)[tr.layers]
-st.caption(f"**{label}** · {photo.width}×{photo.height} px, squeezed to {size}×{size} · "
+st.caption(f"**{ui.plain(label)}** · {photo.width}×{photo.height} px, squeezed to {size}×{size} · "
            f"{grid_h}×{grid_w} patches of {cfg.patch_size} px · {tr.n} tokens"
            + (f" · {heads_off} heads off" if heads_off else ""))
 

@@ -164,7 +164,7 @@ if upload is not None:
             prof = ss["lat_profiles"][base] = lf.recalibrate_from(imported, cm.PROFILES[base])
             st.success(f"{prof.source}. New sweeps on this page use it for {base}.")
         except ValueError as err:
-            st.error(str(err))
+            st.error(ui.plain(err))
     elif base in ss["lat_profiles"]:
         del ss["lat_profiles"][base]
     meas = imported[imported["measured"]]

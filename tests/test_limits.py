@@ -50,3 +50,18 @@ def test_lab_views_are_bounded_in_tokens():
     assert len(perm.tokens) == min(LIMITS.lab_max_tokens, 512)
     fid = lab.variant_fidelity(model, long_text, "relu", repeats=1)
     assert fid.cosine is not None
+
+
+@pytest.mark.parametrize("text", ["![x](http://evil.example/a.png)", "[click](javascript:alert(1))",
+                                  "<img src=x onerror=alert(1)>", "**bold** _it_ `code` # head",
+                                  "C:\\path\\to\\model", "$x^2$ | a | b |"])
+def test_user_text_shows_as_typed_in_markdown(text):
+    from markdown_it import MarkdownIt
+
+    from attnviz.ui import plain
+    html = MarkdownIt("commonmark").render(plain(text))
+    assert "<a " not in html and "<img" not in html and "<strong" not in html and "<code" not in html
+    assert "<h1" not in html and "<em" not in html
+    # what the reader sees is the text itself (HTML-escaped by the renderer)
+    import html as html_lib
+    assert html_lib.unescape(html.strip().removeprefix("<p>").removesuffix("</p>")) == text

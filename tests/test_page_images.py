@@ -7,6 +7,8 @@ import numpy as np
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
+from attnviz.ui import plain
+
 from tests.test_imageio import png_header_only
 from tests.test_parity import tiny
 
@@ -72,7 +74,7 @@ def test_uploads_good_and_bad_keep_the_page_working():
     uploader.set_value(("stripes.png", png(), "image/png"))
     at.run()
     assert not at.exception and not at.error
-    assert "**stripes.png** · 90×60 px" in photo_caption(at)
+    assert "**stripes\\.png** · 90×60 px" in photo_caption(at)  # the name escaped: shown as typed
 
     bad = [("empty.png", b"", "empty"),
            ("bomb.png", png_header_only(60_000, 60_000), "pixels"),
@@ -82,8 +84,9 @@ def test_uploads_good_and_bad_keep_the_page_working():
         at.sidebar.file_uploader(key="img_upload").set_value((name, data, "image/png"))
         at.run()
         assert not at.exception, name
-        assert len(at.error) == 1 and name in at.error[0].value and reason in at.error[0].value
-        assert "**stripes.png**" in photo_caption(at), name          # the last good photo stays
+        shown = plain(name)  # the file name is escaped: markdown shows it as typed
+        assert len(at.error) == 1 and shown in at.error[0].value and reason in at.error[0].value
+        assert "**stripes\\.png**" in photo_caption(at), name          # the last good photo stays
         assert any("Attention from CLS" in c for c in image_captions(at))
 
 
