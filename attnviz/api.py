@@ -184,10 +184,16 @@ class Model:
         variants = _variants(variants, self.cfg.n_layers)
         inp = self.inputs(x, image_size)
         with torch.inference_mode():
+            buf = None
+            if attentions and all(self.net.blocks[i].attn.n_heads == self.cfg.n_heads for i in layers):
+                n = len(inp["tokens"])  # weights go straight into the trace's tensor: no stacking copy
+                dtype = next(self.net.parameters()).dtype
+                buf = torch.empty(len(layers), self.cfg.n_heads, n, n, dtype=dtype)
             out = self.net(input_ids=inp.get("input_ids"), pixel_values=inp.get("pixel_values"),
                            head_mask=mask, need_weights=attentions, layers=layers, variants=variants,
-                           states=states)
-            att = self._assemble(out.attentions, layers) if attentions else None
+                           states=states,
+                           weights_out=None if buf is None else {i: buf[j:j + 1] for j, i in enumerate(layers)})
+            att = buf if buf is not None else self._assemble(out.attentions, layers) if attentions else None
             sal = None
             if saliency and self.decoder is not None:
                 gh, gw = inp["grid"]

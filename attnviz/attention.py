@@ -122,8 +122,9 @@ def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
     return x if group == 1 else x.repeat_interleave(group, dim=1)
 
 
-def softmax_weights(q, k, allowed=None, scale=None, temperature=1.0, top_k=0):
-    """The written-out path: scores = q k^T, scaled, masked, softmax. Returns (B, h, T, S)."""
+def softmax_weights(q, k, allowed=None, scale=None, temperature=1.0, top_k=0, out=None):
+    """The written-out path: scores = q k^T, scaled, masked, softmax. Returns (B, h, T, S),
+    written into `out` when given (a slice of the trace's [L, H, n, n] tensor: no copy later)."""
     scale = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) / temperature
     att = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)  # (B, h, T, S)
     if allowed is not None:
@@ -131,7 +132,7 @@ def softmax_weights(q, k, allowed=None, scale=None, temperature=1.0, top_k=0):
     if top_k and top_k < att.shape[-1]:
         kth = att.topk(top_k, dim=-1).values[..., -1:]
         att.masked_fill_(att < kth, float("-inf"))
-    att = torch.softmax(att, dim=-1)
+    att = torch.softmax(att, dim=-1) if out is None else torch.softmax(att, dim=-1, out=out)
     if allowed is not None:  # a query that may see no key gets zero weights (as the fused kernel), not NaN
         blind = ~allowed.any(-1, keepdim=True)
         if blind.any():  # out of place: softmax's backward needs its output untouched
@@ -258,8 +259,10 @@ def _fast(q, k, v, causal, allowed, variant: Variant, scale):
 
 def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
            need_weights=False, scale=None):
-    """Attention for one layer. Returns (out (B, h, T, dv), weights (B, h, T, S) or None)."""
-    if not need_weights:
+    """Attention for one layer. Returns (out (B, h, T, dv), weights (B, h, T, S) or None).
+    `need_weights` may be a (B, h, T, S) tensor: the weights are then written into it."""
+    into = need_weights if isinstance(need_weights, torch.Tensor) else None
+    if into is None and not need_weights:
         out = _fast(q, k, v, causal, allowed, variant, scale)
         if out is not None:
             return out, None
@@ -276,5 +279,7 @@ def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
     elif kind == "relu":
         att = relu_weights(q, k, allowed, scale)
     else:  # softmax (eager or with weights), local, chunked (with weights), topk
-        att = softmax_weights(q, k, allowed, scale, variant.temperature, variant.top_k)
-    return torch.matmul(att, v), (att if need_weights else None)
+        att = softmax_weights(q, k, allowed, scale, variant.temperature, variant.top_k, out=into)
+    if into is not None and att is not into:
+        att = into.copy_(att)
+    return torch.matmul(att, v), (att if into is not None or need_weights else None)

@@ -275,9 +275,10 @@ class Transformer(nn.Module):
 
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids=None, pixel_values=None, *, token_type_ids=None, attention_mask=None,
-                head_mask=None, need_weights=False, layers=None, variants=None, states=False,
+                head_mask=None, need_weights=False, layers=None, variants=None, states=False, weights_out=None,
                 logits=True) -> Output:
         """`layers`: which layers' weights to capture (default all, when need_weights).
+        `weights_out`: {layer: (B, h, n, n) tensor} to write those layers' weights into.
         `variants`: a Variant for every layer, or {layer: Variant} for some."""
         cfg = self.cfg
         x = self.embed_image(pixel_values) if cfg.is_vision else self.embed_text(input_ids, token_type_ids)
@@ -293,7 +294,8 @@ class Transformer(nn.Module):
                 collected.append(x)
             x, att = block(x, rope=rope, allowed=allowed, causal=cfg.causal,
                            head_mask=None if head_mask is None else head_mask[i],
-                           need_weights=i in capture, variant=per_layer.get(i, default_variant))
+                           need_weights=weights_out[i] if weights_out and i in weights_out else i in capture,
+                           variant=per_layer.get(i, default_variant))
             if att is not None:
                 attentions[i] = att
         if self.norm is not None:
