@@ -101,7 +101,7 @@ def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
     (re-estimated under the current mask after every step) and in random orders (one per seed).
     Masked outputs equal pruned outputs, so the curve runs on masks of the one model.
     `normalised`: rank by the per-layer normalised score (Michel et al.) or by the raw one."""
-    from .importance import damage, evaluate, head_importance, primary_metric, reference
+    from .importance import evaluate, head_importance, primary_metric, reference
     fractions = _fraction_steps(max_fraction, step)
     ref = reference(model, data, batch)
     alive = model.kept.clone()
