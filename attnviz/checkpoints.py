@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .imageio import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  (the ONNX graph expects these)
+
 log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,8 +38,6 @@ SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # RGB resized so the longest side is 224 (INTER_AREA), zero-padded to 224 x 224, scaled to [0, 1],
 # normalised with the ImageNet mean/std below, layout [B, 3, 224, 224] float32.
 DINOV2_INPUT_SIZE = 224
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 DINOV2_PATCH_SIZE = 14
 
 

@@ -17,13 +17,13 @@ import torch
 
 from .api import Model, ModelInfo
 from .config import Config
+from .imageio import IMAGENET_MEAN, IMAGENET_STD
 from .convert import SUPPORTED, convert
 from .limits import LIMITS
 from .model import Transformer
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEFAULT_MODEL = "minilm"
 
 # key -> (package, how to find the file inside it, description for the catalog)
@@ -77,10 +77,6 @@ def list_models() -> list[ModelInfo]:
 
 
 # ---------------------------------------------------------------- building
-def build(cfg: Config, state: dict[str, torch.Tensor]) -> Transformer:
-    return Transformer.from_state(cfg, state)
-
-
 def random_model(cfg: Config, key: str = "random", seed: int = 0, tokenizer=None) -> Model:
     """A model of this shape with random weights (synthetic benchmarks, toy tasks)."""
     torch.manual_seed(seed)
@@ -92,7 +88,7 @@ def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model:
     """Convert an in-memory transformers model (BertModel, GPT2LMHeadModel, LlamaForCausalLM,
     ViTModel, Dinov2Model and their task variants) into ours. The HF model is not changed."""
     cfg, state = convert(hf_model.config, {k: v.detach() for k, v in hf_model.state_dict().items()})
-    net = build(cfg, state)
+    net = Transformer.from_state(cfg, state)
     key = key or f"hf:{cfg.family}"
     info = _info(key, cfg, "in-memory transformers model", net)
     mean = getattr(hf_model.config, "image_mean", None)
@@ -130,7 +126,7 @@ def _read_state(folder: Path) -> dict[str, torch.Tensor]:
     raise ValueError(f"{folder} has no weights: expected model.safetensors (or pytorch_model.bin)")
 
 
-def load_dir(folder: str | Path) -> Model:
+def load_dir(folder: str | Path, key: str | None = None, source: str | None = None, **info) -> Model:
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder; give a bundled key "
@@ -148,15 +144,15 @@ def load_dir(folder: str | Path) -> Model:
     from transformers import AutoConfig
     hf_config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     cfg, state = convert(hf_config, _read_state(folder))
-    net = build(cfg, state)
+    net = Transformer.from_state(cfg, state)
     tokenizer = None
     if not cfg.is_vision and any((folder / f).exists() for f in
                                  ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model")):
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     mean, std, size = _image_settings(folder, cfg)
-    return Model(net, _info(str(folder), cfg, f"local folder {folder}", net), tokenizer,
-                 image_mean=mean, image_std=std, image_size=size)
+    return Model(net, _info(key or str(folder), cfg, source or f"local folder {folder}", net, **info),
+                 tokenizer, image_mean=mean, image_std=std, image_size=size)
 
 
 def _image_settings(folder: Path, cfg: Config):
@@ -204,11 +200,9 @@ def _cached(key: str, source: Path, make):
 
 
 def _load_minilm() -> Model:
-    m = load_dir(bundled_path("minilm"))
-    net = m.net
-    return Model(net, _info("minilm", m.cfg, BUNDLED["minilm"]["source"], net,
-                            licence=BUNDLED["minilm"]["licence"], size_mb=BUNDLED["minilm"]["size_mb"]),
-                 m.tokenizer)
+    s = BUNDLED["minilm"]
+    return load_dir(bundled_path("minilm"), key="minilm", source=s["source"], licence=s["licence"],
+                    size_mb=s["size_mb"])
 
 
 def _load_smollm2() -> Model:
@@ -223,7 +217,7 @@ def _load_smollm2() -> Model:
 
     meta, state, folder = _cached("smollm2", path, make)
     cfg = Config(**meta["config"])
-    net = build(cfg, state)
+    net = Transformer.from_state(cfg, state)
     tokenizer = checkpoints.gguf_tokenizer(path, cache_root() / f"smollm2-tokenizer-{_fingerprint(path)}")
     s = BUNDLED["smollm2"]
     return Model(net, _info("smollm2", cfg, s["source"], net, licence=s["licence"], size_mb=s["size_mb"]),
@@ -244,7 +238,7 @@ def _load_dinov2() -> Model:
     meta, state, folder = _cached("dinov2", path, make)
     cfg = Config(**meta["config"])
     dec_state = {k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")}
-    net = build(cfg, {k: v for k, v in state.items() if not k.startswith("decoder.")})
+    net = Transformer.from_state(cfg, {k: v for k, v in state.items() if not k.startswith("decoder.")})
     decoder = checkpoints.SaliencyDecoder.from_state_dict(dec_state)
     s = BUNDLED["dinov2"]
     return Model(net, _info("dinov2", cfg, s["source"], net, licence=s["licence"], size_mb=s["size_mb"]),

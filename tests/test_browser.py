@@ -42,6 +42,11 @@ def open_page(page, server, path=""):
     wait_idle(page)
 
 
+def assert_no_errors(page):
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+
+
 def test_attention_paste_run_heatmap(page, server):
     open_page(page, server, "Attention")
     box = page.locator('textarea[aria-label="Text"]')
@@ -63,8 +68,7 @@ def test_images_upload_photo(page, server, tmp_path):
     page.locator('input[type="file"]').set_input_files(str(sample_images()["coffee"]))
     wait_idle(page)
     expect(page.get_by_text("coffee", exact=False).first).to_be_visible()
-    assert page.locator('[data-testid="stException"]').count() == 0
-    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+    assert_no_errors(page)
     expect(page.locator('[data-testid="stImage"] img').first).to_be_visible()
     page.screenshot(path=str(ARTIFACTS / "images.png"))
 
@@ -89,6 +93,5 @@ def test_latency_tiny_sweep(page, server):
     page.get_by_role("button", name="Run").click()
     wait_idle(page)
     expect(page.locator(".js-plotly-plot").first).to_be_visible()
-    assert page.locator('[data-testid="stException"]').count() == 0
-    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+    assert_no_errors(page)
     page.screenshot(path=str(ARTIFACTS / "latency.png"))
