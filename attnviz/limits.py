@@ -50,6 +50,17 @@ class Limits:
     max_sweep_seconds: float = 600.0    # latency page: the most a sweep may be estimated to take
     max_sweep_memory_mb: float = 4096.0  # latency page: the most a sweep may be estimated to need
     max_train_seconds: float = 60.0     # lab: one toy training run
+    max_importance_seconds: float = 300.0  # heads page: the most one importance / curve run may take
+                                        # (the page's budget box cannot go above it)
+    max_capture_seconds: float = 120.0  # attention page: a long text's capture stops (with a message) after this
+    max_heavy_jobs: int = 2             # server-wide: importance runs, sweeps, trainings, long captures at once;
+                                        # a session asking for one more is told the server is busy
+    # images: refused beyond this aspect ratio; every rendered picture is capped at this many pixels
+    max_image_aspect: float = 20.0
+    max_render_pixels: int = 16_000_000
+    # local model folders: refused before reading when bigger than these
+    max_config_bytes: int = 1 * 2**20   # config.json, tokenizer_config.json, ...
+    max_weight_bytes: int = 8 * 2**30   # all weight files of one folder together
     # caches (st.cache_resource max_entries): models, and large per-input results (traces, captures)
     model_cache_entries: int = 4
     trace_cache_entries: int = 4
@@ -58,7 +69,8 @@ class Limits:
     torch_threads: int = 0
     # oneDNN-prepacked linear weights for inference: faster traces for a second copy of the weights
     packed_linear: bool = True
-    # deployments: local checkpoint folders users may load ("" = any folder the local user types)
+    # deployments: local checkpoint folders users may load from the app. "" (the default) = the app
+    # offers no local folders at all; the library and CLI still load any folder their caller names.
     allowed_model_dirs: str = ""        # os.pathsep-separated list of folders
 
     @classmethod

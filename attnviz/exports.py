@@ -1,0 +1,33 @@
+"""CSV exports that are safe to open in a spreadsheet.
+
+A text cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage return is taken as a formula
+by Excel, LibreOffice and Google Sheets (CSV injection). Such cells get a leading apostrophe, the
+convention those programs show as plain text; numbers (including negative ones) are left alone.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise(value):
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+def safe_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of df whose text cells (and column names) cannot run as spreadsheet formulas."""
+    out = df.copy()
+    for column in out.columns:
+        if out[column].dtype == object or pd.api.types.is_string_dtype(out[column]):
+            out[column] = out[column].map(neutralise)
+    out.columns = [neutralise(str(c)) for c in out.columns]
+    return out
+
+
+def csv_text(df: pd.DataFrame, **kwargs) -> str:
+    """df.to_csv(index=False) with formula-looking text cells neutralised."""
+    kwargs.setdefault("index", False)
+    return safe_frame(df).to_csv(**kwargs)
