@@ -28,8 +28,9 @@ from .limits import LIMITS
 logger = logging.getLogger(__name__)
 
 # Limits, named so that a later single place for all limits can import them.
-MAX_IMAGE_BYTES = LIMITS.max_upload_bytes  # 20 MiB: larger than any photo a phone takes
+MAX_IMAGE_BYTES = LIMITS.max_upload_bytes  # 20 MB (decimal): larger than any photo a phone takes
 MAX_IMAGE_PIXELS = LIMITS.max_image_pixels  # 40 Mpx: RGBA at this size is 160 MB of memory
+MAX_IMAGE_ASPECT = LIMITS.max_image_aspect  # 20:1: a 1 x 640 strip has no picture to attend to
 MIN_INPUT_SIZE = LIMITS.min_image_side  # 112: 8 x 8 patches of 14 px: smaller maps say little
 MAX_INPUT_SIZE = LIMITS.max_image_side  # 448: 1025 tokens: attention maps already cost ~0.5 s per trace on 2 cores
 
@@ -81,13 +82,17 @@ def open_image(
     *,
     max_bytes: int = MAX_IMAGE_BYTES,
     max_pixels: int = MAX_IMAGE_PIXELS,
+    max_aspect: float = MAX_IMAGE_ASPECT,
 ) -> Image.Image:
     """Decode the bytes of an uploaded file into a fully loaded 8-bit RGB image.
 
     Applies the EXIF orientation, takes the first frame of an animation and puts transparency
     on white. Raises ValueError saying why for empty, oversized, truncated, corrupt, non-image
-    or unsupported files. `max_pixels` above Pillow's own bomb limit (2 x 89 Mpx) has no effect:
-    Pillow refuses those first, and we do not raise its global limit.
+    or unsupported files, and for images whose longer side is more than `max_aspect` times the
+    shorter one (read from the header, before decoding). `max_bytes` counts bytes exactly: a
+    file of `max_bytes` is accepted, one byte more is refused. `max_pixels` above Pillow's own
+    bomb limit (2 x 89 Mpx) has no effect: Pillow refuses those first, and we do not raise its
+    global limit.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"open_image expects the file's bytes, got {type(data).__name__}")
@@ -96,8 +101,8 @@ def open_image(
         raise ValueError("The file is empty (0 bytes): upload a PNG, JPEG, WebP, GIF, BMP or TIFF.")
     if len(data) > max_bytes:
         raise ValueError(
-            f"The file is {len(data) / 2**20:.1f} MiB, over the limit of "
-            f"{max_bytes / 2**20:.1f} MiB: save it smaller (e.g. as JPEG) and upload again."
+            f"The file is {len(data):,} bytes, over the limit of {max_bytes:,} bytes "
+            f"({_megabytes(max_bytes)}): save it smaller (e.g. as JPEG) and upload again."
         )
 
     try:
@@ -126,6 +131,7 @@ def open_image(
                 f"The image is {width}×{height} = {width * height:,} pixels, over the limit of "
                 f"{max_pixels:,} pixels: resize it before uploading."
             )
+        check_aspect(width, height, max_aspect)
         try:
             # An animation opens on its first frame; load() decodes just that frame.
             image.load()
@@ -135,6 +141,28 @@ def open_image(
         except _DECODE_ERRORS as err:
             raise ValueError(_describe_decode_error(err, data)) from None
     return to_rgb(oriented)
+
+
+def check_aspect(width: int, height: int, max_aspect: float = MAX_IMAGE_ASPECT) -> None:
+    """Refuse an image whose longer side is more than `max_aspect` times its shorter side.
+
+    Such strips have almost nothing to squeeze into a square model input, and every picture
+    drawn at a sensible width from them is enormously tall (a 1 x 640 strip as 224-px-wide
+    tiles is 143,000 px tall)."""
+    short, long = min(width, height), max(width, height)
+    if short < 1:
+        raise ValueError(f"The image is {width}×{height} px and has no pixels: upload a photo.")
+    if long > max_aspect * short:
+        raise ValueError(
+            f"The image is {width}×{height} px, {long / short:.1f} times as "
+            f"{'tall' if height > width else 'wide'} as it is {'wide' if height > width else 'tall'}: "
+            f"the limit is {max_aspect:g}:1. Crop it closer to square and upload it again."
+        )
+
+
+def _megabytes(count: int) -> str:
+    """'20 MB' for 20,000,000 bytes (decimal megabytes, as the upload widget counts them)."""
+    return f"{count / 10**6:g} MB"
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw
 
 from . import analysis, render
 from .api import Model, Trace
-from .imageio import MAX_INPUT_SIZE, MIN_INPUT_SIZE
+from .imageio import MAX_IMAGE_ASPECT, MAX_INPUT_SIZE, MIN_INPUT_SIZE, check_aspect
 from .limits import LIMITS
 
 # Artefact tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): DINOv2 recycles a
@@ -35,6 +35,28 @@ ARTEFACT_K = 6.0
 ATTENTION_BUDGET_BYTES = LIMITS.image_attention_mb * 2**20
 DISPLAY_MAX_SIDE = 640   # photos are shown (and overlaid) at most this large: fast, still sharp
 MARK_COLOUR = (0, 255, 255)
+# Every picture this module draws (overlay grids, marked photos) has at most this many pixels,
+# whatever the shape of the photo: a grid that would be larger is drawn with smaller tiles.
+MAX_RENDER_PIXELS = LIMITS.max_render_pixels
+# render.grid_of_overlays' layout: a label strip above each tile and a gap between tiles.
+_TILE_LABEL_PX, _TILE_GAP_PX = 18, 4
+
+
+# --- Input checks ------------------------------------------------------------------------------
+def check_photo(image: Image.Image, patch_size: int, max_aspect: float = MAX_IMAGE_ASPECT) -> None:
+    """Refuse a photo no vision model can say anything about, with a message saying why.
+
+    A photo smaller than one patch of the model on a side (a 1 x 1 GIF) would only be blown up
+    into a blur, and a strip beyond `max_aspect`:1 (1 x 640 px) squeezes to nothing. Raises
+    ValueError; `imageio.open_image` already refuses the strips of uploads from their header."""
+    width, height = image.size
+    check_aspect(width, height, max_aspect)
+    if min(width, height) < patch_size:
+        raise ValueError(
+            f"The image is {width}×{height} px, smaller than one {patch_size}×{patch_size}-px "
+            f"patch of this model: upload a photo at least {patch_size} px on each side "
+            f"(better {MIN_INPUT_SIZE} px or more)."
+        )
 
 
 # --- Input size ------------------------------------------------------------------------------
@@ -141,24 +163,64 @@ def layer_head_labels(layers: list[int], n_heads: int, off=None) -> list[str]:
 
 
 def head_overlays(image: Image.Image, maps, layers: list[int], tile: int = 128,
-                  alpha: float = 0.5, cmap: str = "inferno", off=None) -> Image.Image:
+                  alpha: float = 0.5, cmap: str = "inferno", off=None,
+                  max_pixels: int = MAX_RENDER_PIXELS) -> Image.Image:
     """One labelled tile per head: rows = layers, columns = heads (maps [L, H, gh, gw]).
 
     Each tile is scaled to its own min..max, so weak heads still show their pattern. `off`
-    ([L, H] bool, rows matching `layers`) marks switched-off heads in the labels."""
+    ([L, H] bool, rows matching `layers`) marks switched-off heads in the labels. Tiles are
+    `tile` px wide unless the whole grid would then pass `max_pixels` (many heads, a tall photo):
+    then they are as wide as fits. Raises ValueError when not even 1-px-wide tiles fit."""
     maps = torch.as_tensor(maps)
     if maps.ndim != 4:
         raise ValueError(f"maps must be [layers, heads, grid_h, grid_w], got {tuple(maps.shape)}")
     n_layers, n_heads = maps.shape[:2]
     if len(layers) != n_layers:
         raise ValueError(f"{n_layers} layers of maps but {len(layers)} layer labels")
+    fitting = overlay_tile(image.size, n_layers, n_heads, tile, max_pixels)
     flat = maps.reshape(n_layers * n_heads, *maps.shape[2:])                  # (L*H, gh, gw)
     return render.grid_of_overlays(image, flat, layer_head_labels(layers, n_heads, off),
-                                   columns=n_heads, tile=tile, alpha=alpha, cmap=cmap)
+                                   columns=n_heads, tile=fitting, alpha=alpha, cmap=cmap)
+
+
+def overlay_grid_size(image_size: tuple[int, int], rows: int, columns: int, tile: int
+                      ) -> tuple[int, int]:
+    """(width, height) of `render.grid_of_overlays` for `rows` x `columns` tiles `tile` px wide
+    of an image of `image_size` = (width, height)."""
+    width, height = image_size
+    tile_h = max(1, round(tile * height / width))
+    return (columns * (tile + _TILE_GAP_PX) - _TILE_GAP_PX,
+            rows * (tile_h + _TILE_LABEL_PX + _TILE_GAP_PX) - _TILE_GAP_PX)
+
+
+def overlay_tile(image_size: tuple[int, int], rows: int, columns: int, tile: int,
+                 max_pixels: int = MAX_RENDER_PIXELS) -> int:
+    """The widest tile, at most `tile` px, whose overlay grid has at most `max_pixels` pixels."""
+    if tile < 1 or rows < 1 or columns < 1 or min(image_size) < 1:
+        raise ValueError(f"cannot draw {rows} x {columns} tiles {tile} px wide of a "
+                         f"{image_size[0]}×{image_size[1]} image")
+
+    def area(t: int) -> int:
+        width, height = overlay_grid_size(image_size, rows, columns, t)
+        return width * height
+
+    if area(1) > max_pixels:
+        raise ValueError(
+            f"{rows} x {columns} overlays of a {image_size[0]}×{image_size[1]} px image do not "
+            f"fit in {max_pixels:,} pixels even as 1-px tiles: show fewer layers or heads, or "
+            "crop the image closer to square.")
+    low, high = 1, tile                      # area grows with the tile: largest fitting one
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if area(middle) <= max_pixels else (low, middle - 1)
+    return low
 
 
 def display_image(image: Image.Image, max_side: int = DISPLAY_MAX_SIDE) -> Image.Image:
-    """A copy no larger than `max_side` on its longer side (aspect kept) for overlays."""
+    """A copy no larger than `max_side` on its longer side (aspect kept) for overlays.
+
+    `max_side` is capped so the copy never has more than MAX_RENDER_PIXELS pixels."""
+    max_side = min(max_side, int(MAX_RENDER_PIXELS ** 0.5))
     scale = max_side / max(image.size)
     if scale >= 1:
         return image.convert("RGB")
@@ -169,12 +231,16 @@ def display_image(image: Image.Image, max_side: int = DISPLAY_MAX_SIDE) -> Image
 def patch_box(row: int, col: int, grid: tuple[int, int], size: tuple[int, int]
               ) -> tuple[int, int, int, int]:
     """Pixel box (left, top, right, bottom), inclusive, of patch (row, col) in an image of
-    `size` = (width, height): the same pixels `overlay_patch_map` colours for that patch."""
+    `size` = (width, height): the same pixels `overlay_patch_map` colours for that patch.
+
+    In an image with fewer pixels than patches on a side some patches own no pixel; their box
+    is the one pixel row or column where the patch would lie, so a box is never empty."""
     grid_h, grid_w = grid
     width, height = size
     top, bottom = -(-row * height // grid_h), -(-(row + 1) * height // grid_h) - 1
     left, right = -(-col * width // grid_w), -(-(col + 1) * width // grid_w) - 1
-    return left, top, right, bottom
+    top, left = min(top, height - 1), min(left, width - 1)
+    return left, top, max(left, right), max(top, bottom)
 
 
 def mark_patches(image: Image.Image, patches: list[tuple[int, int]], grid: tuple[int, int],

@@ -8,6 +8,7 @@ import torch
 import attnviz
 from attnviz import ui, vision, viz
 from attnviz.imageio import sample_images
+from attnviz.limits import LIMITS
 
 st.set_page_config(page_title="attnviz · Images", layout="wide")
 st.title("Images — what each head looks at")
@@ -27,6 +28,13 @@ def decoded(image_key: str, _data: bytes):
     return attnviz.open_image(_data)
 
 
+def usable(candidate):
+    """The decoded photo of (label, image key, bytes) if this model can trace it; else ValueError."""
+    photo = decoded(candidate[1], candidate[2])
+    vision.check_photo(photo, cfg.patch_size)
+    return photo
+
+
 @st.cache_resource(max_entries=3, show_spinner=False)
 def traced(model_key: str, image_key: str, size: int, mask_key: bytes, _model, _photo, _mask):
     # cache_resource, not cache_data: a 448-px trace holds ~300 MB of weights; no copy per rerun.
@@ -35,11 +43,15 @@ def traced(model_key: str, image_key: str, size: int, mask_key: bytes, _model, _
 
 # --- Which photo ------------------------------------------------------------------------------
 samples = sample_images()
+MAX_MB = LIMITS.max_upload_bytes / 10**6
 with st.sidebar:
     source = st.radio("Image", ["Sample photo", "Upload"], key=K + "source", horizontal=True)
     if source == "Upload":
-        upload = st.file_uploader("Photo (PNG, JPEG, WebP, GIF, BMP, TIFF)", type=UPLOAD_TYPES,
-                                  key=K + "upload")
+        upload = st.file_uploader(
+            "Photo (PNG, JPEG, WebP, GIF, BMP, TIFF)", type=UPLOAD_TYPES, key=K + "upload",
+            help=f"Up to {MAX_MB:g} MB ({LIMITS.max_upload_bytes:,} bytes) per file; larger files "
+                 f"are refused. At least {cfg.patch_size} px (one patch of this model) on each "
+                 f"side, the longer side at most {LIMITS.max_image_aspect:g} times the shorter.")
     else:
         upload = None
         sample = st.selectbox("Sample photo (scikit-image)", list(samples), key=K + "sample")
@@ -53,23 +65,28 @@ elif source == "Sample photo" and samples:
 photo = None
 if chosen is not None:
     try:
-        photo = decoded(chosen[1], chosen[2])
-        st.session_state[K + "last"] = chosen
+        photo = usable(chosen)
     except ValueError as err:
-        st.error(f"Could not use {ui.plain(chosen[0])}: {err}")
+        st.error(f"Could not use {ui.plain(chosen[0])}: {ui.plain(str(err))}")
 if photo is None:
-    # A bad (or no) upload: keep showing the last photo that worked, else the first sample.
-    fallback = st.session_state.get(K + "last")
-    if fallback is None and samples:
-        first = next(iter(samples))
-        fallback = (first, "sample:" + first, samples[first].read_bytes())
-    if fallback is None:
+    # A bad (or no) upload: keep showing the last photo that worked, else the first sample. The
+    # last photo is remembered only once the whole page has been drawn from it (end of script),
+    # and checked again here: another model may have larger patches.
+    fallbacks = [st.session_state.get(K + "last")]
+    fallbacks += [(name, "sample:" + name, path.read_bytes())
+                  for name, path in list(samples.items())[:1]]
+    for fallback in filter(None, fallbacks):
+        try:
+            chosen, photo = fallback, usable(fallback)
+            break
+        except ValueError:
+            st.session_state.pop(K + "last", None)
+    if photo is None:
         st.info("Upload a photo to begin (scikit-image's sample photos are not installed).")
         st.stop()
-    chosen, photo = fallback, decoded(fallback[1], fallback[2])
     if upload is not None or source == "Upload":
         st.caption(f"Showing {ui.plain(chosen[0])} until a photo is uploaded that can be read.")
-label, image_key = chosen[0], chosen[1]
+label, image_key, photo_bytes = chosen
 
 # --- Resolution, opacity, heads ------------------------------------------------------------------
 options = vision.model_resolutions(model)
@@ -211,3 +228,6 @@ with tabs[6]:
     st.caption("The NPZ opens with `numpy.load(path)` (no pickles): cls_maps [L, H, gh, gw], "
                "query_maps, rollout, mean_distance_px [L, H], saliency, artefact norms and flags, "
                "head_mask, grid, patch_size.")
+
+# Only a photo the whole page could be drawn from becomes the one a later bad upload falls back to.
+st.session_state[K + "last"] = (label, image_key, photo_bytes)

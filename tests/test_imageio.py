@@ -264,8 +264,70 @@ def test_byte_limit():
     data = encode(quadrants(), "BMP")
     with pytest.raises(ValueError, match="over the limit"):
         open_image(data, max_bytes=len(data) - 1)
-    with pytest.raises(ValueError, match="21.0 MiB, over the limit of 20.0 MiB"):
-        open_image(b"\0" * (MAX_IMAGE_BYTES + 2**20))
+    assert open_image(data, max_bytes=len(data)).size == (32, 24)
+
+
+def padded_png(size: int) -> bytes:
+    """A valid PNG of exactly `size` bytes: Pillow stops reading at IEND, the rest is padding."""
+    data = encode(quadrants(), "PNG")
+    return data + b"\0" * (size - len(data))
+
+
+def test_byte_limit_is_exact_at_the_upload_cap():
+    # The cap is decimal, as the browser's upload widget counts it: 20 MB = 20,000,000 bytes.
+    assert MAX_IMAGE_BYTES == 20_000_000
+    assert open_image(padded_png(MAX_IMAGE_BYTES)).size == (32, 24)
+    with pytest.raises(ValueError, match=r"20,000,001 bytes, over the limit of 20,000,000 bytes "
+                                         r"\(20 MB\)"):
+        open_image(padded_png(MAX_IMAGE_BYTES + 1))
+
+
+def test_streamlit_upload_cap_agrees_with_the_library():
+    """Every file the upload widget lets through is either read or refused with our message.
+
+    Streamlit 1.67's widget refuses files over maxUploadSize x 10^6 bytes (x 2^20 on Windows) and
+    its server refuses request bodies over maxUploadSize x 2^20 bytes (see .streamlit/config.toml).
+    Our cap must be the smallest of these, with room for the multipart framing around the file."""
+    import tomllib
+    from pathlib import Path
+
+    import streamlit
+
+    from attnviz.limits import Limits
+
+    config = Path(__file__).resolve().parent.parent / ".streamlit" / "config.toml"
+    megabytes = tomllib.loads(config.read_text())["server"]["maxUploadSize"]
+    cap = Limits().max_upload_bytes
+    assert cap == megabytes * 10**6                      # = the widget's cap outside Windows
+    assert cap + 64 * 1024 <= megabytes * 2**20          # under the server's cap, framing included
+    # The widget's unit switch (1024 on Windows, else 1000): if a Streamlit upgrade changes it,
+    # re-read how the widget compares sizes and update config.toml, LIMITS and this test.
+    static = Path(streamlit.__file__).parent / "static"
+    assert any("?1024:1e3" in js.read_text(errors="ignore") for js in static.rglob("utils.*.js"))
+
+
+@pytest.mark.parametrize("width, height", [(1, 640), (640, 1), (30, 601), (601, 30)])
+def test_strips_beyond_the_aspect_limit_are_refused_before_decoding(width, height):
+    data = png_header_only(width, height)        # no pixel data: decoding would say "truncated"
+    longer = "tall" if height > width else "wide"
+    with pytest.raises(ValueError, match=f"{width}×{height} px, .* times as {longer} .* limit is 20:1"):
+        open_image(data)
+
+
+def test_the_75_byte_strip_from_the_issue_is_refused():
+    data = encode(Image.new("RGB", (1, 640), RED), "PNG")
+    assert len(data) < 100
+    with pytest.raises(ValueError, match="640.0 times as tall as it is wide"):
+        open_image(data)
+
+
+def test_aspect_limit_is_inclusive_and_a_keyword():
+    assert open_image(encode(Image.new("RGB", (2, 40)), "PNG")).size == (2, 40)   # exactly 20:1
+    assert open_image(encode(Image.new("RGB", (40, 2)), "PNG")).size == (40, 2)
+    with pytest.raises(ValueError, match="limit is 20:1"):
+        open_image(encode(Image.new("RGB", (2, 41)), "PNG"))
+    with pytest.raises(ValueError, match="limit is 4:1"):
+        open_image(encode(Image.new("RGB", (10, 50)), "PNG"), max_aspect=4)
 
 
 def test_non_bytes_input_is_a_type_error():

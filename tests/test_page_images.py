@@ -4,12 +4,13 @@ import io
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 from attnviz.ui import plain
 
-from tests.test_imageio import png_header_only
+from tests.test_imageio import padded_png, png_header_only
 from tests.test_parity import tiny
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "3_Images.py")
@@ -110,7 +111,12 @@ def test_switching_heads_off_shows_the_effect():
     assert "All heads are on" in at.info[0].value and not at.metric
 
 
-def test_a_local_vit_folder_works_too(tmp_path):
+def test_a_local_vit_folder_works_too(tmp_path, monkeypatch):
+    import dataclasses
+
+    from attnviz import ui
+    # The app offers local folders only inside a deployment's allow-list.
+    monkeypatch.setattr(ui, "LIMITS", dataclasses.replace(ui.LIMITS, allowed_model_dirs=str(tmp_path)))
     tiny("vit").save_pretrained(tmp_path)                  # patch 8, 2 layers x 4 heads, no decoder
     at = AppTest.from_file(PAGE, default_timeout=180)
     at.session_state["model_choice:vision"] = "local folder…"
@@ -122,3 +128,87 @@ def test_a_local_vit_folder_works_too(tmp_path):
     assert size.value == 112 and size.options[1].startswith("120 px")   # multiples of 8
     assert "14×14 patches of 8 px · 197 tokens" in photo_caption(at)
     assert any("no saliency decoder" in i.value for i in at.info)
+
+
+def gif(width=1, height=1) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("P", (width, height)).save(buffer, "GIF")
+    return buffer.getvalue()
+
+
+def upload(at, name, data, kind="image/png") -> AppTest:
+    at.sidebar.file_uploader(key="img_upload").set_value((name, data, kind))
+    at.run()
+    assert not at.exception, (name, at.exception)
+    return at
+
+
+def upload_page() -> AppTest:
+    at = run_page()
+    at.sidebar.radio(key="img_source").set_value("Upload").run()
+    return at
+
+
+def test_a_1x1_gif_gets_a_message_and_never_becomes_the_fallback():
+    at = upload_page()
+    upload(at, "dot.gif", gif(), "image/gif")                # the issue's crash: x1 < x0
+    assert len(at.error) == 1 and "smaller than one 14×14" in at.error[0].value
+    assert "**cat**" in photo_caption(at)                    # the first sample stands in
+    upload(at, "notes.png", b"just some text, not a picture\n" * 20)
+    assert len(at.error) == 1 and "not an image" in at.error[0].value
+    assert "**cat**" in photo_caption(at)                    # not the GIF: the page still works
+    assert any("Attention from CLS" in c for c in image_captions(at))
+
+    upload(at, "stripes.png", png())
+    upload(at, "dot.gif", gif(), "image/gif")
+    upload(at, "cut.png", png()[:120])
+    assert len(at.error) == 1 and "truncated" in at.error[0].value
+    assert "**stripes\\.png**" in photo_caption(at)          # the last photo that worked
+
+
+@pytest.mark.parametrize("size", [(1, 640), (40, 900), (900, 40)])
+def test_strips_beyond_20_to_1_get_a_message(size):
+    # (1, 640): the issue's 75-byte PNG that took the server from 2.2 to 4.5 GB, then crashed.
+    at = upload_page()
+    upload(at, "stripes.png", png())
+    upload(at, "strip.png", png(*size))
+    assert len(at.error) == 1 and plain("limit is 20:1") in at.error[0].value
+    assert "**stripes\\.png**" in photo_caption(at)
+
+
+def test_upload_cap_is_stated_and_exact():
+    at = upload_page()
+    assert "Up to 20 MB (20,000,000 bytes) per file" in at.sidebar.file_uploader(key="img_upload").help
+    upload(at, "big.png", padded_png(20_000_000))
+    assert not at.error and "**big\\.png** · 32×24 px" in photo_caption(at)
+    upload(at, "bigger.png", padded_png(20_000_001))
+    assert len(at.error) == 1
+    assert plain("20,000,001 bytes, over the limit of 20,000,000 bytes (20 MB)") in at.error[0].value
+    assert "**big\\.png**" in photo_caption(at)
+
+
+EVIL = "[click](http:evil.example) **bold**.png"
+
+
+def markdown_bodies(at) -> list[str]:
+    """The markdown source of every element that renders it (errors, captions, text, info)."""
+    kinds = ("error", "caption", "markdown", "info", "warning", "success", "title", "subheader")
+    return [element.value for kind in kinds for element in at.get(kind)] + image_captions(at)
+
+
+def assert_no_markup_from(at, name=EVIL):
+    bodies = [body for body in markdown_bodies(at) if "click" in body or "bold" in body]
+    assert bodies, "the file name is shown somewhere"
+    for body in bodies:
+        assert plain(name) in body, body                     # every character escaped
+        assert "[click](" not in body and "**bold**" not in body, body
+
+
+def test_upload_names_never_render_as_markdown():
+    at = upload_page()
+    upload(at, EVIL, png())
+    assert not at.error
+    assert_no_markup_from(at)                                # the photo caption
+    upload(at, EVIL, b"just some text, not a picture\n" * 20)
+    assert len(at.error) == 1
+    assert_no_markup_from(at)                                # the error and "Showing ... until"

@@ -125,6 +125,81 @@ def test_mark_patches_outlines_the_patch_box():
     assert (marked[top + 1:bottom, left + 1:right] == 0).all()          # inside stays untouched
 
 
+# --- Odd shapes: tiny photos, strips, many heads -----------------------------------------------
+@pytest.mark.parametrize("size", [(1, 1), (13, 40), (40, 13)])
+def test_photos_smaller_than_one_patch_are_refused(size):
+    with pytest.raises(ValueError, match=f"{size[0]}×{size[1]} px, smaller than one 14×14-px patch"):
+        vision.check_photo(Image.new("RGB", size), patch_size=14)
+
+
+def test_check_photo_accepts_one_patch_and_refuses_strips():
+    vision.check_photo(Image.new("RGB", (14, 14)), patch_size=14)
+    vision.check_photo(Image.new("RGB", (14, 280)), patch_size=14)         # exactly 20:1
+    with pytest.raises(ValueError, match="times as tall .* limit is 20:1"):
+        vision.check_photo(Image.new("RGB", (14, 281)), patch_size=14)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (1, 640), (14, 14), (640, 3)])
+def test_mark_patches_works_on_images_with_fewer_pixels_than_patches(size):
+    # The 1 x 1 GIF of the issue crashed here (rectangle x1 < x0) for patches that own no pixel.
+    photo = Image.new("RGB", size)
+    grid = (16, 16)
+    for row, col in [(0, 0), (8, 8), (15, 15), (3, 12)]:
+        left, top, right, bottom = vision.patch_box(row, col, grid, size)
+        assert 0 <= left <= right < size[0] and 0 <= top <= bottom < size[1]
+        marked = np.asarray(vision.mark_patches(photo, [(row, col)], grid))
+        assert (marked[top, left] == vision.MARK_COLOUR).all()
+
+
+def test_patch_boxes_are_unchanged_where_every_patch_owns_pixels():
+    assert vision.patch_box(1, 2, GRID, (70, 56)) == (28, 14, 41, 27)
+    assert vision.patch_box(3, 4, GRID, (103, 61)) == (83, 46, 102, 60)
+
+
+def test_head_overlays_of_a_strip_stay_within_the_render_cap():
+    # The issue's 1 x 640 PNG: 224-px tiles would make a 1364 x 143,378 canvas (196 Mpx).
+    strip = Image.new("RGB", (1, 640))
+    maps = torch.rand(1, 6, 16, 16)
+    grid = vision.head_overlays(strip, maps, [11], tile=224)
+    assert grid.width * grid.height <= vision.MAX_RENDER_PIXELS == 16_000_000
+    small = vision.head_overlays(strip, maps, [11], tile=224, max_pixels=100_000)
+    assert small.width * small.height <= 100_000
+
+
+def test_head_overlays_of_many_heads_of_a_tall_photo_stay_within_the_render_cap():
+    tall = Image.new("RGB", (32, 640))                                    # 20:1, as shown
+    grid = vision.head_overlays(tall, torch.rand(12, 6, 16, 16), list(range(12)), tile=160)
+    assert grid.width * grid.height <= vision.MAX_RENDER_PIXELS
+
+
+def test_head_overlays_refuse_what_cannot_fit_even_as_1_px_tiles():
+    with pytest.raises(ValueError, match="do not fit in 400 pixels even as 1-px tiles"):
+        vision.head_overlays(Image.new("RGB", (50, 40)), torch.rand(2, 3, *GRID), [0, 1],
+                             max_pixels=400)
+
+
+@pytest.mark.parametrize("size, rows, columns, tile", [
+    ((50, 40), 2, 3, 50), ((1, 640), 1, 6, 62), ((640, 3), 12, 6, 112), ((103, 61), 4, 4, 7)])
+def test_overlay_grid_size_matches_what_render_draws(size, rows, columns, tile):
+    maps = torch.rand(rows, columns, 2, 2)
+    drawn = vision.head_overlays(Image.new("RGB", size), maps, list(range(rows)), tile=tile)
+    assert drawn.size == vision.overlay_grid_size(size, rows, columns, tile)
+
+
+def test_overlay_tile_is_the_widest_that_fits():
+    size, rows, columns = (1, 640), 1, 6
+    tile = vision.overlay_tile(size, rows, columns, 224)
+    area = lambda t: np.prod(vision.overlay_grid_size(size, rows, columns, t))  # noqa: E731
+    assert area(tile) <= vision.MAX_RENDER_PIXELS < area(tile + 1)
+    assert vision.overlay_tile((640, 480), 12, 6, 160) == 160            # a photo: unchanged
+
+
+def test_display_image_is_bounded_for_any_shape():
+    for size in [(1, 1), (1, 640), (5000, 20), (3000, 4000)]:
+        shown = vision.display_image(Image.new("RGB", size))
+        assert max(shown.size) <= vision.DISPLAY_MAX_SIDE and min(shown.size) >= 1
+
+
 def test_resolution_options_and_token_count():
     sizes = vision.resolution_options(14)
     assert sizes[0] == 112 and sizes[-1] == 448 and len(sizes) == 25
