@@ -6,6 +6,12 @@ on a shared machine ignores time other programs take, and equals latency only wi
 Memory: the peak of torch's CPU allocations during one extra forward pass, read from the
 profiler's memory events (tracemalloc does not see torch; RSS hides freed-and-reused pages):
 activations and workspace only; the weights are reported by `costmodel.weights_mb`.
+
+Threads: torch's thread count is process-wide. In a shared process (the app) nothing here changes
+it: points at another thread count are measured, and profiles calibrated, in a child process
+(`python -m attnviz.bench`, with a hard timeout); the CLI, a process of its own, sets it directly
+(`own_process=True`). A `jobs.Deadline` stops a sweep between measurements, keeping what was
+measured (`df.attrs["stopped"]` says why).
 """
 from __future__ import annotations
 
@@ -16,10 +22,14 @@ import os
 import platform
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -27,9 +37,17 @@ import torch
 from . import costmodel as cm
 from .attention import SOFTMAX, Variant, parse_variant
 from .config import Config
-from .results import COLUMNS, SCHEMA, config_spec, parse_synthetic, read_results, to_csv, with_heads  # noqa: F401
+from .jobs import Deadline, JobTimeout
+from .results import (COLUMNS, MAX_SEQ_LEN, MAX_THREADS, SCHEMA, config_spec, parse_synthetic,  # noqa: F401
+                      read_results, to_csv, with_heads)
 
 BACKENDS = ("cpu", "cpu-model", "pi4", "pi5")  # cpu is measured here; the others are the cost model
+MAX_POINTS = 5000         # (model, heads, variant, threads, n) combinations of one sweep
+MAX_REPEATS, MAX_WARMUP = 1000, 100
+CHILD_GRACE_S = 60.0      # a child sweep is killed this long after its deadline (start-up, last point, CSV)
+CALIBRATE_TIMEOUT_S = 300.0  # a child calibration is killed after this
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+STOPPED_EXIT = 3          # the CLI's exit status when --deadline stopped it (the CSV holds what it measured)
 
 
 # ---------------------------------------------------------------- machine and timing
@@ -50,16 +68,24 @@ def machine_metadata() -> dict:
                 arch=platform.machine(), torch=torch.__version__, python=platform.python_version())
 
 
+def threads_now() -> int:
+    """torch's thread count in this process (what in-process measurements run at)."""
+    return torch.get_num_threads()
+
+
 @contextmanager
 def thread_count(threads: int | None):
-    """torch.set_num_threads for the block, restored afterwards."""
+    """torch.set_num_threads for the block, restored afterwards. Process-wide: only for a process of
+    its own (the CLI, a script); a shared server measures other thread counts in a child process."""
     old = torch.get_num_threads()
-    if threads:
+    change = bool(threads) and int(threads) != old
+    if change:
         torch.set_num_threads(int(threads))
     try:
         yield
     finally:
-        torch.set_num_threads(old)
+        if change:
+            torch.set_num_threads(old)
 
 
 @dataclass
@@ -70,17 +96,29 @@ class Timing:
     times_ms: list[float]
 
 
-def time_call(fn, *, warmup: int = 1, repeats: int = 5, threads: int | None = None, clock: str = "wall") -> Timing:
+def time_call(fn, *, warmup: int = 1, repeats: int = 5, threads: int | None = None, clock: str = "wall",
+              deadline: Deadline | None = None) -> Timing:
+    """Median, p10 and p90 of `repeats` runs after `warmup` runs. `threads` (if given) must be this
+    process's thread count: this never changes it (wrap in `thread_count` in a process of your own).
+    `deadline` is checked before every run (JobTimeout)."""
     if repeats < 1 or warmup < 0:
         raise ValueError("repeats must be at least 1 and warmup at least 0")
     timer = cm.CLOCKS.get(clock)
     if timer is None:
         raise ValueError(f"clock must be one of {', '.join(cm.CLOCKS)}")
+    if threads and int(threads) != torch.get_num_threads():
+        raise ValueError(f"this process runs torch on {torch.get_num_threads()} thread(s), not {threads}: "
+                         "measure other thread counts with `python -m attnviz.bench --threads N` (run_sweep "
+                         "does that in a child process)")
     times = []
-    with thread_count(threads), torch.inference_mode():
+    with torch.inference_mode():
         for _ in range(warmup):
+            if deadline:
+                deadline.check()
             fn()
         for _ in range(repeats):
+            if deadline:
+                deadline.check()
             t = timer()
             fn()
             times.append((timer() - t) * 1e3)
@@ -145,6 +183,11 @@ def model_inputs(model, n: int) -> tuple[dict, int]:
 
 
 # ---------------------------------------------------------------- sweeps
+def _few(values, k: int = 8) -> str:
+    values = list(values)
+    return ", ".join(map(str, values[:k])) + (", …" if len(values) > k else "")
+
+
 @dataclass
 class SweepPlan:
     models: list[str]
@@ -162,13 +205,24 @@ class SweepPlan:
         if not self.models:
             raise ValueError("choose at least one model")
         if not self.seq_lens or any(int(n) < 1 for n in self.seq_lens):
-            raise ValueError(f"sequence lengths must be positive whole numbers; got {self.seq_lens}")
+            raise ValueError(f"sequence lengths must be positive whole numbers; got {_few(self.seq_lens)}")
+        if any(int(n) > MAX_SEQ_LEN for n in self.seq_lens):
+            raise ValueError(f"sequence lengths must be at most {MAX_SEQ_LEN:,} tokens; got {max(self.seq_lens):,}")
         if any(int(t) < 1 for t in self.threads) or not self.threads:
-            raise ValueError(f"thread counts must be at least 1; got {self.threads}")
+            raise ValueError(f"thread counts must be at least 1; got {_few(self.threads)}")
+        if any(int(t) > MAX_THREADS for t in self.threads):
+            raise ValueError(f"thread counts must be at most {MAX_THREADS}; got {max(self.threads):,}")
         if self.heads is not None and any(int(k) < 1 for k in self.heads):
-            raise ValueError(f"head counts must be at least 1; got {self.heads}")
+            raise ValueError(f"head counts must be at least 1; got {_few(self.heads)}")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError("repeats must be at least 1 and warmup at least 0")
+        if self.repeats > MAX_REPEATS or self.warmup > MAX_WARMUP:
+            raise ValueError(f"repeats must be at most {MAX_REPEATS} and warmup at most {MAX_WARMUP}")
+        size = (len(self.models) * len(self.heads or [0]) * len(self.variants or [0]) * len(self.threads)
+                * len(self.seq_lens))
+        if size > MAX_POINTS:
+            raise ValueError(f"this sweep has {size:,} points (models x heads x variants x threads x lengths); "
+                             f"at most {MAX_POINTS:,}: choose fewer")
         bad = [b for b in self.backends if b not in BACKENDS]
         if bad or not self.backends:
             raise ValueError(f"unknown backend {bad}; choose from {', '.join(BACKENDS)}")
@@ -246,9 +300,18 @@ def memory_budget_mb() -> float:
 
 
 @functools.lru_cache(maxsize=16)
-def host_profile(threads: int, clock: str = "wall", quick: bool = True) -> cm.DeviceProfile:
-    """This machine's profile at this thread count, calibrated once per process."""
-    return cm.calibrate_host(threads=threads, quick=quick, clock=clock)
+def host_profile(threads: int, clock: str = "wall", quick: bool = True, own_process: bool = False) -> cm.DeviceProfile:
+    """This machine's profile at this thread count, calibrated once per process: here at this
+    process's own thread count (or any, with `own_process`), else in a child process."""
+    if int(threads) == torch.get_num_threads() or own_process:
+        return cm.calibrate_host(threads=int(threads), quick=quick, clock=clock, own_process=own_process)
+    args = ["--calibrate", "quick" if quick else "full", "--threads", str(int(threads)), "--clock", clock]
+    out = _run_child(args, CALIBRATE_TIMEOUT_S, f"calibrating this CPU at {threads} threads")
+    try:
+        return cm.DeviceProfile(**json.loads(out.stdout.strip().splitlines()[-1]))
+    except (ValueError, TypeError, IndexError):
+        raise ValueError(f"calibrating this CPU at {threads} threads in a separate process gave no profile: "
+                         f"{_tail(out.stderr)}") from None
 
 
 def host_model_error(df: pd.DataFrame) -> pd.DataFrame:
@@ -259,48 +322,154 @@ def host_model_error(df: pd.DataFrame) -> pd.DataFrame:
                       for (t, c), g in measured.groupby(["threads", "clock"])], ignore_index=True)
 
 
+# ---------------------------------------------------------------- child processes
+def _tail(text: str, chars: int = 300) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "no message")[-chars:]
+
+
+def _run_child(args: list[str], timeout: float | None, what: str) -> subprocess.CompletedProcess:
+    """`python -m attnviz.bench ARGS` in a child process (its own torch thread count), killed after
+    `timeout` seconds."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    try:
+        return subprocess.run([sys.executable, "-m", "attnviz.bench", *args], capture_output=True, text=True,
+                              env=env, cwd=str(PACKAGE_ROOT), timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise JobTimeout(f"{what} stopped at its time limit of {timeout:,.0f} s (a separate process, "
+                         "stopped)") from None
+    except OSError as err:
+        raise ValueError(f"{what} could not start a separate process: {err}") from None
+
+
+def _child_model_arg(key: str, model) -> str:
+    """What the child loads for this model: its key when it can load it, else a random model of its shape."""
+    from .loading import BUNDLED
+    key = key.strip()
+    if key.startswith("synthetic:") or key in BUNDLED or os.path.isdir(key):
+        return key
+    return config_spec(model.cfg)
+
+
+def _measure_in_child(plan: "SweepPlan", models: dict, threads: int, deadline: Deadline | None) -> tuple[list, bool]:
+    """The cpu rows of the plan at `threads` threads, measured by the CLI in a child process, and
+    whether the deadline stopped it (the rows are then those it finished)."""
+    args = {key: _child_model_arg(key, model) for key, model in models.items() if key in plan.models}
+    argv = [a for key in plan.models for a in ("--model", args[key])]
+    variants = [v if isinstance(v, str) else variant_name(v) for v in plan.variants]
+    argv += ["--seq-lens", ",".join(str(int(n)) for n in plan.seq_lens), "--variants", ",".join(variants),
+             "--heads", "all" if plan.heads is None else ",".join(str(int(k)) for k in plan.heads),
+             "--threads", str(int(threads)), "--repeats", str(plan.repeats), "--warmup", str(plan.warmup),
+             "--backend", "cpu", "--clock", plan.clock, "--max-seconds", "1e12"]
+    if not plan.memory:
+        argv.append("--no-memory")
+    timeout = None
+    if deadline is not None and deadline.seconds is not None:
+        remaining = max(deadline.remaining, 0.0)
+        argv += ["--stop-at", repr(time.time() + remaining)]
+        timeout = remaining + CHILD_GRACE_S
+    what = f"measuring at {threads} threads"
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = os.path.join(tmp, "sweep.csv")
+        out = _run_child(argv + ["--out", out_file], timeout, what)
+        if out.returncode not in (0, STOPPED_EXIT) or not os.path.isfile(out_file):
+            raise ValueError(f"{what} in a separate process failed: {_tail(out.stderr)}")
+        with open(out_file, "rb") as f:
+            data = f.read()
+    stopped = out.returncode == STOPPED_EXIT
+    if stopped and len(data.strip().splitlines()) < 2:  # stopped before its first point
+        return [], True
+    df = read_results(data)
+    back = {arg: key for key, arg in args.items()}
+    df["model"] = df["model"].map(lambda m: back.get(m, m))
+    df["shape"] = df["model"].map(lambda m: config_spec(models[m].cfg) if m in models else None)
+    return df.reindex(columns=COLUMNS).to_dict("records"), stopped
+
+
+class _Ended(Exception):
+    """A sweep that ended early for a reason other than its deadline (a child process failed)."""
+
+
 def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = False,
-              profiles: dict | None = None) -> pd.DataFrame:
+              profiles: dict | None = None, deadline: Deadline | None = None,
+              own_process: bool = False) -> pd.DataFrame:
     """Measure (backend cpu) and model (cpu-model, pi4, pi5) every point. progress(done, total, label).
-    `profiles` replaces the published Pi profiles, e.g. by ones recalibrated from a real Pi's CSV."""
+    `profiles` replaces the published Pi profiles, e.g. by ones recalibrated from a real Pi's CSV.
+
+    Points at this process's thread count are measured here; others in a child process (the CLI),
+    unless `own_process` (a CLI or script) lets this process set its thread count itself.
+    `deadline` stops the sweep between measurements: the rows measured so far are returned and
+    `df.attrs["stopped"]` says why (else ""); so does a child process that failed."""
     pts = plan.points({k: m.cfg for k, m in models.items()})
     profiles = dict(cm.PROFILES, **(profiles or {}))
     meta = dict(machine_metadata(), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    rows, pruned = [], {}
-    for i, (key, k, v, t, n) in enumerate(pts):
-        model = models[key]
-        if k != model.cfg.n_heads:
-            if (key, k) not in pruned:
-                keep = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
-                keep[:, :k] = True
-                pruned[(key, k)] = model.prune(keep)
-            model = pruned[(key, k)]
-        if progress:
-            progress(i, len(pts), f"{key} · {variant_name(v)} · {k} heads · {t} threads · n={n}")
-        base = dict(schema=SCHEMA, model=key, shape=config_spec(models[key].cfg), variant=variant_name(v),
-                    n_heads=k, threads=t, repeats=plan.repeats, warmup=plan.warmup, clock=plan.clock, **meta)
-        inputs, tokens = model_inputs(model, n)  # vision: the nearest square grid, so tokens may differ from n
-        for backend in plan.backends:
-            if backend == "cpu":
-                run = lambda: model.net(**inputs, variants=v, logits=True)  # noqa: E731
-                tm = time_call(run, warmup=plan.warmup, repeats=plan.repeats, threads=t, clock=plan.clock)
-                mem = float("nan")
-                if plan.memory:
-                    with thread_count(t):
-                        mem = peak_memory_mb(run, quiet=quiet)
-                rows.append(dict(base, backend="cpu", measured=True, seq_len=tokens, median_ms=tm.median_ms,
-                                 p10_ms=tm.p10_ms, p90_ms=tm.p90_ms, peak_mem_mb=mem))
-            else:
-                prof = host_profile(t, plan.clock) if backend == "cpu-model" else profiles[backend]
-                pred = cm.predict(model.cfg, tokens, prof, v, threads=t)
-                rows.append(dict(base, backend=backend, measured=False, seq_len=tokens, median_ms=pred.total_ms,
-                                 p10_ms=pred.total_ms, p90_ms=pred.total_ms,
-                                 peak_mem_mb=cm.activation_mb(model.cfg, tokens, v),
-                                 **{f"{g}_ms": ms for g, ms in pred.by_group.items()}))
+    now = torch.get_num_threads()
+    elsewhere = sorted({t for *_, t, _ in pts if t != now}) if "cpu" in plan.backends and not own_process else []
+    total = len(pts) + len(elsewhere)
+    rows, pruned, stopped = [], {}, ""
+    try:
+        for i, (key, k, v, t, n) in enumerate(pts):
+            if deadline:
+                deadline.check()
+            model = models[key]
+            if k != model.cfg.n_heads:
+                if (key, k) not in pruned:
+                    keep = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
+                    keep[:, :k] = True
+                    pruned[(key, k)] = model.prune(keep)
+                model = pruned[(key, k)]
+            if progress:
+                progress(i, total, f"{key} · {variant_name(v)} · {k} heads · {t} threads · n={n}")
+            base = dict(schema=SCHEMA, model=key, shape=config_spec(models[key].cfg), variant=variant_name(v),
+                        n_heads=k, threads=t, repeats=plan.repeats, warmup=plan.warmup, clock=plan.clock, **meta)
+            inputs, tokens = model_inputs(model, n)  # vision: the nearest square grid, so tokens may differ from n
+            for backend in plan.backends:
+                if backend == "cpu":
+                    if t in elsewhere:
+                        continue  # measured in a child process below
+                    run = lambda: model.net(**inputs, variants=v, logits=True)  # noqa: E731
+                    with thread_count(t) if own_process else nullcontext():
+                        tm = time_call(run, warmup=plan.warmup, repeats=plan.repeats, threads=t, clock=plan.clock,
+                                       deadline=deadline)
+                        mem = float("nan")
+                        if plan.memory:
+                            if deadline:
+                                deadline.check()
+                            mem = peak_memory_mb(run, quiet=quiet)
+                    rows.append(dict(base, backend="cpu", measured=True, seq_len=tokens, median_ms=tm.median_ms,
+                                     p10_ms=tm.p10_ms, p90_ms=tm.p90_ms, peak_mem_mb=mem))
+                else:
+                    prof = (host_profile(t, plan.clock, own_process=own_process) if backend == "cpu-model"
+                            else profiles[backend])
+                    pred = cm.predict(model.cfg, tokens, prof, v, threads=t)
+                    rows.append(dict(base, backend=backend, measured=False, seq_len=tokens, median_ms=pred.total_ms,
+                                     p10_ms=pred.total_ms, p90_ms=pred.total_ms,
+                                     peak_mem_mb=cm.activation_mb(model.cfg, tokens, v),
+                                     **{f"{g}_ms": ms for g, ms in pred.by_group.items()}))
+        for j, t in enumerate(elsewhere):
+            if deadline:
+                deadline.check()
+            if progress:
+                progress(len(pts) + j, total, f"measuring at {t} threads in a separate process…")
+            try:
+                child_rows, stopped_there = _measure_in_child(plan, models, t, deadline)
+            except JobTimeout:
+                raise
+            except ValueError as err:  # the child failed: keep what was measured here, say why
+                raise _Ended(str(err)) from None
+            rows += child_rows
+            if stopped_there:
+                deadline.check()  # past the deadline: its message
+                raise JobTimeout(f"{deadline.what} stopped at its time limit of {deadline.seconds:g} s")
+    except (JobTimeout, _Ended) as err:
+        measured = sum(1 for r in rows if r.get("measured") is True)
+        stopped = f"{err}; kept the {measured} measured point{'s' * (measured != 1)} finished before it"
     if progress:
-        progress(len(pts), len(pts), "done")
+        progress(total, total, "stopped" if stopped else "done")
     df = pd.DataFrame(rows).reindex(columns=COLUMNS)
     df["tokens_per_s"] = df["seq_len"] / (df["median_ms"] / 1e3)
+    df.attrs["stopped"] = stopped
     return df
 
 
@@ -342,8 +511,26 @@ def main(argv=None) -> int:
     ap.add_argument("--max-seconds", type=float, default=3600.0, help="refuse sweeps estimated to take longer")
     ap.add_argument("--max-mem-mb", type=float, default=None, help="refuse sweeps estimated to need more "
                     "memory (default: half of what is available)")
+    ap.add_argument("--deadline", type=float, default=None, metavar="SECONDS", help="stop measuring after "
+                    f"SECONDS, between points, and write what was measured (exit status {STOPPED_EXIT})")
+    ap.add_argument("--stop-at", type=float, default=None, help=argparse.SUPPRESS)  # epoch seconds (the app)
+    ap.add_argument("--calibrate", nargs="?", const="full", choices=["quick", "full"], default=None,
+                    help="print this CPU's cost-model profile at the first --threads (JSON) and exit")
     ap.add_argument("--out", help="CSV file to write (default: the CSV goes to stdout)")
     args = ap.parse_args(argv)
+    limits = [x for x in (args.deadline, None if args.stop_at is None else args.stop_at - time.time())
+              if x is not None]
+    deadline = Deadline(min(limits), "the sweep") if limits else None
+    if args.calibrate:
+        try:
+            threads = parse_int_list(args.threads, "--threads")[0]
+            if threads > MAX_THREADS:
+                raise ValueError(f"--threads must be at most {MAX_THREADS}")
+            prof = host_profile(threads, args.clock, quick=args.calibrate == "quick", own_process=True)
+        except ValueError as err:
+            ap.error(str(err))
+        sys.stdout.write(json.dumps(asdict(prof)) + "\n")
+        return 0
     try:
         plan = SweepPlan(models=args.model or ["minilm"], seq_lens=parse_int_list(args.seq_lens, "--seq-lens"),
                          variants=[v for v in args.variants.split(",") if v.strip()],
@@ -364,7 +551,7 @@ def main(argv=None) -> int:
             bar.set_description(label)
             bar.update(done - bar.n)
 
-        df = run_sweep(plan, models, progress=progress, quiet=True)
+        df = run_sweep(plan, models, progress=progress, quiet=True, deadline=deadline, own_process=True)
         bar.close()
     except ValueError as err:
         ap.error(str(err))
@@ -375,6 +562,9 @@ def main(argv=None) -> int:
         sys.stderr.write(f"wrote {len(df)} rows to {args.out}\n")
     else:
         sys.stdout.write(text)
+    if df.attrs.get("stopped"):
+        sys.stderr.write(f"stopped: {df.attrs['stopped']}\n")
+        return STOPPED_EXIT
     return 0
 
 

@@ -3,7 +3,8 @@ turn them into time, and the host profile calibrated by microbenchmarks on this 
 
 time(op) = max(FLOPs / peak(kind, size), bytes / bandwidth) + first-touch cost of big fresh tensors
            + overhead x (aten calls)
-summed over the ops that `model_ops` lists for a Config, a sequence length and an attention variant.
+summed over the ops that `op_counts` lists for a Config, a sequence length and an attention variant
+(a block's ops once per run of identical layers, times their count: the cost does not grow with depth).
 The op list follows OUR implementation (attnviz.model / attnviz.attention), op by op, so that the
 model predicts what `python -m attnviz.bench` measures. Batch 1, float32, inference.
 """
@@ -175,12 +176,56 @@ def _norm(cfg: Config, n: int) -> Op:
     return Op("layernorm", "other", "vector", 8 * n * cfg.d_model, 2 * x)
 
 
-def model_ops(cfg: Config, n: int, variant: "str | Variant | None" = None) -> list[Op]:
-    """Every op of one forward pass of `cfg` on n tokens (batch 1), in execution order."""
+def _layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int) -> list[Op]:
+    """The ops of one transformer block with h query heads and kv K/V heads."""
+    d, dh, ff = cfg.d_model, cfg.d_head, cfg.d_ff
+    x = F32 * n * d
+    ops = []
+    if cfg.pre_norm:
+        ops.append(_norm(cfg, n))
+    if h:
+        ops.append(_gemm("QKV projection", "projections", n, d, (h + 2 * kv) * dh, cfg.qkv_bias))
+        ops.append(Op("split heads", "projections", "vector", 0, 0, calls=7))
+        if cfg.positional == "rotary":
+            qk = F32 * n * (h + kv) * dh
+            ops.append(Op("rotary", "projections", "vector", 3 * qk / F32, 8 * qk, calls=12))
+        ops += _attention_ops(cfg, n, h, kv, v)
+        ops.append(Op("merge heads", "projections", "vector", 0, 2 * F32 * n * h * dh, calls=3))
+    ops.append(_gemm("output projection", "projections", n, h * dh, d, cfg.out_bias))
+    width = 2 * ff if cfg.gated_mlp else ff
+    ops.append(_gemm("MLP in", "mlp", n, d, width, cfg.mlp_bias))
+    act_calls, act_bytes = (3, 5 * F32 * n * ff) if cfg.gated_mlp else (1, 2 * F32 * n * ff)
+    ops.append(Op("activation", "mlp", "vector", 10 * n * ff, act_bytes, calls=act_calls))
+    ops.append(_gemm("MLP out", "mlp", n, ff, d, cfg.mlp_bias))
+    ops.append(Op("residual adds", "other", "vector", 2 * n * d, 6 * x, calls=2 + 2 * cfg.layer_scale))
+    ops.append(_norm(cfg, n))
+    if not cfg.pre_norm:
+        ops.append(_norm(cfg, n))
+    return ops
+
+
+def _layer_runs(cfg: Config) -> list[tuple[int, int, int]]:
+    """(query heads, K/V heads, layers) for each run of consecutive identical layers: one run for
+    an unpruned or uniformly pruned model, whatever its depth."""
+    if not cfg.head_dims and not cfg.kv_dims:
+        return [(cfg.n_heads, cfg.n_kv_heads, cfg.n_layers)]
+    runs = []
+    for i in range(cfg.n_layers):
+        shape = (cfg.heads_in(i), cfg.kv_heads_in(i))
+        if runs and runs[-1][:2] == shape:
+            runs[-1] = (*shape, runs[-1][2] + 1)
+        else:
+            runs.append((*shape, 1))
+    return runs
+
+
+def op_counts(cfg: Config, n: int, variant: "str | Variant | None" = None) -> list[tuple[Op, int]]:
+    """The ops of one forward pass as (op, how many times it runs), in execution order: the ops of
+    a block are listed once per run of identical layers, so the cost does not grow with depth."""
     if n < 1:
         raise ValueError(f"sequence length must be at least 1; got {n}")
     v = parse_variant(variant)
-    d, dh, ff = cfg.d_model, cfg.d_head, cfg.d_ff
+    d = cfg.d_model
     x = F32 * n * d
     if cfg.is_vision:  # patch embedding: a stride-p convolution is a matmul over patches
         patch = cfg.n_channels * cfg.patch_size ** 2
@@ -190,33 +235,24 @@ def model_ops(cfg: Config, n: int, variant: "str | Variant | None" = None) -> li
         ops = [Op("embeddings", "other", "vector", 2 * n * d, 5 * x, calls=3 + (cfg.type_vocab_size > 0))]
     if cfg.family == "bert":
         ops.append(_norm(cfg, n))
-    for i in range(cfg.n_layers):
-        h, kv = cfg.heads_in(i), cfg.kv_heads_in(i)
-        if cfg.pre_norm:
-            ops.append(_norm(cfg, n))
-        if h:
-            ops.append(_gemm("QKV projection", "projections", n, d, (h + 2 * kv) * dh, cfg.qkv_bias))
-            ops.append(Op("split heads", "projections", "vector", 0, 0, calls=7))
-            if cfg.positional == "rotary":
-                qk = F32 * n * (h + kv) * dh
-                ops.append(Op("rotary", "projections", "vector", 3 * qk / F32, 8 * qk, calls=12))
-            ops += _attention_ops(cfg, n, h, kv, v)
-            ops.append(Op("merge heads", "projections", "vector", 0, 2 * F32 * n * h * dh, calls=3))
-        ops.append(_gemm("output projection", "projections", n, h * dh, d, cfg.out_bias))
-        width = 2 * ff if cfg.gated_mlp else ff
-        ops.append(_gemm("MLP in", "mlp", n, d, width, cfg.mlp_bias))
-        act_calls, act_bytes = (3, 5 * F32 * n * ff) if cfg.gated_mlp else (1, 2 * F32 * n * ff)
-        ops.append(Op("activation", "mlp", "vector", 10 * n * ff, act_bytes, calls=act_calls))
-        ops.append(_gemm("MLP out", "mlp", n, ff, d, cfg.mlp_bias))
-        ops.append(Op("residual adds", "other", "vector", 2 * n * d, 6 * x, calls=2 + 2 * cfg.layer_scale))
-        ops.append(_norm(cfg, n))
-        if not cfg.pre_norm:
-            ops.append(_norm(cfg, n))
+    out = [(op, 1) for op in ops]
+    for h, kv, layers in _layer_runs(cfg):
+        out += [(op, layers) for op in _layer_ops(cfg, n, v, h, kv)]
+    tail = []
     if cfg.final_norm:
-        ops.append(_norm(cfg, n))
+        tail.append(_norm(cfg, n))
     if cfg.task == "lm" or cfg.mlm_head:
-        ops.append(_gemm("LM head", "other", n, d, cfg.vocab_size, cfg.mlm_head))
-    return ops
+        tail.append(_gemm("LM head", "other", n, d, cfg.vocab_size, cfg.mlm_head))
+    return out + [(op, 1) for op in tail]
+
+
+def model_ops(cfg: Config, n: int, variant: "str | Variant | None" = None) -> list[Op]:
+    """Every op of one forward pass of `cfg` on n tokens (batch 1), in execution order (one entry per
+    layer: for costs, `op_counts` lists each block once per run of identical layers)."""
+    out = []
+    for op, count in op_counts(cfg, n, variant):
+        out += [op] * count
+    return out
 
 
 # ---------------------------------------------------------------- time
@@ -241,7 +277,7 @@ class Prediction:
     total_ms: float
     by_group: dict[str, float]  # ms per group of GROUPS
     flops: float
-    ops: list[tuple[Op, float]]  # (op, ms)
+    ops: list[tuple[Op, float]]  # (op, ms of all its runs): a block's ops once per run of identical layers
 
     @property
     def attention_share(self) -> float:
@@ -250,11 +286,13 @@ class Prediction:
 
 def predict(cfg: Config, n: int, profile: DeviceProfile, variant=None, threads: int | None = None) -> Prediction:
     p = profile.at_threads(threads) if threads else profile
-    timed = [(op, op_seconds(op, p) * 1e3) for op in model_ops(cfg, n, variant)]
+    counted = op_counts(cfg, n, variant)
+    timed = [(op, count * op_seconds(op, p) * 1e3) for op, count in counted]
     groups = {g: 0.0 for g in GROUPS}
     for op, ms in timed:
         groups[op.group] += ms
-    return Prediction(n, sum(ms for _, ms in timed), groups, sum(op.flops for op, _ in timed), timed)
+    flops = sum(count * op.flops for op, count in counted)
+    return Prediction(n, sum(ms for _, ms in timed), groups, flops, timed)
 
 
 def attention_crossover(cfg: Config, profile: DeviceProfile, variant=None, n_max: int = 1 << 16) -> int | None:
@@ -328,12 +366,18 @@ def _median_time(fn, repeats: int, clock=time.perf_counter) -> float:
     return statistics.median(times)
 
 
-def calibrate_host(threads: int | None = None, quick: bool = False, clock: str = "wall") -> DeviceProfile:
+def calibrate_host(threads: int | None = None, quick: bool = False, clock: str = "wall",
+                   own_process: bool = False) -> DeviceProfile:
     """Microbenchmarks here (a few seconds): matmul GFLOP/s at the sizes transformers use, the
     fused kernel, vector maths, cache / DRAM bandwidth, page faults and the per-call overhead.
 
     clock: 'wall' (perf_counter) or 'cpu' (this process's CPU time: with one thread it ignores the
-    time other programs take from a shared machine; meaningless for latency with several threads)."""
+    time other programs take from a shared machine; meaningless for latency with several threads).
+
+    threads: torch's thread count is process-wide, so a thread count other than this process's
+    is refused unless `own_process` says the caller owns the process (a CLI or script): a server
+    that changed it would change it for every session. `attnviz.bench.host_profile` calibrates
+    other thread counts in a child process."""
     import os
     import torch
     import torch.nn.functional as F
@@ -344,12 +388,19 @@ def calibrate_host(threads: int | None = None, quick: bool = False, clock: str =
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}")
     reps = 3 if quick else 7
     old = torch.get_num_threads()
-    threads = threads or old
+    threads = int(threads or old)
+    if threads < 1:
+        raise ValueError("threads must be at least 1")
+    if threads != old and not own_process:
+        raise ValueError(f"this process runs torch on {old} thread(s); calibrating at {threads} would change "
+                         "it for everything else in the process. Use attnviz.bench.host_profile (a child "
+                         "process) or pass own_process=True from a script of your own")
 
     def secs(fn, repeats=reps):
         return _median_time(fn, repeats, CLOCKS[clock])
 
-    torch.set_num_threads(threads)
+    if threads != old:
+        torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
             # linear layers, weights cycled through a pool bigger than the cache (as in a real model),
@@ -394,7 +445,8 @@ def calibrate_host(threads: int | None = None, quick: bool = False, clock: str =
                 calls = sum(op.calls for op in model_ops(cfg, 2))
                 tiny.append(secs(lambda: net(input_ids=ids), 3 * reps) / calls * 1e6)
     finally:
-        torch.set_num_threads(old)
+        if torch.get_num_threads() != old:
+            torch.set_num_threads(old)
     return DeviceProfile(
         name="cpu", gemm_gflops=peak, bmm_gflops=bmm, sdpa_gflops=sdpa, vector_gflops=vector, half_rows=half,
         dram_gbs=dram, cache_gbs=cache, cache_mb=16.0, fault_gbs=fault, overhead_us=statistics.mean(tiny),
@@ -409,12 +461,15 @@ def recalibrate(profile: DeviceProfile, points) -> DeviceProfile:
     non-negative least squares finds how much faster or slower each is on the measured device,
     and the profile's throughputs and overhead are scaled by those two factors."""
     import numpy as np
-    rows = []
+    rows, split = [], {}
     for cfg, n, variant, threads, ms in points:
-        p = profile.at_threads(int(threads))
-        ops = model_ops(cfg, int(n), variant)
-        overhead = sum(op.calls for op in ops) * p.overhead_us * 1e-3
-        work = sum(op_seconds(op, p) for op in ops) * 1e3 - overhead
+        key = (cfg, int(n), parse_variant(variant), int(threads))
+        if key not in split:  # a long CSV repeats a few points: model each once
+            p = profile.at_threads(int(threads))
+            ops = op_counts(cfg, int(n), variant)
+            overhead = sum(count * op.calls for op, count in ops) * p.overhead_us * 1e-3
+            split[key] = (sum(count * op_seconds(op, p) for op, count in ops) * 1e3 - overhead, overhead)
+        work, overhead = split[key]
         rows.append([work / ms, overhead / ms])  # relative error: every point weighs the same
     if len(rows) < 2:
         raise ValueError("recalibration needs at least two measured points (e.g. two sequence lengths)")

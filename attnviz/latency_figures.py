@@ -2,10 +2,12 @@
 schema of `attnviz.bench`) to plotly figures. No Streamlit, no timing.
 
 A series is one (model, variant, heads, threads, backend); legends name only what varies.
-Measured series are solid with p10-p90 error bars; modelled ones are dashed.
+Measured series are solid with p10-p90 error bars; modelled ones are dashed. Names from a CSV
+(models, variants) are escaped: plotly draws <a href>, <b> and friends in legends and labels.
 """
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
@@ -20,6 +22,11 @@ SERIES = ["model", "variant", "n_heads", "threads", "backend"]
 GROUP_COLOURS = {"attention": "#d62728", "projections": "#1f77b4", "mlp": "#2ca02c", "other": "#7f7f7f"}
 
 
+def _text(value) -> str:
+    """User text (a CSV's model names) for a plotly label: shown as typed, never as a link or markup."""
+    return html.escape(str(value), quote=False)
+
+
 def _series(df: pd.DataFrame):
     """(label, rows sorted by n) per series; the label holds only the keys that vary."""
     varying = [k for k in SERIES if k in df.columns and df[k].nunique() > 1] or ["model"]
@@ -27,7 +34,7 @@ def _series(df: pd.DataFrame):
         key = key if isinstance(key, tuple) else (key,)
         parts = [f"{v} heads" if k == "n_heads" else f"{v} thr" if k == "threads" else
                  str(v).removeprefix("synthetic:") for k, v in zip(varying, key)]
-        yield " · ".join(parts), rows.sort_values("seq_len")
+        yield _text(" · ".join(parts)), rows.sort_values("seq_len")
 
 
 def _line(rows, y, label, measured: bool, error=False, mode="lines+markers") -> go.Scatter:
@@ -114,7 +121,7 @@ def fit_figure(ns, ms, label: str = "measured", attention_n: float | None = None
     attention takes half the time."""
     a, b, c = fit_quadratic(ns, ms)
     grid = np.linspace(min(ns), max(ns), 200)
-    fig = go.Figure([go.Scatter(x=list(ns), y=list(ms), mode="markers", name=label),
+    fig = go.Figure([go.Scatter(x=list(ns), y=list(ms), mode="markers", name=_text(label)),
                      go.Scatter(x=grid, y=a + b * grid + c * grid ** 2, mode="lines",
                                 name=f"{a:.3g} + {b:.3g}·n + {c:.3g}·n²")])
     n_star = crossover_n(a, b, c)
@@ -126,15 +133,25 @@ def fit_figure(ns, ms, label: str = "measured", attention_n: float | None = None
 
 # ---------------------------------------------------------------- comparisons and model error
 def modelled_like(df: pd.DataFrame, profile: cm.DeviceProfile, backend: str | None = None) -> pd.DataFrame:
-    """The profile's prediction for every measured row: same model, shape, variant, heads, threads, n."""
-    rows = []
-    for _, r in df[df["measured"]].iterrows():
-        pred = cm.predict(row_config(r), int(r["seq_len"]), profile, r["variant"], threads=int(r["threads"]))
-        rows.append(dict(r, backend=backend or profile.name, measured=False, median_ms=pred.total_ms,
-                         p10_ms=pred.total_ms, p90_ms=pred.total_ms, tokens_per_s=r["seq_len"] / pred.total_ms * 1e3,
-                         peak_mem_mb=cm.activation_mb(row_config(r), int(r["seq_len"]), r["variant"]),
-                         **{f"{g}_ms": ms for g, ms in pred.by_group.items()}))
-    return pd.DataFrame(rows, columns=df.columns)
+    """The profile's prediction for every measured row: same model, shape, variant, heads, threads, n.
+    Each distinct point is modelled once, however many rows repeat it (a long CSV repeats a few)."""
+    measured = df[df["measured"]]
+    keys = ["shape", "n_heads", "seq_len", "variant", "threads"]
+    points = measured[keys].drop_duplicates().reset_index(drop=True)
+    preds = []
+    for shape, k, n, variant, t in points.itertuples(index=False, name=None):
+        cfg = row_config({"shape": shape, "n_heads": k})
+        pred = cm.predict(cfg, int(n), profile, variant, threads=int(t))
+        preds.append(dict(median_ms=pred.total_ms, peak_mem_mb=cm.activation_mb(cfg, int(n), variant),
+                          **{f"{g}_ms": ms for g, ms in pred.by_group.items()}))
+    values = ["median_ms", "peak_mem_mb"] + [f"{g}_ms" for g in GROUPS]
+    points = points.join(pd.DataFrame(preds, columns=values))
+    out = measured.drop(columns=[c for c in values if c in measured.columns]).merge(points, on=keys, how="left")
+    out["backend"] = backend or profile.name
+    out["measured"] = False
+    out["p10_ms"] = out["p90_ms"] = out["median_ms"]
+    out["tokens_per_s"] = out["seq_len"] / out["median_ms"] * 1e3
+    return out.reindex(columns=df.columns)
 
 
 def split_table(cfg, ns, profile: cm.DeviceProfile, variant=None) -> pd.DataFrame:
@@ -145,8 +162,12 @@ def split_table(cfg, ns, profile: cm.DeviceProfile, variant=None) -> pd.DataFram
 
 def recalibrate_from(df: pd.DataFrame, profile: cm.DeviceProfile) -> cm.DeviceProfile:
     """The profile fitted to a CSV's measured rows (see `costmodel.recalibrate`)."""
-    points = [(row_config(r), r["seq_len"], r["variant"], r["threads"], r["median_ms"])
-              for _, r in df[df["measured"]].iterrows()]
+    configs, points = {}, []
+    rows = df[df["measured"]][["shape", "n_heads", "seq_len", "variant", "threads", "median_ms"]]
+    for shape, k, n, variant, threads, ms in rows.itertuples(index=False, name=None):
+        if (shape, k) not in configs:  # a long CSV repeats a few shapes
+            configs[(shape, k)] = row_config({"shape": shape, "n_heads": k})
+        points.append((configs[(shape, k)], n, variant, threads, ms))
     return cm.recalibrate(profile, points)
 
 
@@ -188,7 +209,7 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def comparison_figure(cmp: pd.DataFrame) -> go.Figure:
-    labels = [f"{r.comparison} · {str(r.model).removeprefix('synthetic:')} · {r.variant} · {r.backend}"
+    labels = [_text(f"{r.comparison} · {str(r.model).removeprefix('synthetic:')} · {r.variant} · {r.backend}")
               for r in cmp.itertuples()]
     fig = go.Figure(go.Bar(x=cmp["speedup"], y=labels, orientation="h",
                            text=[f"{s:.2f}×" for s in cmp["speedup"]], textposition="auto"))
@@ -213,7 +234,8 @@ def error_figure(err: pd.DataFrame, target_pct: float = 15.0) -> go.Figure:
     fig = go.Figure()
     for (model, variant), rows in err.groupby(["model", "variant"]):
         rows = rows.sort_values("seq_len")
-        fig.add_scatter(x=rows["seq_len"], y=rows["error_pct"], mode="lines+markers", name=f"{model} · {variant}")
+        fig.add_scatter(x=rows["seq_len"], y=rows["error_pct"], mode="lines+markers",
+                        name=_text(f"{model} · {variant}"))
     fig.add_hrect(y0=-target_pct, y1=target_pct, fillcolor="green", opacity=0.1, line_width=0)
     fig.update_xaxes(type="log")
     return _layout(fig, f"Cost model error against measurement (band: ±{target_pct:g}%)", "error %")

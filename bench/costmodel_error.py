@@ -45,7 +45,7 @@ def main() -> int:
             continue
         top = MODELS.get(key, model.cfg.max_positions)
         # calibrated just before measuring: a shared machine's load drifts within minutes
-        profile = cm.calibrate_host(threads=args.threads, clock=args.clock)
+        profile = cm.calibrate_host(threads=args.threads, clock=args.clock, own_process=True)
         print(f"\nhost profile: gemm {profile.gemm_gflops:.1f} GFLOP/s (half at {profile.half_rows:.0f} rows), "
               f"bmm {profile.bmm_gflops:.1f}, fused {profile.sdpa_gflops:.1f}, vector {profile.vector_gflops:.1f}; "
               f"DRAM {profile.dram_gbs:.1f} GB/s, cache {profile.cache_gbs:.0f} GB/s, faults {profile.fault_gbs:.1f} "
@@ -53,7 +53,7 @@ def main() -> int:
         plan = bench.SweepPlan(models=[key], seq_lens=[n for n in NS if n <= top],
                                variants=args.variants.split(","), threads=[args.threads], backends=["cpu"],
                                repeats=args.repeats, warmup=1, memory=False, clock=args.clock)
-        passes = [bench.run_sweep(plan, {key: model},
+        passes = [bench.run_sweep(plan, {key: model}, own_process=True,
                                   progress=lambda i, n, label: print(f"  [{i}/{n}] {label}", file=sys.stderr))
                   for _ in range(args.passes)]
         df = passes[0].copy()

@@ -5,7 +5,7 @@ import os
 
 import streamlit as st
 
-from attnviz import bench, costmodel as cm, latency_figures as lf, results, ui
+from attnviz import bench, costmodel as cm, jobs, latency_figures as lf, results, ui
 from attnviz.limits import LIMITS
 from attnviz.loading import BUNDLED
 
@@ -18,6 +18,8 @@ ss = st.session_state
 ss.setdefault("lat_profiles", {})  # Pi profiles recalibrated from an imported CSV
 VARIANTS = ["fused", "eager", "chunked:128", "local:64", "linear", "relu"]
 CORES = os.cpu_count() or 1
+HERE = bench.threads_now()  # this server's torch threads: other counts are measured in a separate process
+CSV_CAP = min(LIMITS.max_upload_bytes, results.MAX_CSV_BYTES)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -41,7 +43,9 @@ with st.form("lat_form"):
     seq_text = c2.text_input("Sequence lengths", "16,32,64,128,256", key="lat_seq")
     heads_text = c2.text_input("Heads kept per layer", "all", key="lat_heads",
                                help="'all', or counts such as 4,8: the first k heads of every layer, pruned")
-    threads = c2.multiselect("Threads", list(range(1, CORES + 1)), default=[min(CORES, 1)], key="lat_threads")
+    threads = c2.multiselect("Threads", sorted(set(range(1, CORES + 1)) | {HERE}), default=[HERE],
+                             key="lat_threads", help=f"this server runs on {HERE}; other thread counts are "
+                             "measured in a separate process (torch's thread count is shared by every session here)")
     backends = c3.multiselect("Backends", ["cpu", "pi4", "pi5"], default=["cpu", "pi4", "pi5"], key="lat_backends")
     repeats = c3.number_input("Repeats", 1, 50, 3, key="lat_repeats")
     warmup = c3.number_input("Warm-up runs", 0, 10, 1, key="lat_warmup")
@@ -56,70 +60,107 @@ with st.form("lat_form"):
                              help="at most half the free memory, and ATTNVIZ_MAX_SWEEP_MEMORY_MB")
     run = st.form_submit_button("Run", type="primary")
 
+
+def sweep():
+    """The form's sweep, or a ValueError before any work when it is bad, over budget or the server
+    is busy. It stops at the time budget, keeping what it measured (`attrs["stopped"]` says so)."""
+    models = picked + [s.strip() for s in specs.splitlines() if s.strip()]
+    plan = bench.SweepPlan(
+        models=models, seq_lens=bench.parse_int_list(seq_text, "Sequence lengths"), variants=variants,
+        heads=None if heads_text.strip().lower() == "all" else bench.parse_int_list(heads_text, "Heads"),
+        threads=[int(t) for t in threads], backends=backends, repeats=int(repeats), warmup=int(warmup),
+        memory=memory, clock=clock).check()
+    configs = bench.configs_of(plan.models, loader=get_model)  # synthetic shapes: parsed, not built
+    bench.estimate(plan, configs, cm.HOST_GUESS).check(None, max_mb)  # memory does not need a calibration
+    with jobs.heavy_job("a latency sweep"):
+        with st.spinner("Calibrating this CPU…"):
+            here = bench.host_profile(HERE, clock)
+        est = bench.estimate(plan, configs, here)
+        est.check(max_s, max_mb)
+        deadline = jobs.Deadline(max_s, "the sweep")
+        bar = st.progress(0.0, text=f"{est.points} points, about {est.seconds:,.0f} s (stops at {max_s} s)")
+        df = bench.run_sweep(plan, {k: get_model(k) for k in plan.models}, profiles=ss["lat_profiles"],
+                             deadline=deadline, progress=lambda i, n, label: bar.progress(
+                                 min(i / max(n, 1), 1.0), text=ui.plain(label)))
+        bar.empty()
+        with st.spinner("Calibrating this CPU at the sweep's thread counts…"):
+            for t in sorted(set(plan.threads) - {HERE}):  # the cost-model tabs need them: here, in the slot
+                try:
+                    bench.host_profile(t, clock)
+                except ValueError:
+                    break  # the tabs say why
+    return df
+
+
+def host(threads: int, clock: str):
+    """This CPU's calibrated profile at a thread count (a separate process for other counts), or None
+    after showing why not."""
+    try:
+        return bench.host_profile(int(threads), clock)
+    except ValueError as err:
+        st.error(ui.plain(str(err)))
+        return None
+
+
 if run:
     try:
-        models = picked + [s.strip() for s in specs.splitlines() if s.strip()]
-        plan = bench.SweepPlan(
-            models=models, seq_lens=bench.parse_int_list(seq_text, "Sequence lengths"), variants=variants,
-            heads=None if heads_text.strip().lower() == "all" else bench.parse_int_list(heads_text, "Heads"),
-            threads=[int(t) for t in threads], backends=backends, repeats=int(repeats), warmup=int(warmup),
-            memory=memory, clock=clock).check()
-        with st.spinner("Loading models and calibrating this CPU…"):
-            configs = bench.configs_of(plan.models, loader=get_model)
-            host = bench.host_profile(plan.threads[0], clock)
-        est = bench.estimate(plan, configs, host)
-        est.check(max_s, max_mb)
-    except ValueError as err:
-        st.error(str(err))
-        st.stop()
-    bar = st.progress(0.0, text=f"{est.points} points, about {est.seconds:,.0f} s")
-    df = bench.run_sweep(plan, {k: get_model(k) for k in plan.models}, profiles=ss["lat_profiles"],
-                         progress=lambda i, n, label: bar.progress(i / max(n, 1), text=label))
-    bar.empty()
-    ss["lat_results"] = df
+        swept = sweep()
+    except ValueError as err:  # bad input, over budget, server busy: what was on screen stays
+        st.error(ui.plain(str(err)))
+    else:
+        ss["lat_results"], ss["lat_stopped"] = swept, swept.attrs.get("stopped", "")
+
+
+def split_and_fit(df):
+    """Where the time goes (cost model) on a device, and the quadratic fit of a series."""
+    c1, c2, c3 = st.columns(3)
+    key = c1.selectbox("Model", sorted(df["model"].unique()), key="lat_split_model")
+    variant = c2.selectbox("Variant", sorted(df["variant"].unique()), key="lat_split_variant")
+    names = {"cpu (this host)": None, **{b: b for b in ("pi4", "pi5")}}
+    where = c3.selectbox("Device", list(names), key="lat_split_device")
+    sel = df[(df["model"] == key) & (df["variant"] == variant)]
+    sel = sel[sel["n_heads"] == sel["n_heads"].max()]
+    cfg, b, run_clock = results.row_config(sel.iloc[0]), names[where], str(df["clock"].iloc[0])
+    prof = host(sel["threads"].min(), run_clock) if b is None else ss["lat_profiles"].get(b, cm.PROFILES[b])
+    if prof is None:
+        return
+    ns = sorted(sel["seq_len"].unique())
+    split = lf.split_table(cfg, ns, prof, variant)
+    st.plotly_chart(lf.split_figure(split, f"Where the time goes on {where} (cost model)"), key="lat_fig_split")
+    pts = sel[sel["backend"] == ("cpu" if b is None else b)]
+    pts = pts[pts["threads"] == pts["threads"].min()]
+    if pts.empty:  # that device was not in the sweep: fit the model's own curve
+        pts = split.assign(median_ms=split.drop(columns="seq_len").sum(axis=1))
+    cross = cm.attention_crossover(cfg, prof, variant)
+    if pts["seq_len"].nunique() >= 3:
+        st.plotly_chart(lf.fit_figure(pts["seq_len"], pts["median_ms"], f"{key} · {where}", cross),
+                        key="lat_fig_fit")
+    else:
+        st.info("The quadratic fit needs at least three sequence lengths.")
+    st.caption(f"Attention takes half the time from n ≈ {cross:,} on {where}." if cross else
+               f"With {variant}, attention never takes half the time on {where} (up to 65,536 tokens).")
+    st.caption(f"Pruning half the heads can speed {ui.plain(key)} up by at most "
+               f"{cm.speedup_bound(cfg, ns[-1], 0.5, prof, variant):.2f}× at n = {ns[-1]} (only the per-head "
+               "work shrinks: attention and the Q/K/V/output projections; the MLP stays).")
+
 
 # --- Results ---------------------------------------------------------------------------------
 df = ss.get("lat_results")
-if df is None:
+if df is not None and ss.get("lat_stopped"):
+    st.warning(ui.plain(ss["lat_stopped"]) + (" Nothing was measured: raise the time budget or choose a smaller "
+                                              "sweep." if df.empty else ""))
+if df is None or df.empty:
     st.info("Choose models, variants and sequence lengths, then press Run.")
 else:
     st.dataframe(df[[c for c in results.COLUMNS[1:14] if c != "shape"]], hide_index=True, key="lat_table")
+    # results.to_csv is exports.csv_text: text cells that a spreadsheet would run as formulas are neutralised
     st.download_button("Download CSV", results.to_csv(df), "attnviz-latency.csv", "text/csv", key="lat_download")
     tabs = st.tabs(["Latency", "Split and fit", "Memory", "Tokens/s", "Comparisons", "Model error"])
     with tabs[0]:
         st.plotly_chart(lf.latency_figure(df), key="lat_fig_linear")
         st.plotly_chart(lf.latency_figure(df, log=True), key="lat_fig_log")
     with tabs[1]:
-        c1, c2, c3 = st.columns(3)
-        key = c1.selectbox("Model", sorted(df["model"].unique()), key="lat_split_model")
-        variant = c2.selectbox("Variant", sorted(df["variant"].unique()), key="lat_split_variant")
-        names = {"cpu (this host)": None, **{b: b for b in ("pi4", "pi5")}}
-        where = c3.selectbox("Device", list(names), key="lat_split_device")
-        sel = df[(df["model"] == key) & (df["variant"] == variant)]
-        sel = sel[sel["n_heads"] == sel["n_heads"].max()]
-        cfg, b, run_clock = results.row_config(sel.iloc[0]), names[where], str(df["clock"].iloc[0])
-        if b is None:
-            prof = bench.host_profile(int(sel["threads"].min()), run_clock)
-        else:
-            prof = ss["lat_profiles"].get(b, cm.PROFILES[b])
-        ns = sorted(sel["seq_len"].unique())
-        split = lf.split_table(cfg, ns, prof, variant)
-        st.plotly_chart(lf.split_figure(split, f"Where the time goes on {where} (cost model)"), key="lat_fig_split")
-        pts = sel[sel["backend"] == ("cpu" if b is None else b)]
-        pts = pts[pts["threads"] == pts["threads"].min()]
-        if pts.empty:  # that device was not in the sweep: fit the model's own curve
-            pts = split.assign(median_ms=split.drop(columns="seq_len").sum(axis=1))
-        cross = cm.attention_crossover(cfg, prof, variant)
-        if pts["seq_len"].nunique() >= 3:
-            st.plotly_chart(lf.fit_figure(pts["seq_len"], pts["median_ms"], f"{key} · {where}", cross),
-                            key="lat_fig_fit")
-        else:
-            st.info("The quadratic fit needs at least three sequence lengths.")
-        st.caption(f"Attention takes half the time from n ≈ {cross:,} on {where}." if cross else
-                   f"With {variant}, attention never takes half the time on {where} (up to 65,536 tokens).")
-        st.caption(f"Pruning half the heads can speed {key} up by at most "
-                   f"{cm.speedup_bound(cfg, ns[-1], 0.5, prof, variant):.2f}× at n = {ns[-1]} (only the per-head "
-                   "work shrinks: attention and the Q/K/V/output projections; the MLP stays).")
+        split_and_fit(df)
     with tabs[2]:
         st.plotly_chart(lf.memory_figure(df), key="lat_fig_memory")
     with tabs[3]:
@@ -135,41 +176,75 @@ else:
         if not df["measured"].any():
             st.info("Include the cpu backend to compare this host's measurements with its cost model.")
         else:
-            err = bench.host_model_error(df)
-            st.metric("Largest cost-model error here", f"{err['error_pct'].abs().max():.1f} %")
-            st.plotly_chart(lf.error_figure(err), key="lat_fig_error")
-            st.caption("On a busy machine choose the cpu clock with one thread: wall time then includes "
-                       "other programs, which no cost model can predict.")
+            try:
+                err = bench.host_model_error(df)
+            except ValueError as problem:  # calibrating at another thread count failed
+                st.error(ui.plain(str(problem)))
+            else:
+                st.metric("Largest cost-model error here", f"{err['error_pct'].abs().max():.1f} %")
+                st.plotly_chart(lf.error_figure(err), key="lat_fig_error")
+                st.caption("On a busy machine choose the cpu clock with one thread: wall time then includes "
+                           "other programs, which no cost model can predict.")
 
 # --- Import a CSV from a real device -------------------------------------------------------
+
+
+@st.cache_data(max_entries=4, show_spinner="Checking the CSV…")
+def checked_csv(data: bytes):
+    """read_results on these bytes once: (table, None) or (None, the reason it is refused)."""
+    try:
+        imported = results.read_results(data)
+        if not imported["measured"].any():
+            raise ValueError("this CSV holds modelled rows only; upload one measured on the device")
+        return imported, None
+    except ValueError as err:
+        return None, str(err)
+
+
+@st.cache_data(max_entries=8, show_spinner="Modelling the CSV's points…")
+def modelled_csv(data: bytes, base: str, recalibrate: bool):
+    """(profile, measured rows, their modelled twins, errors) for these bytes, or an error text."""
+    imported, _ = checked_csv(data)
+    try:
+        prof = lf.recalibrate_from(imported, cm.PROFILES[base]) if recalibrate else cm.PROFILES[base]
+    except ValueError as err:
+        return str(err)
+    meas = imported[imported["measured"]]
+    return prof, meas, lf.modelled_like(meas, prof), lf.model_error(meas, prof)
+
+
 st.subheader("Measurements from a Raspberry Pi")
 st.caption("On the Pi: `python -m attnviz.bench --model minilm --seq-lens 16,32,64,128,256 --threads 4 "
            "--out pi.csv`, then upload `pi.csv`.")
-upload = st.file_uploader("CSV from python -m attnviz.bench", type=["csv"], key="lat_upload")
+upload = st.file_uploader(f"CSV from python -m attnviz.bench (at most {CSV_CAP / 1e6:g} MB and "
+                          f"{results.MAX_CSV_ROWS:,} rows)", type=["csv"], key="lat_upload")
 if upload is not None:
-    try:
-        imported = results.read_results(upload.getvalue())
-        if not imported["measured"].any():
-            raise ValueError("this CSV holds modelled rows only; upload one measured on the device")
-    except ValueError as err:
-        st.error(f"Cannot use {upload.name}: {err}")
+    name = ui.plain(upload.name)
+    if upload.size > CSV_CAP:
+        st.error(f"Cannot use {name}: it is {upload.size / 1e6:,.1f} MB; this page reads CSV files of at most "
+                 f"{CSV_CAP / 1e6:g} MB ({results.MAX_CSV_ROWS:,} rows). Split the sweep into several files.")
+        st.stop()
+    data = upload.getvalue()
+    imported, problem = checked_csv(data)
+    if problem:
+        st.error(f"Cannot use {name}: {ui.plain(problem)}")
         st.stop()
     cpu_name = str(imported["cpu"].iloc[0])
     guess = "pi5" if "Pi 5" in cpu_name else "pi4"
     base = st.selectbox("Compare with the profile", ["pi4", "pi5"], index=["pi4", "pi5"].index(guess),
-                        key="lat_import_profile", help=f"The CSV says the CPU is: {cpu_name}")
-    prof = cm.PROFILES[base]
-    if st.checkbox(f"Recalibrate the {base} profile from these measurements", key="lat_recalibrate"):
-        try:
-            prof = ss["lat_profiles"][base] = lf.recalibrate_from(imported, cm.PROFILES[base])
-            st.success(f"{prof.source}. New sweeps on this page use it for {base}.")
-        except ValueError as err:
-            st.error(ui.plain(err))
-    elif base in ss["lat_profiles"]:
-        del ss["lat_profiles"][base]
-    meas = imported[imported["measured"]]
-    st.plotly_chart(lf.overlay_figure(meas, lf.modelled_like(meas, prof), f"Measured on the device vs {prof.name}"),
-                    key="lat_fig_overlay")
-    err = lf.model_error(meas, prof)
+                        key="lat_import_profile", help=f"The CSV says the CPU is: {ui.plain(cpu_name)}")
+    recalibrate = st.checkbox(f"Recalibrate the {base} profile from these measurements", key="lat_recalibrate")
+    modelled = modelled_csv(data, base, recalibrate)
+    if isinstance(modelled, str):  # the fit failed: compare with the published profile
+        st.error(ui.plain(modelled))
+        modelled = modelled_csv(data, base, False)
+        ss["lat_profiles"].pop(base, None)
+    elif recalibrate:
+        ss["lat_profiles"][base] = modelled[0]
+        st.success(f"{ui.plain(modelled[0].source)}. New sweeps on this page use it for {base}.")
+    else:
+        ss["lat_profiles"].pop(base, None)
+    prof, meas, twins, err = modelled
+    st.plotly_chart(lf.overlay_figure(meas, twins, f"Measured on the device vs {prof.name}"), key="lat_fig_overlay")
     st.metric(f"Largest error of the {prof.name} model", f"{err['error_pct'].abs().max():.1f} %")
     st.dataframe(err, hide_index=True, key="lat_import_errors")

@@ -1,6 +1,7 @@
 """Timing, memory, sweeps, budgets, the CSV schema and its import checks, and the CLI. No assertion
 on how long anything takes: timings on a shared machine are noise; behaviour is not."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,8 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as hst
 
-from attnviz import bench, costmodel as cm, latency_figures as lf, results
+from attnviz import bench, costmodel as cm, jobs, latency_figures as lf, results
 from attnviz.attention import EAGER, attend, parse_variant
 from attnviz.results import config_spec, parse_synthetic, read_results
 
@@ -21,7 +24,8 @@ TINY_CAUSAL = "synthetic:layers=2,d=32,heads=4,kv=2,ff=64,vocab=50,positions=64,
 @pytest.fixture(scope="module")
 def tiny_results():
     plan = bench.SweepPlan(models=[TINY, TINY_CAUSAL], seq_lens=[8, 16], variants=["fused", "eager"],
-                           heads=[2, 4], threads=[1], backends=["cpu", "pi4"], repeats=2, warmup=1)
+                           heads=[2, 4], threads=[torch.get_num_threads()], backends=["cpu", "pi4"], repeats=2,
+                           warmup=1)
     models = {k: bench.load(k) for k in plan.models}
     calls = []
     df = bench.run_sweep(plan, models, progress=lambda i, n, label: calls.append((i, n)))
@@ -74,7 +78,7 @@ def test_minilm_shape_in_the_csv_reproduces_its_config():
 def test_time_call_statistics_and_threads_restored():
     before = torch.get_num_threads()
     calls = []
-    t = bench.time_call(lambda: calls.append(1), warmup=2, repeats=5, threads=1)
+    t = bench.time_call(lambda: calls.append(1), warmup=2, repeats=5, threads=before)
     assert len(calls) == 7 and len(t.times_ms) == 5
     assert t.p10_ms <= t.median_ms <= t.p90_ms
     assert torch.get_num_threads() == before
@@ -306,3 +310,196 @@ def test_cli_refuses_bad_input(args, words, capsys):
     with pytest.raises(SystemExit) as exit_:  # in process: the subprocess start-up is tested above
         bench.main(list(args))
     assert exit_.value.code == 2 and words in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- bounds (issue 11: synthetic shapes, CSV rows)
+@pytest.mark.parametrize("spec,words", [
+    ("synthetic:layers=1000000000,d=8,heads=1", "layers must be between 1 and 256"),
+    ("synthetic:layers=2,d=1000000,heads=1", "d must be between 1 and 16,384"),
+    ("synthetic:layers=2,d=4096,heads=4096", "heads must be between 1 and 256"),
+    ("synthetic:layers=2,d=64,heads=4,dh=100000", "dh must be between 1 and 1,024"),
+    ("synthetic:layers=2,d=64,heads=4,ff=99999999", "ff must be between 1 and 65,536"),
+    ("synthetic:layers=2,d=64,heads=4,vocab=99999999999", "vocab must be between 0 and 1,000,000"),
+    ("synthetic:layers=2,d=64,heads=4,vocab=0", "vocab must be between 1"),
+    ("synthetic:layers=2,d=64,heads=4,positions=99999999999", "positions must be between 1"),
+    ("synthetic:layers=2,d=64,heads=4,causal=7", "causal must be between 0 and 1"),
+    ("synthetic:layers=-3,d=64,heads=4", "layers must be between 1 and 256"),
+    ("synthetic:layers=2,d=64,heads=4,kv=8", "kv must divide heads"),
+    ("synthetic:layers=2,d=64,heads=4," + "x" * 400, "longer than 300 characters")])
+def test_every_field_of_a_synthetic_spec_is_bounded(spec, words):
+    with pytest.raises(ValueError, match=words):
+        parse_synthetic(spec)
+
+
+def test_largest_allowed_shape_is_still_accepted():
+    cfg = parse_synthetic("synthetic:layers=256,d=16384,heads=128,kv=8,ff=65536,vocab=1000000,causal=1")
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads) == (256, 16384, 128, 8)
+
+
+def test_cost_model_does_not_loop_over_identical_layers():
+    """One entry per run of identical layers: a 200-layer model costs as much to model as a 1-layer
+    one, and adds up to 200 of its blocks."""
+    def shape(layers):
+        return parse_synthetic(f"synthetic:layers={layers},d=64,heads=4,ff=128,vocab=50,positions=64")
+    one, deep = cm.predict(shape(1), 32, cm.PI4, "eager"), cm.predict(shape(200), 32, cm.PI4, "eager")
+    assert len(deep.ops) == len(one.ops)
+    block = cm.predict(shape(2), 32, cm.PI4, "eager").total_ms - one.total_ms
+    assert deep.total_ms == pytest.approx(one.total_ms + 199 * block)
+    assert sum(op.flops for op in cm.model_ops(shape(200), 32)) == pytest.approx(
+        cm.predict(shape(200), 32, cm.PI4).flops)
+    pruned = shape(4).replace(head_dims=(4, 4, 2, 2), kv_dims=(4, 4, 2, 2))  # two runs of two layers
+    assert [count for _, count in cm.op_counts(pruned, 8) if _.name == "QKV projection"] == [2, 2]
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(seq_lens=[1 << 20]), "at most 131,072 tokens"), (dict(threads=[10**6]), "at most 1024"),
+    (dict(repeats=10**6), "repeats must be at most"),
+    (dict(seq_lens=list(range(1, 6001))), "at most 5,000")])
+def test_plan_bounds_are_checked_before_any_work(change, words):
+    plan = bench.SweepPlan(**{**dict(models=[TINY], seq_lens=[8]), **change})
+    with pytest.raises(ValueError, match=words):
+        plan.check()
+
+
+def test_a_row_with_an_extra_field_is_a_row_and_column_error(tiny_results):
+    lines = good_csv(tiny_results).splitlines()
+    with pytest.raises(ValueError, match=r"row 4, column 28 \(past the header's last column 'timestamp'\)"):
+        read_results("\n".join(lines[:3] + [lines[3] + ",surplus"] + lines[4:]).encode())
+    with pytest.raises(ValueError, match=r"row 3, column 'timestamp': missing"):
+        read_results("\n".join(lines[:2] + [lines[2].rsplit(",", 1)[0]] + lines[3:]).encode())
+    # a header one name short: every row has one field too many (with a bad value: a TypeError before)
+    with pytest.raises(ValueError, match=r"row 2, column 27"):
+        read_results("\n".join([lines[0].removeprefix("schema,")] + lines[1:]).replace(",fused,8,", ",fused,x,")
+                     .encode())
+
+
+def test_csv_values_are_bounded_per_row(tiny_results):
+    df = tiny_results[1]
+    for col, value, words in (("seq_len", 10**9, "column 'seq_len': must be at most 131,072"),
+                              ("threads", 10**7, "column 'threads': must be at most 1,024"),
+                              ("n_heads", 200, "column 'n_heads': must be at most the shape's 4 heads"),
+                              ("shape", "synthetic:layers=1000000000,d=8,heads=1", "column 'shape'.*layers must")):
+        bad = df.copy()
+        bad[col] = bad[col].astype(object)
+        bad.loc[3, col] = value
+        with pytest.raises(ValueError, match=rf"row 5, {words}"):
+            read_results(results.to_csv(bad).encode())
+
+
+CELLS = ["", "x", "nan", "inf", "-1", "1e400", "'=1", "=1", '"a,b"', "True", "0", "1.5", "é", ",", '"', "\n",
+         "synthetic:layers=1000000000,d=8,heads=1", "local:0", "chunked:0", "synthetic:layers=2,d=8,heads=1,vocab=0"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edits=hst.lists(hst.tuples(hst.integers(0, 10**6), hst.integers(0, 10**6),
+                                 hst.sampled_from(["insert", "delete", "set"]),
+                                 hst.one_of(hst.sampled_from(CELLS), hst.text(max_size=12))), min_size=1, max_size=3))
+@example(edits=[(0, 0, "delete", ""), (2, 2, "set", "x")])  # header one name short, a bad value: a TypeError before
+@example(edits=[(2, 9, "insert", "x")])  # a field too many in a row
+def test_any_mangled_csv_is_a_value_error(tiny_csv_lines, edits):
+    """Property: whatever is inserted, deleted or changed, read_results answers with a table or a
+    ValueError, never another exception; a field too many or too few names its row and column."""
+    lines = list(tiny_csv_lines)
+    for row, col, op, text in edits:
+        i = row % len(lines)
+        cells = lines[i].split(",")
+        j = col % (len(cells) + (op == "insert"))
+        if op == "insert":
+            cells.insert(j, text)
+        elif op == "delete" and len(cells) > 1:
+            del cells[j]
+        else:
+            cells[j % len(cells)] = text
+        lines[i] = ",".join(cells)
+    try:
+        read_results("\n".join(lines).encode("utf-8", "surrogatepass"))
+    except ValueError as err:
+        if "fields but the header names" in str(err) or "missing (" in str(err):
+            assert re.match(r"row \d+, column ", str(err)), str(err)
+
+
+@pytest.fixture(scope="module")
+def tiny_csv_lines(tiny_results):
+    return results.to_csv(tiny_results[1]).splitlines()
+
+
+# ---------------------------------------------------------------- exports are safe to open, and read back
+def test_exported_csv_neutralises_formulas_and_reads_back(tiny_results):
+    df = tiny_results[1].copy()
+    df["model"] = df["model"].astype(object)
+    df.loc[0, "model"], df.loc[1, "model"] = '=HYPERLINK("http://evil.example","x")', "-2+3"
+    df["cpu"] = "@SUM(1)"
+    text = results.to_csv(df)
+    cells = [c for line in text.splitlines()[1:] for c in line.split(",")]
+    assert not any(c.startswith(("=", "+", "@")) or c.startswith('"=') for c in cells)
+    assert "'=HYPERLINK" in text and "'-2+3" in text and "'@SUM(1)" in text
+    back = read_results(text.encode())
+    assert back.loc[0, "model"] == df.loc[0, "model"] and back.loc[1, "model"] == "-2+3"
+    assert (back["cpu"] == "@SUM(1)").all()
+    pd.testing.assert_series_equal(back["median_ms"], df["median_ms"], check_exact=False, rtol=1e-12)
+    assert back["seq_len"].dtype.kind == "i" and back["median_ms"].dtype.kind == "f"
+
+
+# ---------------------------------------------------------------- threads and deadlines
+@pytest.fixture
+def no_thread_changes(monkeypatch):
+    """torch.set_num_threads is process-wide: a shared process must never call it."""
+    def refuse(n):
+        raise AssertionError(f"torch.set_num_threads({n}) called in a shared process")
+    monkeypatch.setattr(torch, "set_num_threads", refuse)
+
+
+def other_threads() -> int:
+    return 1 if torch.get_num_threads() != 1 else 2
+
+
+def test_other_thread_counts_are_measured_in_a_child_process(no_thread_changes):
+    before, other = torch.get_num_threads(), other_threads()
+    plan = bench.SweepPlan(models=[TINY], seq_lens=[8, 16], threads=[before, other], backends=["cpu", "pi4"],
+                           repeats=1, warmup=0, memory=False)
+    df = bench.run_sweep(plan, {TINY: bench.load(TINY)}, deadline=jobs.Deadline(600, "the sweep"))
+    assert torch.get_num_threads() == before and df.attrs["stopped"] == ""
+    measured = df[df["measured"]]
+    assert sorted(measured["threads"]) == sorted([before, before, other, other])
+    assert (measured["model"] == TINY).all() and (measured["shape"] == config_spec(parse_synthetic(TINY))).all()
+    assert len(df[~df["measured"]]) == 4
+    with pytest.raises(ValueError, match="thread"):
+        bench.time_call(lambda: None, threads=other)
+    with pytest.raises(ValueError, match="thread"):
+        cm.calibrate_host(threads=other, quick=True)
+
+
+def test_host_profile_at_another_thread_count_comes_from_a_child(no_thread_changes):
+    before, other = torch.get_num_threads(), other_threads()
+    prof = bench.host_profile(other, "cpu")
+    assert prof.threads == other and prof.gemm_gflops > 0 and torch.get_num_threads() == before
+
+
+class StopsAfter(jobs.Deadline):
+    """A deadline that expires after n checks: the sweep's behaviour, not the clock, is tested."""
+
+    def __init__(self, n):
+        super().__init__(600, "the sweep")
+        self.left = n
+
+    def expired(self):
+        self.left -= 1
+        return self.left < 0
+
+
+def test_sweep_stops_at_its_deadline_and_keeps_what_it_measured():
+    plan = bench.SweepPlan(models=[TINY], seq_lens=[8, 16, 32], backends=["cpu", "pi4"], repeats=1, warmup=0,
+                           memory=False)
+    df = bench.run_sweep(plan, {TINY: bench.load(TINY)}, deadline=StopsAfter(4))
+    assert "stopped at its time limit" in df.attrs["stopped"] and "kept the 2 measured points" in df.attrs["stopped"]
+    assert df["measured"].sum() == 2 and list(df["seq_len"][df["measured"]]) == [8, 16]
+    assert len(read_results(results.to_csv(df).encode())) == len(df)
+    nothing = bench.run_sweep(plan, {TINY: bench.load(TINY)}, deadline=jobs.Deadline(0, "the sweep"))
+    assert nothing.empty and "kept the 0 measured points" in nothing.attrs["stopped"]
+
+
+def test_cli_deadline_writes_what_it_measured_and_says_it_stopped(tmp_path):
+    out_file = tmp_path / "r.csv"
+    out = cli("--model", TINY, "--seq-lens", "8,16", "--threads", "1", "--deadline", "0", "--out", str(out_file))
+    assert out.returncode == bench.STOPPED_EXIT and "stopped: the sweep stopped at its time limit" in out.stderr
+    assert out_file.read_text().startswith("schema,backend")

@@ -1,14 +1,20 @@
 """The Latency page in AppTest: a tiny sweep on synthetic models draws every figure from the
 results; bad input and over-budget sweeps are refused with a message and run nothing."""
 import base64
+import contextlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+import streamlit
+import torch
 from streamlit.testing.v1 import AppTest
 
-from attnviz import results
+from attnviz import jobs, results
+from attnviz.limits import LIMITS
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "4_Latency.py")
 TINY = "synthetic:layers=2,d=32,heads=4,ff=64,vocab=50,positions=64"
@@ -116,3 +122,136 @@ def test_csv_import_errors_are_clear():
     """AppTest cannot upload a file: the page shows read_results' message, checked here."""
     with pytest.raises(ValueError, match="not written by `python -m attnviz.bench`"):
         results.read_results(b"step,loss\n1,0.5\n")
+
+
+# ---------------------------------------------------------------- issue 11: bounds, jobs, threads, uploads
+SMALL = dict(seq="8,16", variants=["fused"], heads="all", backends=["cpu", "pi4"])
+
+
+def test_absurd_synthetic_shape_is_refused_before_any_work():
+    at = submit(page(), synthetic="synthetic:layers=100000,d=8,heads=1", **SMALL)
+    assert any("layers must be between 1 and 256" in e.value for e in at.error), [e.value for e in at.error]
+    assert "lat_results" not in at.session_state
+
+
+def test_sweep_leaves_the_process_thread_count_alone(monkeypatch):
+    """torch.set_num_threads is process-wide: another thread count is measured in a child process."""
+    def refuse(n):
+        raise AssertionError(f"torch.set_num_threads({n}) called by the page")
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch, "set_num_threads", refuse)
+    at = page()
+    options = at.multiselect(key="lat_threads").options
+    at.multiselect(key="lat_threads").set_value(sorted({before, 1 if before != 1 else 2} & {int(o) for o in options}))
+    at = submit(at, **SMALL)
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    assert set(table[table["measured"]]["threads"]) == set(at.session_state["lat_threads"])
+    assert len(at.session_state["lat_threads"]) == 2 or (os.cpu_count() or 1) == 1
+    assert torch.get_num_threads() == before
+
+
+def test_a_busy_server_refuses_the_sweep_with_a_message():
+    with contextlib.ExitStack() as held:
+        for i in range(max(LIMITS.max_heavy_jobs, 1)):
+            held.enter_context(jobs.heavy_job(f"someone else's job {i}"))
+        at = submit(page(), **SMALL)
+    assert any("already running" in e.value for e in at.error), [e.value for e in at.error]
+    assert "lat_results" not in at.session_state
+    assert jobs.running_jobs() == []
+
+
+class StopsAfter(jobs.Deadline):
+    """Expires after a few checks: tests the sweep's behaviour, not the clock."""
+    checks = 4
+
+    def expired(self):
+        type(self).checks -= 1
+        return type(self).checks < 0
+
+
+def test_sweep_stops_at_its_deadline_and_shows_what_it_measured(monkeypatch):
+    monkeypatch.setattr(jobs, "Deadline", StopsAfter)
+    StopsAfter.checks = 4
+    at = submit(page(), **dict(SMALL, seq="8,16,32"))
+    assert any("stopped at its time limit" in w.value and "kept the" in w.value for w in at.warning)
+    table = at.dataframe[0].value
+    assert 0 < table["measured"].sum() < 3 and not at.error
+
+
+def test_bad_input_after_a_run_keeps_the_results_on_screen():
+    at = submit(page(), **SMALL)
+    rows = len(at.dataframe[0].value)
+    at = submit(at, **dict(SMALL, seq="0"))
+    assert any("positive" in e.value for e in at.error)
+    assert at.dataframe and len(at.dataframe[0].value) == rows and at.get("plotly_chart")
+
+
+# ---------------------------------------------------------------- uploads (AppTest cannot upload: a stand-in uploader)
+class Upload:
+    def __init__(self, name: str, data: bytes):
+        self.name, self.data, self.size = name, data, len(data)
+
+    def getvalue(self) -> bytes:
+        return self.data
+
+
+EVIL = "[click](http:evil.example) **bold**.csv"
+
+
+def upload_page(monkeypatch, upload: Upload) -> tuple[AppTest, list]:
+    labels = []
+
+    def uploader(label, *args, **kwargs):
+        labels.append(label)
+        return upload
+    monkeypatch.setattr(streamlit, "file_uploader", uploader)
+    streamlit.cache_data.clear()
+    return page(), labels
+
+
+def device_csv(model: str = "minilm", cpu: str = "Raspberry Pi 4 Model B Rev 1.4") -> bytes:
+    cfg = results.parse_synthetic(TINY)
+    rows = []
+    for n, ms in ((8, 5.0), (16, 7.0), (32, 12.0)):
+        rows.append(dict(schema=results.SCHEMA, backend="cpu", measured=True, model=model,
+                         shape=results.config_spec(cfg), variant="fused", seq_len=n, n_heads=4, threads=4,
+                         median_ms=ms, p10_ms=ms * 0.9, p90_ms=ms * 1.1, peak_mem_mb=1.0, cpu=cpu, torch="2.x"))
+    return results.to_csv(pd.DataFrame(rows)).encode()
+
+
+def test_uploader_states_its_cap_and_refuses_bigger_files(monkeypatch):
+    big = Upload("huge.csv", b"x" * (min(LIMITS.max_upload_bytes, results.MAX_CSV_BYTES) + 1))
+    at, labels = upload_page(monkeypatch, big)
+    assert "MB" in labels[0] and f"{results.MAX_CSV_ROWS:,} rows" in labels[0]
+    assert any("Cannot use huge" in e.value and "at most" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_upload_name_and_cells_are_shown_as_typed(monkeypatch):
+    at, _ = upload_page(monkeypatch, Upload(EVIL, b"step,loss\n1,0.5\n"))
+    text = at.error[0].value
+    assert "not written by" in text
+    assert "[click](http:evil.example)" not in text and "**bold**" not in text
+    assert r"\[click\]\(http\:evil\.example\) \*\*bold\*\*" in text
+    evil_cpu = "=cmd|' /C calc'!A0 [x](http:evil.example)"
+    at, _ = upload_page(monkeypatch, Upload("ok.csv", device_csv(model="**bold** [x](http:evil.example)",
+                                                                 cpu=evil_cpu)))
+    assert not at.exception and not at.error
+    assert "](http" not in at.selectbox(key="lat_import_profile").help
+    legend = [t["name"] for f in figures(at).values() for t in f["data"] if "name" in t]
+    assert any("**bold**" in name for name in legend)  # plain text in plotly (markdown is not drawn there)
+
+
+def test_import_is_checked_and_modelled_once_per_file(monkeypatch):
+    from attnviz import latency_figures as lf
+    calls, modelled = [], []
+    real, real_error = results.read_results, lf.model_error
+    monkeypatch.setattr(results, "read_results", lambda data: calls.append(1) or real(data))
+    monkeypatch.setattr(lf, "model_error", lambda *a: modelled.append(1) or real_error(*a))
+    at, _ = upload_page(monkeypatch, Upload("pi.csv", device_csv()))
+    assert not at.exception and at.metric and len(calls) == 1 and len(modelled) == 1
+    at.run()
+    assert len(calls) == 1 and len(modelled) == 1  # a rerun re-checks and re-models nothing
+    at.selectbox(key="lat_import_profile").select("pi5").run()
+    assert not at.exception and len(calls) == 1 and len(modelled) == 2
+    assert "pi5" in at.metric[-1].label
