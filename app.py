@@ -25,14 +25,18 @@ st.dataframe(pd.DataFrame([
          **{"K/V heads": m.n_kv_heads or m.n_heads, "positions": m.max_positions or None,
             "source": m.source, "licence": m.licence})
     for m in attnviz.list_models()]), hide_index=True, key="home_models")
-st.caption("Any local Hugging Face folder (config.json + model.safetensors) of a BERT, GPT-2, "
-           "Llama, ViT or DINOv2 model works too: choose “local folder…” in the sidebar and "
-           "type its path. Nothing is downloaded.")
+if ui.local_folders_allowed():
+    st.caption("A local Hugging Face folder (config.json + model.safetensors) of a BERT, GPT-2, "
+               "Llama, ViT or DINOv2 model works too: choose “local folder…” in the sidebar and "
+               "type its name. Nothing is downloaded.")
+else:
+    st.caption("This server offers the models above. Its operator can also let users load local "
+               "Hugging Face folders (ATTNVIZ_ALLOWED_MODEL_DIRS, see the README). Nothing is downloaded.")
 
 model = ui.model_picker()
 if model is not None:
     c = model.cfg
-    st.subheader(f"Loaded: {model.info.key}")
+    st.subheader(f"Loaded: {ui.plain(model.info.key)}")
     cols = st.columns(4)
     cols[0].metric("Layers", c.n_layers)
     cols[1].metric("Heads", c.n_heads)

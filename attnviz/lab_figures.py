@@ -95,18 +95,22 @@ def distance_curves_figure(curves: dict[str, object], y_title: str = "similarity
 
 
 def loss_figure(losses, history: list[tuple[int, float]] | None = None) -> go.Figure:
-    """Training loss per step (log scale) and, if measured, held-out exact accuracy."""
+    """Training loss per step on the left axis (cross-entropy, log scale) and, if measured,
+    held-out exact accuracy on the right axis (linear, 0-100 %). Each axis is set on its own:
+    `update_yaxes` would give the accuracy axis the loss's title and log scale too."""
     y = _np(losses)
-    figure = go.Figure(go.Scatter(x=np.arange(1, len(y) + 1), y=y, mode="lines", name="loss"))
+    figure = go.Figure(go.Scatter(x=np.arange(1, len(y) + 1), y=y, mode="lines", name="loss",
+                                  hovertemplate="step %{x}: loss %{y:.4g}<extra></extra>"))
+    figure.update_layout(yaxis=dict(title="cross-entropy loss (log scale)", type="log"))
     if history:
         steps, acc = zip(*history)
         figure.add_trace(go.Scatter(x=steps, y=acc, mode="lines+markers", name="exact accuracy",
-                                    yaxis="y2"))
-        figure.update_layout(yaxis2=dict(title="exact accuracy", overlaying="y", side="right",
-                                         range=[0, 1.02], tickformat=".0%"))
+                                    yaxis="y2", hovertemplate="step %{x}: exact accuracy %{y:.1%}<extra></extra>"))
+        figure.update_layout(yaxis2=dict(title="exact accuracy (held out)", type="linear", overlaying="y",
+                                         side="right", range=[0, 1.02], tickformat=".0%", showgrid=False))
     figure.update_xaxes(title="step")
-    figure.update_yaxes(title="cross-entropy", type="log")
-    figure.update_layout(height=320, margin=dict(l=10, r=10, t=10, b=10), legend=dict(x=0.6, y=0.95))
+    figure.update_layout(height=320, margin=dict(l=10, r=60 if history else 10, t=10, b=10),
+                         legend=dict(x=0.6, y=0.95))
     return figure
 
 

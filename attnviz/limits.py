@@ -41,7 +41,9 @@ class Limits:
     lab_max_tokens: int = 512           # lab: tokens of the step-by-step view (several n x n steps)
     max_importance_tokens: int = 4096   # heads page: evaluation tokens of one importance / curve run
     # images
-    max_upload_bytes: int = 20 * 2**20  # = server.maxUploadSize (20 MB) in .streamlit/config.toml
+    max_upload_bytes: int = 20 * 10**6  # = server.maxUploadSize (20) x 10^6 in .streamlit/config.toml:
+                                        # the browser widget counts MB as 10^6 bytes (2^20 on Windows),
+                                        # so every file it lets through gets our message or is read
     max_image_pixels: int = 40_000_000  # decoded pixels; Pillow's bomb guard becomes a ValueError
     min_image_side: int = 112           # model input side offered in the app
     max_image_side: int = 448
@@ -82,16 +84,52 @@ class Limits:
         return cls(**values)
 
     def allowed_dirs(self) -> list[Path]:
-        return [Path(p).expanduser().resolve() for p in self.allowed_model_dirs.split(os.pathsep) if p.strip()]
+        """The allow-list's folders, resolved (symlinks and `..` followed). An entry that cannot be
+        resolved (a symlink loop, a user name `~x` that does not exist) allows nothing."""
+        out = []
+        for entry in self.allowed_model_dirs.split(os.pathsep):
+            if entry.strip():
+                try:
+                    out.append(Path(entry.strip()).expanduser().resolve())
+                except (OSError, RuntimeError, ValueError):
+                    continue
+        return out
 
-    def check_model_dir(self, folder: str | Path) -> Path:
-        """Refuse a folder outside the allow-list (when one is set)."""
-        path = Path(folder).expanduser().resolve()
-        allowed = self.allowed_dirs()
-        if allowed and not any(path == a or a in path.parents for a in allowed):
-            raise ValueError("this deployment only loads model folders under: "
-                             + ", ".join(str(a) for a in allowed))
-        return path
+    def check_model_dir(self, folder: str | Path, required: bool = False) -> Path:
+        """The resolved folder, if this deployment lets it be loaded.
+
+        With an allow-list set, the folder's resolved path (symlinks and `..` followed) must be an
+        existing folder inside one of the allowed folders; a relative name is looked up inside them.
+        Every refusal (outside, missing, not a folder, unreadable, a symlink loop) gets the same
+        message, which names only what the caller typed, never where it leads, so a remote user
+        learns nothing about the rest of the server. `required=True` (the app) refuses everything
+        when no allow-list is set; the library and CLI default to any folder their caller names.
+        """
+        typed = str(folder)
+        roots = [e.strip() for e in self.allowed_model_dirs.split(os.pathsep) if e.strip()]
+        if not roots:
+            if required:
+                raise ValueError("this server loads no local model folders (its operator can allow "
+                                 "some with ATTNVIZ_ALLOWED_MODEL_DIRS)")
+            try:
+                return Path(folder).expanduser().resolve()
+            except (OSError, RuntimeError, ValueError):
+                raise ValueError(f"{typed!r} is not a folder that can be loaded") from None
+        allowed = self.allowed_dirs()  # may be empty when no entry resolves: then nothing is allowed
+        refusal = ValueError(f"this deployment only loads model folders under {', '.join(roots)}: "
+                             f"{typed!r} is not a folder there")
+        try:
+            path = Path(folder).expanduser()
+            candidates = [path] if path.is_absolute() else [root / path for root in allowed]
+            if not path.is_absolute() and not required:
+                candidates.append(path)  # the library: relative to the working folder, too
+            for candidate in candidates:
+                resolved = candidate.resolve()
+                if any(resolved == a or a in resolved.parents for a in allowed) and resolved.is_dir():
+                    return resolved
+        except (OSError, RuntimeError, ValueError):
+            pass
+        raise refusal
 
 
 LIMITS = Limits.from_env()

@@ -1,12 +1,15 @@
 """The only module that imports streamlit: cached loaders, the shared sidebar, session keys."""
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 import streamlit as st
 
 import attnviz
 from attnviz.limits import LIMITS
+from attnviz import loading
 from attnviz.loading import BUNDLED, DEFAULT_MODEL
 
 if LIMITS.torch_threads > 0:  # once per server process, before any model runs
@@ -28,16 +31,48 @@ def plain(text: str) -> str:
     return _MARKDOWN.sub(r"\\\1", str(text))
 
 
+LOCAL = "local folder…"  # the picker's entry for a typed folder (offered only with an allow-list)
+
+
 @st.cache_resource(max_entries=LIMITS.model_cache_entries, show_spinner=False)
-def load_model(key: str) -> attnviz.Model:
-    """One shared, never-mutated model per key for every browser session of this process."""
+def _shared_model(key: str, _typed: str = "") -> attnviz.Model:
+    """One shared, never-mutated model per key for every browser session of this process. `key` is
+    a catalogue key or "folder:" + a RESOLVED allowed folder, so every spelling of one folder
+    (`/m/big`, `/m/big/`, `/m/./big`, a symlink to it) is one cache entry and one copy of the
+    weights. `_typed` (not part of the key) is what the user typed, for messages."""
+    if key.startswith("folder:"):
+        resolved = Path(key[len("folder:"):])
+        return loading.load_dir(resolved, key=loading.local_folder_name(resolved, LIMITS), name=_typed,
+                                limits=LIMITS)
     return attnviz.load_model(key)
 
 
+def load_model(key: str) -> attnviz.Model:
+    """A model of the catalogue (bundled or toy), shared by every session. Never a path: typed
+    folders go through `load_folder`, which applies the deployment's allow-list."""
+    from attnviz.toys import TOYS
+    if key not in BUNDLED and key not in TOYS:
+        raise ValueError(f"unknown model {key!r}")
+    return _shared_model(key)
+
+
+def load_folder(typed: str) -> attnviz.Model:
+    """A typed local folder, only inside ATTNVIZ_ALLOWED_MODEL_DIRS (none without one), cached on
+    its resolved path. Refusals say the same for a folder outside the list, a missing one and an
+    unreadable one, and never show where a path resolves."""
+    resolved, _ = loading.allowed_folder(typed, LIMITS)
+    return _shared_model(f"folder:{resolved}", typed)
+
+
+def local_folders_allowed() -> bool:
+    return bool(LIMITS.allowed_model_dirs.strip())
+
+
 def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: str | None = None):
-    """Sidebar: bundled models of the given tasks plus any local HF folder. Returns Model or None."""
+    """Sidebar: bundled models of the given tasks, plus a typed local HF folder when the deployment
+    allows some (ATTNVIZ_ALLOWED_MODEL_DIRS). Returns Model or None."""
     infos = [m for m in attnviz.list_models() if m.task in tasks]
-    keys = [m.key for m in infos] + ["local folder…"]
+    keys = [m.key for m in infos] + ([LOCAL] if local_folders_allowed() else [])
     default = default or (DEFAULT_MODEL if DEFAULT_MODEL in keys else keys[0])
     page_key = f"{MODEL_KEY}:{'/'.join(tasks)}"
     # Streamlit forgets a widget's state when a page that lacks it runs, so the last choice is
@@ -53,21 +88,25 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
         choice = st.selectbox("Model", keys, key=page_key,
                               format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})")
         st.session_state[SHARED_KEY] = choice
-        if choice == "local folder…":
-            choice = st.text_input("Hugging Face model folder", key=CUSTOM_KEY,
-                                   placeholder="/path/to/model (config.json + model.safetensors)").strip()
-            st.session_state[SHARED_CUSTOM_KEY] = choice
-            if not choice:
-                st.info("Type the path of a local model folder.")
+        typed = None
+        if choice == LOCAL:
+            roots = ", ".join(e.strip() for e in LIMITS.allowed_model_dirs.split(os.pathsep) if e.strip())
+            typed = st.text_input("Hugging Face model folder", key=CUSTOM_KEY,
+                                  placeholder="config.json + model.safetensors",
+                                  help=f"a folder under {roots} (a name relative to it works too)").strip()
+            st.session_state[SHARED_CUSTOM_KEY] = typed
+            if not typed:
+                st.info(plain(f"Type the name of a model folder under {roots}."))
                 return None
+            choice = typed
         try:
-            with st.spinner(f"Loading {choice} (the first start converts and caches the weights)…"):
-                model = load_model(choice)
+            with st.spinner(plain(f"Loading {choice} (the first start converts and caches the weights)…")):
+                model = load_folder(typed) if typed is not None else load_model(choice)
         except ValueError as err:
             st.error(plain(err))
             return None
         if model.cfg.task not in tasks:
-            st.error(f"{choice} is a {model.cfg.task} model; this page needs one of: {', '.join(tasks)}.")
+            st.error(plain(f"{choice} is a {model.cfg.task} model; this page needs one of: {', '.join(tasks)}."))
             return None
         show_shape(model)
     return model
@@ -84,7 +123,7 @@ def fingerprint(model: attnviz.Model) -> str:
 
 def show_shape(model: attnviz.Model):
     c = model.cfg
-    st.caption(f"**{model.info.key}** · {c.family} · {c.n_layers} layers × {c.n_heads} heads"
+    st.caption(f"**{plain(model.info.key)}** · {c.family} · {c.n_layers} layers × {c.n_heads} heads"
                f" ({c.n_kv_heads} K/V) · d_model {c.d_model} · "
                f"{'image ' + str(model.image_size) + ' px' if c.is_vision else str(c.max_positions) + ' positions'}"
                f" · {model.num_params() / 1e6:.1f} M params")

@@ -1,5 +1,6 @@
 """Lab: attention step by step on a real head, positional encodings, variants inside a pretrained
 model, and toy transformers trained here in under a minute."""
+import html
 import uuid
 
 import pandas as pd
@@ -7,7 +8,7 @@ import streamlit as st
 import torch
 
 from attnviz.limits import LIMITS
-from attnviz import lab, toy_training, toys, ui, viz
+from attnviz import jobs, lab, toy_training, toys, ui, viz
 from attnviz import lab_figures as lf
 from attnviz.texts import eval_text
 
@@ -68,7 +69,8 @@ def clamp_choice(name: str, upper: int, what: str):
     """A number kept in session state may be out of range after a model change: say so, fix it."""
     value = st.session_state.get(name, 0)
     if value > upper:
-        st.warning(f"{what} {value} is out of range for {model.info.key} (0..{upper}); showing {what} {upper}.")
+        st.warning(ui.plain(f"{what} {value} is out of range for {model.info.key} (0..{upper}); "
+                            f"showing {what} {upper}."))
         st.session_state[name] = upper
 
 
@@ -98,7 +100,7 @@ with tab_steps:
             result = lab.head_steps(model, tr, int(layer), int(head), temperature=temperature,
                                     causal=causal, hidden_keys=tuple(hidden))
         except ValueError as err:
-            st.error(str(err))
+            st.error(ui.plain(str(err)))
             result = None
         if result is not None:
             if result.changed:
@@ -138,9 +140,9 @@ with tab_pos:
     if table is not None:
         table = table[:n_pos]
         sim_learned = lab.cosine_similarity(table)
-        curves[f"learned ({model.info.key})"] = lab.by_distance(sim_learned)
+        curves[f"learned ({html.escape(model.info.key)})"] = lab.by_distance(sim_learned)
         c1, c2 = st.columns(2)
-        c1.plotly_chart(lf.table_figure(table, f"Learned: {model.info.key}'s position table"), key="lab_learned")
+        c1.plotly_chart(lf.table_figure(table, f"Learned: {html.escape(model.info.key)}'s position table"), key="lab_learned")
         c2.plotly_chart(lf.similarity_figure(sim_learned, "Learned: cosine similarity of positions"),
                         key="lab_learned_sim")
     else:
@@ -177,11 +179,11 @@ with tab_pos:
         try:
             plain, with_pos = permutations(model, model.info.key, perm_text, int(seed))
         except ValueError as err:
-            st.error(str(err))
+            st.error(ui.plain(str(err)))
             plain = None
         if plain is not None:
             shuffled_tokens = [plain.tokens[i] for i in plain.order]
-            st.write("Shuffled: " + " ".join(shuffled_tokens))
+            st.markdown(ui.plain("Shuffled: " + " ".join(shuffled_tokens)))
             m1, m2 = st.columns(2)
             m1.metric("Without positions: max |difference|", f"{plain.max_diff:.1e}")
             m2.metric(f"With {model.cfg.positional} positions: max |difference|", f"{with_pos.max_diff:.3f}")
@@ -232,7 +234,7 @@ with tab_var:
                         rows.append(f)
                         bar.progress((i + 1) / len(specs), f"measured {spec}")
                 except ValueError as err:
-                    st.error(str(err))
+                    st.error(ui.plain(str(err)))
                 st.session_state["lab_var_rows"] = rows
         rows = st.session_state.get("lab_var_rows") or []
         if rows:
@@ -302,11 +304,14 @@ with tab_toy:
                         bar.progress(step / total, f"step {step}/{total}, loss {loss:.4f}")
                         chart.line_chart(pd.DataFrame({"loss": seen}), height=200)
 
-                res = toy_training.train(settings, report, eval_every=max(50, settings.steps // 10))
-                mem = toy_training.training_memory(settings)
+                # one of the server's heavy-job slots (ServerBusy, a ValueError, at once if none is
+                # free); the training itself stops at its time budget (LIMITS.max_train_seconds)
+                with jobs.heavy_job("a toy training"):
+                    res = toy_training.train(settings, report, eval_every=max(50, settings.steps // 10))
+                    mem = toy_training.training_memory(settings)
                 st.session_state["lab_toy_trained"] = (res, mem, f"trained:{uuid.uuid4().hex}")
         except ValueError as err:
-            st.error(str(err))
+            st.error(ui.plain(str(err)))
         trained = st.session_state.get("lab_toy_trained")
         if trained:
             res, mem, toy_key = trained
@@ -330,9 +335,9 @@ with tab_toy:
         try:
             answer, truth = toy_answer(toy, toy_key, prompt)
             (st.success if answer == truth else st.error)(
-                f"model: {' '.join(answer)} · exact answer: {' '.join(truth)}")
+                ui.plain(f"model: {' '.join(answer)} · exact answer: {' '.join(truth)}"))
         except ValueError as err:
-            st.error(str(err))
+            st.error(ui.plain(str(err)))
 
         scores = report["heads"]
         c1, c2 = st.columns(2)
@@ -388,7 +393,12 @@ with tab_toy:
                    "more of them to run; times measured on this machine when you clicked.")
     if st.button("Measure peak training memory with and without checkpointing", key="lab_toy_mem"):
         s = toy_training.TrainSettings(task=toys.Task("copy", 16), n_layers=4, d_model=128, batch_size=64)
-        st.session_state["lab_toy_mem_reports"] = [toy_training.training_memory(s, c) for c in (False, True)]
+        try:
+            with jobs.heavy_job("a training-memory measurement"):
+                st.session_state["lab_toy_mem_reports"] = [toy_training.training_memory(s, c)
+                                                           for c in (False, True)]
+        except ValueError as err:
+            st.error(ui.plain(str(err)))
     if "lab_toy_mem_reports" in st.session_state:
         reports = st.session_state["lab_toy_mem_reports"]
         st.plotly_chart(lf.bars_figure(["without checkpointing", "with checkpointing"],

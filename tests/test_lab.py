@@ -211,3 +211,19 @@ def test_variant_fidelity_encoder_cosine(minilm):
     assert 0 < hot.cosine < 0.999
     with pytest.raises(ValueError, match="outside"):
         lab.variant_fidelity(minilm, text, {9: "linear"})
+
+
+def test_loss_figure_gives_loss_and_accuracy_their_own_axes():
+    """Issue 12.6: the accuracy axis was titled cross-entropy and log-scaled (update_yaxes hit both)."""
+    from attnviz import lab_figures as lf
+    fig = lf.loss_figure([2.0, 1.0, 0.5, 0.1], [(2, 0.25), (4, 0.9)])
+    loss_axis, acc_axis = fig.layout.yaxis, fig.layout.yaxis2
+    assert loss_axis.type == "log" and "cross-entropy" in loss_axis.title.text
+    assert acc_axis.type != "log" and acc_axis.title.text.startswith("exact accuracy")
+    assert "cross-entropy" not in acc_axis.title.text
+    assert tuple(acc_axis.range) == (0, 1.02) and acc_axis.tickformat == ".0%"
+    assert acc_axis.overlaying == "y" and acc_axis.side == "right"
+    assert [t.yaxis or "y" for t in fig.data] == ["y", "y2"]
+    # without held-out measurements there is one log-scaled loss axis and no second one
+    only_loss = lf.loss_figure([2.0, 1.0])
+    assert only_loss.layout.yaxis.type == "log" and "yaxis2" not in only_loss.layout.to_plotly_json()

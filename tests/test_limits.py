@@ -37,7 +37,8 @@ def test_streamlit_upload_cap_agrees_with_limits():
     import tomllib
     from pathlib import Path
     cfg = tomllib.loads((Path(__file__).parent.parent / ".streamlit" / "config.toml").read_text())
-    assert cfg["server"]["maxUploadSize"] * 2**20 == Limits().max_upload_bytes
+    # the browser widget counts MB as 10**6 bytes (1024**2 only on Windows): see test_imageio
+    assert cfg["server"]["maxUploadSize"] * 10**6 == Limits().max_upload_bytes
     assert cfg["server"]["enableXsrfProtection"] is True
 
 
@@ -65,3 +66,17 @@ def test_user_text_shows_as_typed_in_markdown(text):
     # what the reader sees is the text itself (HTML-escaped by the renderer)
     import html as html_lib
     assert html_lib.unescape(html.strip().removeprefix("<p>").removesuffix("</p>")) == text
+
+
+def test_the_app_needs_an_allow_list_and_unresolvable_entries_allow_nothing(tmp_path):
+    (tmp_path / "m" / "a").mkdir(parents=True)
+    with pytest.raises(ValueError, match="loads no local model folders"):
+        Limits().check_model_dir(tmp_path / "m" / "a", required=True)
+    lim = Limits(allowed_model_dirs=str(tmp_path / "m"))
+    assert lim.check_model_dir("a", required=True) == (tmp_path / "m" / "a").resolve()  # relative: inside
+    assert lim.check_model_dir(f"{tmp_path}/m/./a/", required=True) == (tmp_path / "m" / "a").resolve()
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for entry in (str(loop), "~no_such_user_here"):   # an entry that cannot resolve allows nothing,
+        with pytest.raises(ValueError, match="only loads"):  # in the library too
+            Limits(allowed_model_dirs=entry).check_model_dir(tmp_path / "m" / "a")

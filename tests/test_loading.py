@@ -1,5 +1,7 @@
 """Loading from folders and the bad inputs the core must refuse with a clear ValueError."""
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +139,242 @@ def test_bad_image_tensors():
 def test_list_models_has_bundled_keys():
     keys = {m.key for m in attnviz.list_models()}
     assert {"minilm", "smollm2", "dinov2"} <= keys
+
+
+# ---------------------------------------------------------------- hostile folders (issue 11.3)
+# Every failure is a ValueError, nothing is read before its size and kind are checked, nothing is
+# allocated before the config's sizes are bounded, and no message shows where a path resolves.
+from attnviz import loading  # noqa: E402
+from attnviz.limits import Limits  # noqa: E402
+
+
+def bert_folder(path, **config):
+    tiny("bert").save_pretrained(path)
+    if config:
+        cfg = json.loads((path / "config.json").read_text())
+        cfg.update(config)
+        (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def refused(path, match=None, name=None):
+    with pytest.raises(ValueError, match=match) as err:
+        attnviz.load_model(str(path) if name is None else name)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo", "folder"])
+def test_config_json_must_be_a_small_regular_file(tmp_path, special):
+    """config.json -> /dev/zero read 6.8 GB before; a FIFO blocked the loader for ever."""
+    bert_folder(tmp_path)
+    (tmp_path / "config.json").unlink()
+    if special == "fifo":
+        os.mkfifo(tmp_path / "config.json")
+    elif special == "folder":
+        (tmp_path / "config.json").mkdir()
+    else:
+        (tmp_path / "config.json").symlink_to(special)
+    refused(tmp_path, "config.json is not a regular file")
+
+
+@pytest.mark.parametrize("file", ["tokenizer.json", "vocab.txt", "model.safetensors",
+                                  "preprocessor_config.json"])
+def test_other_files_are_checked_before_anything_opens_them(tmp_path, file):
+    bert_folder(tmp_path)
+    (tmp_path / file).unlink(missing_ok=True)
+    (tmp_path / file).symlink_to("/dev/zero")
+    refused(tmp_path, f"{file} is not a regular file")
+
+
+def test_sizes_are_checked_against_the_budgets_before_reading(tmp_path, monkeypatch):
+    bert_folder(tmp_path)
+    config_bytes = (tmp_path / "config.json").stat().st_size
+    monkeypatch.setattr(loading, "LIMITS", Limits(max_config_bytes=config_bytes - 1))
+    refused(tmp_path, r"config.json is .* over the .* limit \(ATTNVIZ_MAX_CONFIG_BYTES\)")
+
+    import safetensors.torch
+
+    def never(*args, **kwargs):
+        raise AssertionError("weights read before their size was checked")
+    monkeypatch.setattr(safetensors.torch, "load_file", never)
+    weight_bytes = (tmp_path / "model.safetensors").stat().st_size
+    monkeypatch.setattr(loading, "LIMITS", Limits(max_weight_bytes=weight_bytes - 1))
+    refused(tmp_path, r"over the .* limit \(ATTNVIZ_MAX_WEIGHT_BYTES\)")
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(hidden_size=10**9), "hidden_size must be a whole number"),
+    (dict(num_hidden_layers=10**6), "num_hidden_layers must be a whole number"),
+    (dict(num_attention_heads=0), "num_attention_heads must be a whole number in 1"),
+    (dict(num_attention_heads=5), "must be a multiple of the number of heads"),
+    (dict(hidden_size=32.0), "hidden_size"),
+    (dict(vocab_size=-1), "vocab_size must be a whole number"),
+    (dict(max_position_embeddings=True), "max_position_embeddings"),
+    # each value in bounds, together 512 layers x d 65,536: far over the weight budget
+    (dict(hidden_size=65_536, num_attention_heads=64, num_hidden_layers=512), "G parameters"),
+])
+def test_absurd_config_sizes_are_refused_before_allocating(tmp_path, change, match):
+    refused(bert_folder(tmp_path, **change), match)
+
+
+def test_a_huge_rotary_head_is_refused_before_its_table_is_built(tmp_path):
+    """head_dim 10**9 made Transformer() build an 8192 x 10**9 RoPE table (a RuntimeError)."""
+    tiny("llama_untied").save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, head_dim=10**9)))
+    refused(tmp_path, "head_dim must be a whole number")
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"[1, 2, 3]", "must hold a JSON object, not a list"),
+    (b'"bert"', "must hold a JSON object"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply|not valid JSON"),
+    (b'{"model_type": "bert", "x": "\xff\xfe"}', "not UTF-8"),
+    (b'{"model_type": "bert", "hidden_size": ' + b"9" * 5000 + b"}", "refuses to read"),
+    (b'{"model_type": ["bert"]}', "not supported"),
+    (b'{"model_type": "bert", "hidden_act": {"x": 1}}', "not supported|refuses"),
+    (b"{not json", "not valid JSON"),
+])
+def test_malformed_config_json_is_a_value_error(tmp_path, content, match):
+    bert_folder(tmp_path)
+    (tmp_path / "config.json").write_bytes(content)
+    refused(tmp_path, match)
+
+
+def test_unreadable_files_and_loops_are_value_errors(tmp_path, monkeypatch):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    refused(loop)                                                      # the folder itself loops
+    folder = bert_folder(tmp_path / "m")
+    (folder / "config.json").unlink()
+    (folder / "config.json").symlink_to(folder / "config.json")        # config.json loops
+    refused(folder, "config.json cannot be read")
+    (folder / "config.json").unlink()
+    bert_folder(folder)                                               # whole again
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(tmp_path / "gone")      # a broken link
+    refused(folder, "model.safetensors cannot be read")
+    bert_folder(folder)
+    # no permission (the tests may run as root, which ignores file modes: the OS answer is simulated)
+    import builtins
+    real_os_open, real_open = os.open, builtins.open
+
+    def os_open(path, *args, **kwargs):
+        if str(path).endswith("config.json"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_os_open(path, *args, **kwargs)
+
+    def py_open(path, *args, **kwargs):
+        if str(path).endswith("config.json"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(builtins, "open", py_open)
+    refused(folder, "config.json cannot be read")
+
+
+def test_messages_name_the_folder_as_typed_never_where_it_resolves(tmp_path):
+    target = tmp_path / "secret_target_name"
+    bert_folder(target)
+    (target / "config.json").write_text("[]")
+    (tmp_path / "link").symlink_to(target)
+    message = refused(tmp_path / "link", "JSON object")
+    assert "link" in message and "secret_target_name" not in message
+    (target / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (target / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    for text in (refused(tmp_path / "link"), refused(tmp_path / "link" / "nope")):
+        assert "secret_target_name" not in text
+
+
+def test_the_library_still_loads_any_folder_and_folds_spellings(tmp_path):
+    folder = bert_folder(tmp_path / "big")
+    (tmp_path / "alias").symlink_to(folder)
+    for spelling in (folder, f"{folder}/", tmp_path / "." / "big", tmp_path / "alias"):
+        assert attnviz.load_model(str(spelling)).cfg.n_layers == 2
+
+
+# ---------------------------------------------------------------- the app's picker (AppTest)
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PICK = "model_choice:encoder/lm/vision"
+
+
+def home(**state) -> AppTest:
+    import streamlit as st
+    st.cache_resource.clear()
+    at = AppTest.from_file(APP, default_timeout=300)
+    for key, value in state.items():
+        at.session_state[key] = value
+    return at.run()
+
+
+def errors(at) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def test_app_offers_no_local_folders_without_an_allow_list(tmp_path):
+    bert_folder(tmp_path)
+    at = home()
+    assert not at.exception
+    assert "local folder…" not in at.sidebar.selectbox(key=PICK).options
+    # a session that still asks for one (an old session state) gets the default model instead
+    at = home(**{PICK: "local folder…", "model_custom_dir": str(tmp_path)})
+    assert not at.exception and at.sidebar.selectbox(key=PICK).value == "minilm"
+    assert not any(str(tmp_path) in c.value for c in at.caption)
+    from attnviz import ui
+    with pytest.raises(ValueError, match="unknown model"):
+        ui.load_model(str(tmp_path))                  # the app's cached loader takes no paths
+
+
+def test_app_refusals_say_the_same_for_missing_outside_and_unreadable(tmp_path, monkeypatch):
+    from attnviz import ui
+    models, secret = tmp_path / "models", tmp_path / "secret_place"
+    bert_folder(models / "big")
+    secret.mkdir()
+    (models / "escape").symlink_to(secret)
+    (models / "loop").symlink_to(models / "loop")
+    monkeypatch.setattr(ui, "LIMITS", Limits(allowed_model_dirs=str(models)))
+    typed_names = [str(secret), "/root/.ssh", "/proc/self/cwd", "/no/such/folder", str(models / "escape"),
+                   str(models / "loop"), str(models / "missing"), "../secret_place", "~root",
+                   str(models / "big" / "config.json")]
+    seen = set()
+    for typed in typed_names:
+        at = home(**{PICK: "local folder…", "model_custom_dir": typed})
+        assert not at.exception, typed
+        [message] = errors(at)
+        assert ui.plain(repr(typed)) in message
+        seen.add(message.replace(ui.plain(repr(typed)), "<typed>"))
+        assert ui.plain(str(secret)) not in message.replace(ui.plain(repr(typed)), "")
+    assert len(seen) == 1, seen                        # indistinguishable
+    assert "only loads model folders under" in seen.pop()
+    at = home(**{PICK: "local folder…", "model_custom_dir": "big"})   # relative to the allowed folder
+    assert not at.exception and not errors(at)
+    assert "Loaded: " + ui.plain(str(models / "big")) in [h.value for h in at.subheader]
+
+
+def test_app_loads_one_copy_per_resolved_folder(tmp_path, monkeypatch):
+    """/x/big and /x/big/ (and /x/./big, a symlink to it) loaded twice before: +2.7 GB each."""
+    from attnviz import ui
+    models = tmp_path / "models"
+    folder = bert_folder(models / "big")
+    (models / "alias").symlink_to(folder)
+    monkeypatch.setattr(ui, "LIMITS", Limits(allowed_model_dirs=str(models)))
+    loads = []
+    real = loading.load_dir
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(loading, "load_dir", counted)
+    import streamlit as st
+    st.cache_resource.clear()
+    fingerprints = set()
+    for typed in (str(folder), f"{folder}/", f"{models}/./big", str(models / "alias"), "big"):
+        at = AppTest.from_file(APP, default_timeout=300)
+        at.session_state[PICK] = "local folder…"
+        at.session_state["model_custom_dir"] = typed
+        at.run()
+        assert not at.exception and not errors(at), typed
+        fingerprints.add(at.code[0].value)
+    assert len(loads) == 1 and len(fingerprints) == 1

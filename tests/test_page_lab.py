@@ -1,6 +1,8 @@
 """Lab page (AppTest): the recomputation is verified on MiniLM, toggles recompute, positional and
 permutation sections render real numbers, toys load and train, bad input gets clear messages."""
+import contextlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,11 @@ def app() -> AppTest:
 
 def texts(elements) -> str:
     return " | ".join(e.value for e in elements)
+
+
+def shown(elements) -> str:
+    """The text a reader sees: user-supplied names are markdown-escaped (ui.plain) on the page."""
+    return re.sub(r"\\(.)", r"\1", texts(elements))
 
 
 def frame_with(at, column):
@@ -59,7 +66,7 @@ def test_model_change_head_out_of_range_and_one_token():
     assert not at.exception
     at.selectbox(key=PICKER).select("toy-copy").run()     # 4 heads: head 11 no longer exists
     assert not at.exception
-    assert "head 11 is out of range for toy-copy" in texts(at.warning)
+    assert "head 11 is out of range for toy-copy" in shown(at.warning)
     assert at.session_state["lab_head"] == 3
     at.text_input(key="lab_text").input("31415926").run()
     assert not at.exception and "equals the pattern" in texts(at.success)
@@ -76,7 +83,7 @@ def test_toy_training_budget_and_live_training():
     at.slider(key="lab_toy_layers").set_value(4)
     at.button(key="lab_toy_train").click().run()
     assert not at.exception
-    assert "over the 60 s budget on two cores: use at most" in texts(at.error)
+    assert "over the 60 s budget on two cores: use at most" in shown(at.error)
     assert "lab_toy_trained" not in at.session_state
     at.number_input(key="lab_toy_steps").set_value(60)
     at.select_slider(key="lab_toy_width").set_value(32)
@@ -113,3 +120,38 @@ def test_four_vs_eight_heads_and_variants():
     fid = frame_with(at, "sentence cosine")
     assert list(fid["variant"]) == ["local:4", "temp:2"]
     assert np.all((fid["sentence cosine"] > 0) & (fid["sentence cosine"] < 1))
+
+
+def test_toy_training_holds_a_heavy_job_slot_and_says_when_the_server_is_busy():
+    """Issue 11.5: a toy training is a heavy job; with every server-wide slot taken (by other
+    sessions' runs) it is refused at once with a message, and nothing is trained."""
+    from attnviz import jobs
+    from attnviz.limits import LIMITS
+    at = app()
+    at.radio(key="lab_toy_source").set_value("train one now").run()
+    at.number_input(key="lab_toy_steps").set_value(50)
+    at.select_slider(key="lab_toy_width").set_value(32)
+    at.slider(key="lab_toy_layers").set_value(1)
+    with contextlib.ExitStack() as others:
+        for i in range(LIMITS.max_heavy_jobs):
+            others.enter_context(jobs.heavy_job(f"another session's sweep {i}"))
+        at.button(key="lab_toy_train").click().run()
+    assert not at.exception
+    assert "already running" in texts(at.error)
+    assert "lab_toy_trained" not in at.session_state
+    # the slot is taken while it trains and given back after
+    held = []
+    real = jobs.heavy_job
+
+    @contextlib.contextmanager
+    def spy(name, limit=None):
+        with real(name, limit):
+            held.append(list(jobs.running_jobs()))
+            yield
+    jobs.heavy_job = spy
+    try:
+        at.button(key="lab_toy_train").click().run()
+    finally:
+        jobs.heavy_job = real
+    assert not at.exception and "lab_toy_trained" in at.session_state
+    assert held and "a toy training" in held[0] and jobs.running_jobs() == []

@@ -148,3 +148,43 @@ def test_head_toggling_and_pruning_curve():
     assert len({r["head"] for r in curve[1:]}) == L * H
     with pytest.raises(ValueError, match="head_mask"):
         toys.evaluate(m, torch.ones(L + 1, H))
+
+
+def test_training_never_changes_the_process_thread_count(monkeypatch):
+    """torch.set_num_threads is process-wide: a training that set it to 1 (even restoring it after)
+    held every other session of the server to one thread meanwhile. Now the training's own thread
+    runs on one OpenMP thread and a thread started meanwhile (another session) gets the default."""
+    import threading
+
+    from attnviz import toy_training
+    default = torch.get_num_threads()
+    calls, seen = [], []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+
+    def progress(step, total, loss):
+        other = []
+        t = threading.Thread(target=lambda: other.append(torch.get_num_threads()))
+        t.start(), t.join()
+        seen.append((torch.get_num_threads(), other[0]))
+
+    s = TrainSettings(task=toys.Task("copy", length=3), n_layers=1, d_model=32, steps=3, batch_size=8)
+    result = train(s, progress, stop_at_budget=False)
+    training_memory(s)
+    assert result.steps_done == 3 and calls == []
+    assert torch.get_num_threads() == default
+    assert all(other == default for _, other in seen)              # other sessions: untouched
+    if toy_training._openmp() is not None:                         # Linux builds: OpenMP runtime found
+        assert all(mine == 1 for mine, _ in seen)
+
+
+def test_training_keeps_its_time_limit(monkeypatch):
+    """A clock that moves 10 s per reading: the run stops at its budget (no wall-time assertion)."""
+    import types
+
+    from attnviz import toy_training
+    ticks = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(toy_training, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    s = TrainSettings(task=toys.Task("copy", length=3), n_layers=1, d_model=32, steps=50, batch_size=8,
+                      budget_s=25.0)
+    result = train(s)
+    assert result.stopped_early and 0 < result.steps_done < 50
