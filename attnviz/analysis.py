@@ -340,3 +340,37 @@ def downsample_attention(attn: torch.Tensor, max_n: int) -> torch.Tensor:
     row_counts[-1] = block - pad                                      # the ragged last block
     pooled = blocks.sum(dim=(-3, -1)) / row_counts[:, None]           # (..., m, m)
     return pooled
+
+
+# --- Finding heads ---------------------------------------------------------------------------
+RANK_COLUMNS = ("rank", "layer", "head", "weight", "key_rank")
+
+
+def rank_heads(attn: torch.Tensor, query: int, key: int, causal: bool | None = None) -> pd.DataFrame:
+    """Every head ranked by how much query token ``query`` attends to key token ``key``
+    ("which heads send *it* to *trophy*?").
+
+    One row per (layer, head), strongest first (ties: lower layer, then lower head):
+    ``weight`` is attn[layer, head, query, key]; ``key_rank`` is 1 when ``key`` is the key that
+    query gives the most weight in that head, 2 for the runner-up, ... ``rank`` counts from 1.
+    A decoder's query cannot see a later key, so ``key > query`` is refused when ``causal``
+    (guessed from the upper triangle when None).
+    """
+    attn = _as_attention(attn)
+    n_layers, n_heads, n, _ = attn.shape
+    query, key = _check_index(query, n), _check_index(key, n)
+    causal = is_causal(attn) if causal is None else causal
+    if causal and key > query:
+        raise ValueError(f"in a decoder token {query} cannot attend to the later token {key}; "
+                         f"pick a key at or before the query (0..{query})")
+    rows = attn[:, :, query, :]                                          # (L, H, n)
+    weight = rows[..., key]                                              # (L, H)
+    key_rank = (rows > weight[..., None]).sum(-1) + 1                    # (L, H), 1 = top key
+    layers, heads = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
+    table = pd.DataFrame({"layer": layers.flatten().numpy(), "head": heads.flatten().numpy(),
+                          "weight": weight.flatten().double().numpy(),
+                          "key_rank": key_rank.flatten().numpy()})
+    table = table.sort_values(["weight", "layer", "head"], ascending=[False, True, True],
+                              kind="stable").reset_index(drop=True)
+    table.insert(0, "rank", np.arange(1, len(table) + 1))
+    return table[list(RANK_COLUMNS)]

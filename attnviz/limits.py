@@ -54,6 +54,7 @@ class Limits:
     max_train_seconds: float = 60.0     # lab: one toy training run
     max_importance_seconds: float = 300.0  # heads page: the most one importance / curve run may take
                                         # (the page's budget box cannot go above it)
+    max_capture_tokens: int = 2048      # attention page: a longer text is cut to this many tokens (said on the page)
     max_capture_seconds: float = 120.0  # attention page: a long text's capture stops (with a message) after this
     max_heavy_jobs: int = 2             # server-wide: importance runs, sweeps, trainings, long captures at once;
                                         # a session asking for one more is told the server is busy

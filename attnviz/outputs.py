@@ -12,6 +12,8 @@ positions, and 30 x 9 x 8192^2 float32 weights are 72 GB. `capture_text` therefo
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,12 +22,17 @@ import torch.nn.functional as F
 
 from .analysis import downsample_attention
 from .attention import softmax_weights
+from .jobs import Cancel, Deadline, JobTimeout, heavy_job
 from .limits import LIMITS
 from .positional import apply_rope
 
 FULL_BUDGET = LIMITS.attention_capture_mb * 2**20 // 4  # floats of L*H*n*n captured at once (128 MB): every MiniLM input fits
 MAX_WINDOW = LIMITS.attention_window_tokens  # the detail views never show more than this many tokens per axis
 CHUNK_FLOATS = 1 << 24     # H x chunk x n floats per scored query chunk (64 MB) in the long path
+# The most tokens one capture analyses. The scan's time grows with the square of the length:
+# SmolLM2 took 489 s for its full 8,192 positions on a 2-core CPU, and 119 s for 2,048 with
+# that CPU shared four ways (about 30-40 s when it is not). ATTNVIZ_MAX_CAPTURE_TOKENS changes it.
+MAX_CAPTURE_TOKENS = LIMITS.max_capture_tokens
 
 
 @dataclass
@@ -38,7 +45,8 @@ class TextCapture:
     attentions: torch.Tensor     # [L, H, W, W] exact weights: queries and keys of the window
     overview: torch.Tensor       # [L, H, m, m] pooled whole-text attention, m <= max_cell
     start: int = 0               # first token of the window
-    truncated: int = 0           # tokens dropped to fit the model's positions
+    truncated: int = 0           # tokens dropped to fit the model's positions or the token cap
+    token_limit: int = 0         # the length the text was cut to when truncated
 
     @property
     def n(self) -> int:
@@ -66,17 +74,33 @@ def window_size(n_layers: int, n_heads: int, budget: int = FULL_BUDGET,
 
 def capture_text(model, text_or_ids, *, start: int = 0, max_cell: int = 64,
                  budget: int = FULL_BUDGET, max_window: int = MAX_WINDOW,
-                 progress: Callable[[int, int], None] | None = None) -> TextCapture:
+                 progress: Callable[[int, int], None] | None = None,
+                 max_tokens: int | None = MAX_CAPTURE_TOKENS, max_seconds: float | None = None,
+                 cancel: Cancel | None = None) -> TextCapture:
     """Attention of a text model on ``text_or_ids`` within the memory bound described above.
 
     ``start`` is the first token of the window (clipped so the window fits); it only matters
-    when the text is longer than the window. ``progress(done, total)`` is called per layer.
+    when the text is longer than the window. ``progress(done, total)`` is called after every
+    layer. A text longer than ``max_tokens`` is cut to that many tokens first (the scan's work
+    grows with the square of the length; ``truncated`` and ``token_limit`` say so).
+
+    A text longer than the window takes the layer-by-layer scan: it holds one of the server's
+    heavy-job slots (`jobs.ServerBusy` at once when none is free), stops with `jobs.JobTimeout`
+    after ``max_seconds`` (LIMITS.max_capture_seconds when None) and with `jobs.JobCancelled`
+    when ``cancel`` is set; all three are ValueErrors whose message says what to do.
     """
     cfg = model.cfg
     if cfg.is_vision:
         raise ValueError(f"model {model.info.key!r} takes images; use the Images page")
     inp = model.inputs(text_or_ids)
-    ids = inp["ids"]
+    ids, tokens, special, truncated = inp["ids"], inp["tokens"], inp["special"], inp["truncated"]
+    limit = cfg.max_positions
+    if max_tokens is not None and len(ids) > max_tokens:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        truncated += len(ids) - max_tokens
+        ids, tokens, special = ids[:max_tokens], tokens[:max_tokens], special[:max_tokens]
+        limit = max_tokens
     n = len(ids)
     size = min(n, window_size(cfg.n_layers, cfg.n_heads, budget, max_window))
     start = max(0, min(int(start), n - size))
@@ -88,10 +112,72 @@ def capture_text(model, text_or_ids, *, start: int = 0, max_cell: int = 64,
             progress(cfg.n_layers, cfg.n_layers)
         hidden, overview, start = out.hidden[0], downsample_attention(attn, max_cell), 0
     else:
-        hidden, overview, attn = _scan(model.net, ids, start, size, max_cell, progress)
-    return TextCapture(tokens=inp["tokens"], special=inp["special"], ids=ids, hidden=hidden,
-                       attentions=attn, overview=overview, start=start,
-                       truncated=inp["truncated"])
+        seconds = LIMITS.max_capture_seconds if max_seconds is None else max_seconds
+        deadline = Deadline(seconds, f"the layer-by-layer scan of {n:,} tokens")
+        done = [0]
+
+        def step(layer_done: int, total: int):
+            done[0] = layer_done
+            if progress:
+                progress(layer_done, total)
+
+        with heavy_job("long text capture"):
+            try:
+                hidden, overview, attn = _scan(model.net, ids, start, size, max_cell, step,
+                                               deadline, cancel)
+            except JobTimeout as err:
+                raise JobTimeout(
+                    f"{err}, after {done[0]} of {cfg.n_layers} layers. Paste a shorter text: the "
+                    "scan's work grows with the square of the number of tokens, so half the "
+                    "text takes about a quarter of the time.") from None
+    return TextCapture(tokens=tokens, special=special, ids=ids, hidden=hidden,
+                       attentions=attn, overview=overview, start=start, truncated=truncated,
+                       token_limit=limit)
+
+
+def truncation_message(capture: TextCapture, max_positions: int) -> str | None:
+    """What the page says when the text was cut (None when it was not)."""
+    if not capture.truncated:
+        return None
+    if capture.token_limit < max_positions:
+        why = (f"the first {capture.token_limit:,} tokens are analysed (the model takes "
+               f"{max_positions:,}, but the attention scan grows with the square of the length, "
+               "so longer texts are cut to keep a run within minutes)")
+    else:
+        why = f"the text was cut to the model's {max_positions:,} positions"
+    return f"The text is too long: {why}; the last {capture.truncated:,} tokens were dropped."
+
+
+class LRU:
+    """A small thread-safe least-recently-used map: one shared store of captures for every
+    session of a server (get / put), bounded by ``max_entries``."""
+
+    def __init__(self, max_entries: int):
+        self.max_entries = max(1, int(max_entries))
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, default=None):
+        with self._lock:
+            if key not in self._items:
+                return default
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def put(self, key, value):
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+    def __contains__(self, key) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
 
 
 def _queries_keys(attn_module, x, rope):
@@ -107,7 +193,8 @@ def _queries_keys(attn_module, x, rope):
 
 
 @torch.inference_mode()
-def _scan(net, ids, start: int, size: int, max_cell: int, progress):
+def _scan(net, ids, start: int, size: int, max_cell: int, progress,
+          deadline: Deadline | None = None, cancel: Cancel | None = None):
     """One pass through the blocks: pooled overview and the window's weights, layer by layer."""
     cfg = net.cfg
     L, H = cfg.n_layers, cfg.n_heads
@@ -130,6 +217,7 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress):
             heads = attn_module.heads             # original indices (pruned models hold fewer)
             q, k = _queries_keys(attn_module, blk.norm1(x) if blk.pre_norm else x, rope)
             for r0 in range(0, n, chunk):
+                _check(deadline, cancel)
                 r1 = min(n, r0 + chunk)
                 allowed = positions[None, :] <= positions[r0:r1, None] if cfg.causal else None
                 w = softmax_weights(q[:, :, r0:r1], k, allowed)[0]           # (h, r, n)
@@ -143,12 +231,20 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress):
                     window[layer, heads, lo - start: hi - start] = w[:, lo - r0: hi - r0, start:stop_w]
             overview[layer] /= row_counts[:, None]
             del q, k
+        _check(deadline, cancel)
         x, _ = blk(x, rope=rope, causal=cfg.causal)
         if progress:
             progress(layer + 1, L)
     if net.norm is not None:
         x = net.norm(x)
     return x[0], overview, window
+
+
+def _check(deadline: Deadline | None, cancel: Cancel | None):
+    if cancel is not None:
+        cancel.check()
+    if deadline is not None:
+        deadline.check()
 
 
 def renormalise_rows(attn: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
 from attnviz.analysis import downsample_attention
+from attnviz.limits import LIMITS
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +239,7 @@ def cjk_font_families() -> tuple[str, ...]:
     return tuple(families)
 
 
+EXPORT_DPI = 120
 # rcParams (svg.fonttype) and warning filters are process-wide: serialise exports.
 _EXPORT_LOCK = threading.Lock()
 
@@ -274,7 +276,7 @@ def _save(figure: Figure, fmt: str, rc: dict) -> bytes:
     with _EXPORT_LOCK, matplotlib.rc_context(rc), warnings.catch_warnings():
         # Without a CJK font matplotlib warns once per missing glyph; the tofu boxes say enough.
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
-        figure.savefig(buffer, format=fmt, dpi=120)
+        figure.savefig(buffer, format=fmt, dpi=EXPORT_DPI)
     return buffer.getvalue()
 
 
@@ -290,3 +292,70 @@ def figure_svg(matrix, xlabels: list[str], ylabels: list[str], title: str = "",
     fonts draw CJK labels even where this machine has no CJK font."""
     return _save(_static_heatmap(matrix, xlabels, ylabels, title, cmap, max_ticks), "svg",
                  {"svg.fonttype": "none", "svg.hashsalt": "attnviz"})
+
+
+# --- Overview export -------------------------------------------------------------------------
+OVERVIEW_EXPORT_MIN_SIDE = 720     # px: a small overview is enlarged by whole pixels up to this
+OVERVIEW_EXPORT_MARGINS = (70, 20, 100, 20)   # px left, right, top (title, head axis), bottom
+MIN_TICK_PITCH = 16                # px between labelled ticks; denser grids label every k-th
+
+
+def _overview_export_scale(height: int, width: int, max_pixels: int) -> float:
+    """Whole-pixel enlargement up to the readable size, then shrunk to fit ``max_pixels``."""
+    left, right, top, bottom = OVERVIEW_EXPORT_MARGINS
+    scale = float(max(1, -(-OVERVIEW_EXPORT_MIN_SIDE // max(height, width))))
+    while scale > 0.05 and (width * scale + left + right) * (height * scale + top + bottom) > max_pixels:
+        scale = scale - 1 if scale > 1 else scale * 0.8
+    return scale
+
+
+def overview_export_figure(attn, per_head: bool = True, title: str = "", off=None,
+                           max_cell: int = 64, cmap: str = "viridis",
+                           max_pixels: int | None = None) -> Figure:
+    """The all-heads overview (`overview_image`) as a matplotlib figure for export: head numbers
+    along the top, layer numbers down the left, axis names and a title. Small overviews are
+    enlarged by whole pixels (nearest neighbour) to about OVERVIEW_EXPORT_MIN_SIDE px; the saved
+    image never exceeds ``max_pixels`` (LIMITS.max_render_pixels by default)."""
+    attn = _numpy(attn)
+    title = title if len(title) <= 120 else title[:119] + "…"
+    rgb = overview_image(attn, max_cell=max_cell, per_head=per_head, cmap=cmap, off=off)
+    n_layers, n_heads, n = attn.shape[0], attn.shape[1], attn.shape[-1]
+    gap = 2                                                  # overview_image's default
+    pooled, upscale = overview_geometry(n, max_cell)
+    cell = pooled * upscale
+    pitch = cell + gap
+    height, width = rgb.shape[:2]
+    max_pixels = LIMITS.max_render_pixels if max_pixels is None else int(max_pixels)
+    scale = _overview_export_scale(height, width, max_pixels)
+    left, right, top, bottom = OVERVIEW_EXPORT_MARGINS
+    image_w, image_h = round(width * scale), round(height * scale)
+    total_h = image_h + top + bottom
+    total_w = max(image_w + left + right, round(len(title) * 11) + 40)   # room for the title
+    left += (total_w - image_w - left - right) // 2                       # image centred
+    figure = Figure(figsize=(total_w / EXPORT_DPI, total_h / EXPORT_DPI), dpi=EXPORT_DPI)
+    axes = figure.add_axes((left / total_w, bottom / total_h, image_w / total_w, image_h / total_h))
+    axes.imshow(rgb, interpolation="nearest" if scale >= 1 else "antialiased", aspect="auto")
+    step_h = max(1, -(-MIN_TICK_PITCH // max(1, round(pitch * scale))))
+    heads, layers = list(range(0, n_heads, step_h)), list(range(0, n_layers, step_h))
+    axes.set_xticks([h * pitch + (cell - 1) / 2 for h in heads], [str(h) for h in heads],
+                    fontsize=8)
+    axes.set_yticks([layer * pitch + (cell - 1) / 2 for layer in layers],
+                    [str(layer) for layer in layers], fontsize=8)
+    axes.xaxis.tick_top()
+    axes.xaxis.set_label_position("top")
+    axes.set_xlabel("head")
+    axes.set_ylabel("layer")
+    for spine in axes.spines.values():
+        spine.set_visible(False)
+    if title:
+        figure.text(0.5, 1 - 12 / total_h, title.replace("$", r"\$"), ha="center", va="top",
+                    fontsize=11, fontfamily=["DejaVu Sans", *cjk_font_families()])
+    return figure
+
+
+def overview_png(attn, per_head: bool = True, title: str = "", off=None, max_cell: int = 64,
+                 cmap: str = "viridis", max_pixels: int | None = None) -> bytes:
+    """PNG bytes of `overview_export_figure`: every layer x head, labelled, at a readable size."""
+    figure = overview_export_figure(attn, per_head=per_head, title=title, off=off,
+                                    max_cell=max_cell, cmap=cmap, max_pixels=max_pixels)
+    return _save(figure, "png", {})

@@ -6,8 +6,11 @@ is labelled with that character and a trailing '…', so no label is ever a brok
 """
 from __future__ import annotations
 
+import bisect
 import codecs
+import re
 import unicodedata
+from dataclasses import dataclass
 from functools import lru_cache
 
 SPACE = "▁"  # leading-space marker (as SentencePiece shows it)
@@ -104,3 +107,100 @@ def labels(tokenizer, ids: list[int]) -> tuple[list[str], list[bool]]:
         for p in pending:
             out[p] = show(text) or "�"
     return out, special
+
+
+# --- Is the text inside the model's vocabulary? ---------------------------------------------------
+# A word counts as "spelled out" when the tokenizer needs two or more pieces averaging under this
+# many characters each: MiniLM writes "привет" as п ##р ##и ##в ##е ##т (1.0), SmolLM2 as byte
+# pieces (1.2); English words, even rare ones, average 2.5 and more ("x ##yl ##ophone ##s").
+FRAGMENT_MAX_CHARS_PER_TOKEN = 1.5
+# Warn when at least this share of the text's letters is spelled out or [UNK]: "mostly outside".
+OUTSIDE_WARN_SHARE = 0.5
+COVERAGE_MAX_CHARS = 20_000   # only the start of a long text is checked (tokenizing is cheap, not free)
+
+# Letters only (digits are split one by one on purpose by some tokenizers); each CJK ideograph,
+# kana or Hangul syllable is a word of its own, as BERT's pre-tokenizer treats it, so a model
+# that has them as whole tokens is not flagged, but one that needs byte pieces for them is.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_WORDS = re.compile(f"[{_CJK}]|[^\\W\\d_{_CJK}]+")
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How much of a text the tokenizer covers with real vocabulary (see `vocabulary_coverage`)."""
+    letters: int                 # characters looked at: letters of words, plus text under [UNK]
+    outside: int                 # of those, in [UNK] tokens or in words spelled out piece by piece
+    words: int
+    spelled_out: int             # words split into pieces of < FRAGMENT_MAX_CHARS_PER_TOKEN chars
+    unknown: int                 # [UNK] tokens
+    examples: tuple[str, ...]    # a few such words or [UNK] spans, as written in the text
+
+    @property
+    def share(self) -> float:
+        return self.outside / self.letters if self.letters else 0.0
+
+    @property
+    def mostly_outside(self) -> bool:
+        return self.letters > 0 and self.share >= OUTSIDE_WARN_SHARE
+
+
+def vocabulary_coverage(tokenizer, text: str, max_chars: int = COVERAGE_MAX_CHARS) -> Coverage | None:
+    """Measure how much of ``text`` (its first ``max_chars`` characters) falls outside the
+    tokenizer's vocabulary: the share of its letters that end up in [UNK] tokens or in words the
+    tokenizer spells out in pieces of under FRAGMENT_MAX_CHARS_PER_TOKEN characters each.
+    None when the tokenizer cannot map tokens back to characters (no offsets)."""
+    text = text[:max_chars]
+    try:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                            verbose=False)
+    except (NotImplementedError, ValueError, TypeError):
+        return None
+    unk_id = getattr(tokenizer, "unk_token_id", None)
+    # Byte-level tokenizers have no unknown token; some name <|endoftext|> as one anyway.
+    if unk_id in {getattr(tokenizer, f"{name}_token_id", None) for name in ("eos", "bos", "pad")}:
+        unk_id = None
+    spans = [(int(a), int(b), unk_id is not None and int(tid) == unk_id)
+             for tid, (a, b) in zip(encoded["input_ids"], encoded["offset_mapping"]) if b > a]
+    spans.sort()
+    starts = [a for a, _, _ in spans]
+    counted = bytearray(len(text))
+    outside = bytearray(len(text))
+    examples: list[str] = []
+    words = spelled_out = 0
+    for match in _WORDS.finditer(text):
+        s, e = match.span()
+        words += 1
+        counted[s:e] = b"\x01" * (e - s)
+        # Tokens overlapping the word: spans are sorted by start, and no token is very long.
+        i = max(0, bisect.bisect_left(starts, s) - 1)
+        pieces = 0
+        while i < len(spans) and spans[i][0] < e:
+            if spans[i][1] > s:
+                pieces += 1
+            i += 1
+        if pieces >= 2 and (e - s) / pieces < FRAGMENT_MAX_CHARS_PER_TOKEN:
+            spelled_out += 1
+            outside[s:e] = b"\x01" * (e - s)
+            if len(examples) < 3:
+                examples.append(match.group())
+    unknown = 0
+    for s, e, is_unk in spans:
+        if is_unk:
+            unknown += 1
+            counted[s:e] = outside[s:e] = b"\x01" * (e - s)
+            if len(examples) < 3 and text[s:e] not in examples:
+                examples.append(text[s:e])
+    return Coverage(letters=sum(counted), outside=sum(outside), words=words,
+                    spelled_out=spelled_out, unknown=unknown, examples=tuple(examples))
+
+
+def vocabulary_warning(tokenizer, text: str, model_name: str = "this model") -> str | None:
+    """A sentence for the page when most of ``text`` is outside the vocabulary, else None."""
+    coverage = vocabulary_coverage(tokenizer, text)
+    if coverage is None or not coverage.mostly_outside:
+        return None
+    shown = ", ".join(f"“{show(e)}”" for e in coverage.examples)
+    return (f"Most of this text is outside {model_name}'s vocabulary: {coverage.share:.0%} of its "
+            f"letters become [UNK] tokens or words spelled out in pieces of under "
+            f"{FRAGMENT_MAX_CHARS_PER_TOKEN:g} characters (e.g. {shown}). Its attention patterns "
+            "say little about how the model reads words; a model trained on this language would.")

@@ -19,7 +19,8 @@ import plotly.graph_objects as go
 from attnviz.analysis import ROLES
 from attnviz.render import (  # noqa: F401  (re-exported: pages import everything from viz)
     apply_colormap, cjk_font_families, colour_lut, figure_png, figure_svg, grid_of_overlays,
-    image_png, overlay_patch_map, overview_geometry, overview_image, tick_positions, visible_token,
+    image_png, overlay_patch_map, overview_export_figure, overview_geometry, overview_image,
+    overview_png, tick_positions, visible_token,
 )
 
 MAX_TICK_LABELS = 60          # beyond this, show every k-th token label (hover still names all)
@@ -144,11 +145,19 @@ def head_heatmap(matrix, q_tokens: list[str], k_tokens: list[str] | None = None,
     return figure
 
 
+def lines_title(layer: int, heads: list[int]) -> str:
+    """Title of the lines view: "Layer 3, head 7" or "Layer 3, heads 7, 2" (order as given)."""
+    if len(heads) == 1:
+        return f"Layer {layer}, head {heads[0]}"
+    return f"Layer {layer}, heads " + ", ".join(str(h) for h in heads)
+
+
 def lines_figure(attn_layer, tokens: list[str], heads: list[int], query: int | None = None,
-                 threshold: float = LINE_THRESHOLD, max_lines: int = MAX_LINES) -> go.Figure:
+                 threshold: float = LINE_THRESHOLD, max_lines: int = MAX_LINES,
+                 title: str = "") -> go.Figure:
     """BertViz-style head view: queries on the left, keys on the right, a line per weight above
     ``threshold`` with opacity and width growing with it, one colour per head. ``query`` limits
-    the lines to one query token."""
+    the lines to one query token; ``title`` (e.g. `lines_title`) names what is drawn."""
     attn_layer = _numpy(attn_layer)
     n = len(tokens)
     if attn_layer.ndim != 3 or attn_layer.shape[1:] != (n, n):
@@ -193,8 +202,9 @@ def lines_figure(attn_layer, tokens: list[str], heads: list[int], query: int | N
             hovertemplate=f"{side} %{{y}} %{{text}}<extra></extra>"))
     figure.update_xaxes(visible=False, range=[-0.8, 1.8])
     figure.update_yaxes(visible=False, autorange="reversed")
-    figure.update_layout(height=int(np.clip(20 * n + 80, 250, 2000)),
-                         margin=dict(l=10, r=10, t=30, b=10), plot_bgcolor="white")
+    figure.update_layout(title=title, height=int(np.clip(20 * n + 80, 250, 2000)),
+                         margin=dict(l=10, r=10, t=50 if title else 30, b=10),
+                         plot_bgcolor="white")
     return figure
 
 
@@ -290,5 +300,24 @@ def bar_topk(tokens: list[str], probs, title: str = "") -> go.Figure:
     top = max(1e-9, float(probs.max(initial=0)))
     figure.update_xaxes(title="probability", range=[0, top * 1.1])
     figure.update_layout(title=title, height=int(np.clip(28 * len(tokens) + 100, 200, 700)),
+                         margin=dict(l=10, r=10, t=50 if title else 20, b=10))
+    return figure
+
+
+def head_rank_figure(ranking: pd.DataFrame, top: int = 20, title: str = "") -> go.Figure:
+    """Horizontal bars of the ``top`` rows of `analysis.rank_heads` (strongest at the top); each
+    bar's customdata is [layer, head]."""
+    shown = ranking.head(top)
+    names = [f"L{layer} H{head}" for layer, head in zip(shown["layer"], shown["head"])]
+    positions = np.arange(len(shown))
+    figure = go.Figure(go.Bar(
+        x=shown["weight"].to_numpy(dtype=float), y=positions, orientation="h",
+        customdata=shown[["layer", "head"]].to_numpy(), text=[f"{w:.2f}" for w in shown["weight"]],
+        textposition="auto",
+        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>weight %{x:.4f}"
+                      "<extra></extra>"))
+    figure.update_yaxes(tickmode="array", tickvals=positions, ticktext=names, autorange="reversed")
+    figure.update_xaxes(title="attention weight", range=[0, 1.05])
+    figure.update_layout(title=title, height=int(np.clip(22 * len(shown) + 100, 200, 600)),
                          margin=dict(l=10, r=10, t=50 if title else 20, b=10))
     return figure

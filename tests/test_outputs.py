@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import outputs
+from attnviz import jobs, outputs
 from attnviz.analysis import downsample_attention
 from attnviz.config import Config
 from attnviz.loading import random_model
@@ -141,3 +141,80 @@ def test_partial_character_candidates_show_their_bytes():
     assert outputs.token_names(model, [whole]) == ["这"]
     partial = model.tokenizer.convert_tokens_to_ids("ä½")   # bytes E4 BD: a character's start
     assert outputs.token_names(model, [partial]) == ["⟨E4 BD⟩…"]
+
+
+# --- Long captures: progress, deadline, heavy-job slot, token cap ------------------------------
+LONG = dict(budget=3 * 4 * 24 * 24, max_cell=10)      # a 24-token window: the layer-by-layer scan
+
+
+def test_long_capture_reports_progress_per_layer_while_holding_a_heavy_job_slot():
+    model = random_model(LLAMA, seed=8)
+    seen = []
+    cap = outputs.capture_text(model, _ids(100, seed=9), progress=lambda done, total: seen.append(
+        (done, total, jobs.running_jobs())), **LONG)
+    assert not cap.full
+    assert [(d, t) for d, t, _ in seen] == [(1, 3), (2, 3), (3, 3)]
+    assert all(running == ["long text capture"] for _, _, running in seen)
+    assert jobs.running_jobs() == []                                 # the slot is given back
+
+
+def test_long_capture_stops_at_its_deadline_with_a_clear_message():
+    model = random_model(LLAMA, seed=8)
+    seen = []
+    with pytest.raises(jobs.JobTimeout, match=r"time limit of 0 s.*after 0 of 3 layers.*shorter"):
+        outputs.capture_text(model, _ids(100), max_seconds=0.0,
+                             progress=lambda d, t: seen.append(d), **LONG)
+    assert seen == [] and jobs.running_jobs() == []
+    assert issubclass(jobs.JobTimeout, ValueError)
+
+
+def test_long_capture_can_be_cancelled_between_layers():
+    model = random_model(LLAMA, seed=8)
+    cancel = jobs.Cancel()
+    seen = []
+
+    def progress(done, total):
+        seen.append(done)
+        cancel.set()                                                 # e.g. the user pressed Stop
+
+    with pytest.raises(jobs.JobCancelled):
+        outputs.capture_text(model, _ids(100), progress=progress, cancel=cancel, **LONG)
+    assert seen == [1] and jobs.running_jobs() == []
+
+
+def test_long_capture_is_refused_at_once_when_the_server_is_busy():
+    model = random_model(LLAMA, seed=8)
+    held = [jobs.heavy_job(f"sweep {i}") for i in range(outputs.LIMITS.max_heavy_jobs)]
+    for job in held:
+        job.__enter__()
+    try:
+        with pytest.raises(jobs.ServerBusy, match="at most"):
+            outputs.capture_text(model, _ids(100), **LONG)
+        short = outputs.capture_text(model, _ids(20), **LONG)         # the whole-text path is light
+        assert short.full
+    finally:
+        for job in held:
+            job.__exit__(None, None, None)
+
+
+def test_long_text_is_cut_to_the_token_cap_and_says_so():
+    model = random_model(LLAMA, seed=8)                               # 256 positions
+    cap = outputs.capture_text(model, _ids(200), max_tokens=64, **LONG)
+    tr = model.trace(_ids(200)[:64])
+    assert cap.n == 64 and cap.truncated == 136 and cap.token_limit == 64
+    torch.testing.assert_close(cap.hidden, tr.hidden, atol=2e-5, rtol=1e-5)
+    message = outputs.truncation_message(cap, LLAMA.max_positions)
+    assert "first 64 tokens" in message and "136 tokens were dropped" in message
+    whole = outputs.capture_text(model, _ids(200), max_tokens=None, **LONG)
+    assert whole.n == 200 and whole.truncated == 0 and outputs.truncation_message(whole, 256) is None
+    assert outputs.MAX_CAPTURE_TOKENS <= 4096          # the page's default keeps the scan bounded
+
+
+def test_lru_keeps_the_most_recent_entries():
+    store = outputs.LRU(2)
+    store.put("a", 1)
+    store.put("b", 2)
+    assert store.get("a") == 1                                        # a is now the most recent
+    store.put("c", 3)
+    assert "b" not in store and store.get("a") == 1 and store.get("c") == 3 and len(store) == 2
+    assert store.get("missing") is None

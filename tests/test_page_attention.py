@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attnviz import ui
+from attnviz import analysis, ui
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages" / "1_Attention.py")
@@ -33,6 +33,19 @@ def _chart(at, key: str) -> dict:
         if chart.proto.id.endswith("-" + key):
             return json.loads(chart.proto.spec)
     raise AssertionError(f"no plotly chart with key {key!r}")
+
+
+def _stats_table(at):
+    tables = [d.value for d in at.dataframe if "entropy" in d.value.columns]
+    assert len(tables) == 1, [list(d.value.columns) for d in at.dataframe]
+    return tables[0]
+
+
+def _rank_table(at):
+    for frame in at.dataframe:
+        if frame.proto.id.endswith("-att_rank_table"):
+            return frame.value
+    raise AssertionError("no head ranking table")
 
 
 def _run(at):
@@ -78,7 +91,7 @@ def test_minilm_detail_is_the_trace_and_stats_present(page):
     _run(at)
     text = at.session_state["att_text"]
     _check_detail_matches_trace(at, "minilm", text, 3, 7)
-    table = at.dataframe[0].value
+    table = _stats_table(at)
     assert len(table) == 6 * 12 and {"entropy", "role", "prev_share"} <= set(table.columns)
     assert any("Cosine similarity" in m.label for m in at.metric)
 
@@ -97,7 +110,7 @@ def test_empty_text_keeps_previous_result(page):
     _submit(at, "   \n ")
     assert any("Type or paste" in w.value for w in at.warning)
     assert at.session_state["att_text"] == before
-    assert len(at.dataframe) == 1 and _chart(at, "att_detail")
+    assert len(_stats_table(at)) == 6 * 12 and _chart(at, "att_detail")
 
 
 @pytest.mark.parametrize("text", [
@@ -133,7 +146,7 @@ def test_smollm2_next_token_and_causal_detail():
     probs = _array(bars["x"])
     assert len(probs) == 10 and np.all(np.diff(probs) <= 0)
     assert any("Paris" in str(t) for t in bars["customdata"])
-    assert len(at.dataframe[0].value) == 30 * 9
+    assert len(_stats_table(at)) == 30 * 9
 
 
 def test_long_text_is_bounded_and_says_so():
@@ -165,3 +178,139 @@ def test_model_picked_on_home_carries_to_the_page_and_a_click_picks_a_head():
     _run(at)
     assert (at.selectbox(key="att_layer").value, at.selectbox(key="att_head").value) == (4, 5)
     assert _chart(at, "att_detail")["layout"]["title"]["text"] == "Layer 4, head 5"
+
+
+def _shown(selectbox, before: str) -> str:
+    """The label a browser shows after a rerun: the value the server sends (set_value), else the
+    label the browser already had (Streamlit keeps a keyed widget's state across option changes)."""
+    return selectbox.proto.raw_value if selectbox.proto.set_value else before
+
+
+def _smollm2_page():
+    at = _run(AppTest.from_file(PAGE, default_timeout=300))
+    at.selectbox(key=PICKER).set_value("smollm2")
+    return _run(at)
+
+
+def test_next_token_position_follows_a_new_text():
+    """Issue 12.1: after a second, shorter text the selector read "After position 50: ." while
+    the bars showed the last token. The position is reset to the new text's last token and the
+    browser is told; the bars name the position they are for."""
+    at = _smollm2_page()
+    _submit(at, "One two three four five six seven eight nine ten. " * 6)    # 66 tokens
+    at.selectbox(key="att_pos").set_value(50)
+    _run(at)
+    position = at.selectbox(key="att_pos")
+    shown = position.options[50]
+    assert _chart(at, "att_topk")["layout"]["title"]["text"] == f"Next token after {shown}, top 10"
+    _submit(at, "The capital of France is Paris, and the capital of Italy is")
+    position = at.selectbox(key="att_pos")
+    assert len(position.options) < 50
+    shown = _shown(position, shown)
+    assert shown == position.options[-1] and position.value == len(position.options) - 1
+    assert _chart(at, "att_topk")["layout"]["title"]["text"] == f"Next token after {shown}, top 10"
+
+
+def test_find_heads_ranks_every_head_and_a_selected_row_opens_it():
+    at = _run(AppTest.from_file(PAGE, default_timeout=180))
+    text = at.session_state["att_text"]
+    labels = [o.split(": ", 1)[1] for o in at.selectbox(key="att_rank_q").options]
+    query, key = labels.index("it"), labels.index("animal")
+    at.selectbox(key="att_rank_q").set_value(query)
+    at.selectbox(key="att_rank_k").set_value(key)
+    _run(at)
+    table = _rank_table(at)
+    expected = analysis.rank_heads(ui.load_model("minilm").trace(text).attentions, query, key)
+    assert len(table) == 6 * 12 and table["rank"].tolist() == list(range(1, 73))
+    assert table[["layer", "head"]].values.tolist() == expected[["layer", "head"]].values.tolist()
+    np.testing.assert_allclose(table["weight"], expected["weight"], atol=1e-6)
+    bars = _chart(at, "att_rank_bars")
+    assert bars["layout"]["title"]["text"] == "Top heads: it → animal"
+    # Selecting a row opens that head in the selectors and the detail heatmap.
+    at.session_state["att_rank_table"] = {"selection": {"rows": [2], "columns": [], "cells": []}}
+    _run(at)
+    layer, head = (int(v) for v in table.loc[2, ["layer", "head"]])
+    assert (at.selectbox(key="att_layer").value, at.selectbox(key="att_head").value) == (layer, head)
+    assert _chart(at, "att_detail")["layout"]["title"]["text"] == f"Layer {layer}, head {head}"
+    # Another pair clears the stale selection and leaves the head where it is.
+    at.selectbox(key="att_rank_k").set_value(0)
+    _run(at)
+    assert list(at.session_state["att_rank_table"]["selection"]["rows"]) == []
+    assert (at.selectbox(key="att_layer").value, at.selectbox(key="att_head").value) == (layer, head)
+
+
+def test_lines_follow_the_chosen_head_and_name_its_layer(page):
+    at = page
+    at.selectbox(key="att_layer").set_value(2)
+    at.selectbox(key="att_head").set_value(5)
+    _run(at)
+
+    def lines():
+        spec = _chart(at, "att_lines")
+        legend = [t["name"] for t in spec["data"] if t.get("mode") == "lines"
+                  and t.get("hoverinfo") != "skip"]
+        return spec["layout"]["title"]["text"], legend
+
+    assert lines() == ("Layer 2, head 5", ["head 5"])
+    at.multiselect(key="att_line_extra").select(3)
+    _run(at)
+    assert lines() == ("Layer 2, heads 5, 3", ["head 5", "head 3"])
+    at.selectbox(key="att_head").set_value(7)
+    _run(at)
+    assert lines() == ("Layer 2, head 7", ["head 7"])            # extra heads belong to the old one
+
+
+def test_text_outside_the_vocabulary_is_warned(page):
+    at = _submit(page, "Привет, как дела? Это тестовое предложение на русском языке.")
+    assert any("outside minilm's vocabulary" in w.value for w in at.warning)
+    at = _submit(page, "🍕🍕🐈 😀")
+    assert any("outside minilm's vocabulary" in w.value for w in at.warning)
+    at = _submit(page, "The weather is lovely today, so we walked along the river.")
+    assert not any("vocabulary" in w.value for w in at.warning)
+
+
+def test_long_capture_over_its_time_limit_or_on_a_busy_server_keeps_the_previous_result(
+        monkeypatch):
+    """Issue 11.4: a long scan stops at LIMITS.max_capture_seconds, and holds a heavy-job slot."""
+    import contextlib
+    import dataclasses
+
+    from attnviz import jobs, outputs
+
+    at = _smollm2_page()
+    short = "The capital of France is"
+    _submit(at, short)
+    monkeypatch.setattr(outputs, "LIMITS", dataclasses.replace(outputs.LIMITS,
+                                                               max_capture_seconds=0.0))
+    long_text = " ".join(f"Sentence number {i} of a text that needs the long scan." for i in range(40))
+    _submit(at, long_text)
+    errors = [e.value for e in at.error]
+    assert any("time limit of 0 s" in e and "shorter text" in e for e in errors), errors
+    assert at.session_state["att_text"] == short                  # the previous result stays
+    assert at.text_area(key="att_text_input").value == long_text  # and so does what was typed
+    _check_detail_matches_trace(at, "smollm2", short, 0, 0)
+    monkeypatch.undo()
+    with contextlib.ExitStack() as stack:                          # every heavy-job slot taken
+        for i in range(jobs.LIMITS.max_heavy_jobs):
+            stack.enter_context(jobs.heavy_job(f"someone's sweep {i}"))
+        at.button[0].click()
+        _run(at)
+    errors = [e.value for e in at.error]
+    assert any("at most" in e and "again in a moment" in e for e in errors), errors
+    assert at.session_state["att_text"] == short
+    assert jobs.running_jobs() == []
+
+
+def test_statistics_csv_is_spreadsheet_safe_and_token_text_is_plain(monkeypatch):
+    """Issue 11.5: CSV downloads go through exports.csv_text; tokens shown as markdown are escaped."""
+    from attnviz import exports
+
+    made = []
+    real = exports.csv_text
+    monkeypatch.setattr(exports, "csv_text", lambda df, **kw: made.append(list(df.columns))
+                        or real(df, **kw))
+    at = _run(AppTest.from_file(PAGE, default_timeout=180))
+    _submit(at, "**bold** [link](javascript:alert(1)) =cmd")
+    assert sum("entropy" in columns for columns in made) >= 2    # both Statistics CSV buttons
+    caption = next(c.value for c in at.caption if " tokens: " in c.value)
+    assert "\\*" in caption and "\\[" in caption and "\\(" in caption

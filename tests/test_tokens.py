@@ -4,7 +4,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import attnviz
-from attnviz.tokens import SPACE, labels, show
+from attnviz.tokens import (FRAGMENT_MAX_CHARS_PER_TOKEN, OUTSIDE_WARN_SHARE, SPACE, labels, show,
+                            vocabulary_coverage, vocabulary_warning)
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +79,56 @@ def test_empty_text_refused(minilm, text):
 def test_odd_text_traces(minilm, text):
     tr = minilm.trace(text)
     assert tr.attentions.shape[-1] == tr.n == len(tr.tokens)
+
+
+# --- Mostly outside the vocabulary ----------------------------------------------------------------
+CYRILLIC = "Привет, как дела? Это тестовое предложение на русском языке."
+ENGLISH = [
+    "The animal didn't cross the street because it was too tired.",
+    "Antidisestablishmentarianism and xylophones in 2024: 1234567 q.e.d. U.S.A., e.g. DNA-PKcs, mRNA",
+    "def f(x): return np.linalg.norm(x_ij)  # TODO: fix the k_v_cache",
+    "I a an to be or no.",
+]
+
+
+def test_minilm_spells_cyrillic_letter_by_letter_and_is_warned(minilm):
+    coverage = vocabulary_coverage(minilm.tokenizer, CYRILLIC)
+    assert coverage.words == 9 and coverage.spelled_out == 9 and coverage.share == 1.0
+    assert coverage.mostly_outside and coverage.examples[0] == "Привет"
+    warning = vocabulary_warning(minilm.tokenizer, CYRILLIC, "minilm")
+    assert "outside minilm's vocabulary" in warning and "100%" in warning and "Привет" in warning
+
+
+def test_minilm_emoji_are_unknown_and_warned(minilm):
+    coverage = vocabulary_coverage(minilm.tokenizer, "🍕🍕🐈 😀")
+    assert coverage.unknown == 2 and coverage.words == 0 and coverage.share == 1.0
+    assert vocabulary_warning(minilm.tokenizer, "🍕🍕🐈 😀", "minilm") is not None
+    mixed = "I love pizza and cats, they make me happy 🍕"              # one emoji among words
+    assert vocabulary_warning(minilm.tokenizer, mixed, "minilm") is None
+
+
+@pytest.mark.parametrize("text", ENGLISH)
+def test_english_is_not_warned(minilm, text):
+    coverage = vocabulary_coverage(minilm.tokenizer, text)
+    assert coverage.share < OUTSIDE_WARN_SHARE / 2
+    assert vocabulary_warning(minilm.tokenizer, text, "minilm") is None
+
+
+def test_byte_level_model_is_judged_by_pieces_per_word():
+    smollm2 = attnviz.load_model("smollm2")
+    assert vocabulary_coverage(smollm2.tokenizer, CYRILLIC).mostly_outside     # byte pieces
+    assert vocabulary_coverage(smollm2.tokenizer, "你好世界，今天天气很好").share == 1.0
+    for text in ENGLISH:
+        assert vocabulary_warning(smollm2.tokenizer, text, "smollm2") is None
+    assert vocabulary_coverage(smollm2.tokenizer, "🍕" * 5).letters == 0      # no [UNK]: bytes
+
+
+def test_the_rule_is_characters_per_piece(bytelevel):
+    # The tiny BPE above knows "the cat sat on the mat": those words are whole tokens, any other
+    # word falls apart into single bytes (1 character per piece < FRAGMENT_MAX_CHARS_PER_TOKEN).
+    assert FRAGMENT_MAX_CHARS_PER_TOKEN == 1.5
+    inside = vocabulary_coverage(bytelevel, "the cat sat on the mat")
+    assert inside.spelled_out == 0 and not inside.mostly_outside
+    outside = vocabulary_coverage(bytelevel, "zebra quokka the")
+    assert outside.spelled_out == 2 and outside.outside == 11 and outside.letters == 14
+    assert outside.mostly_outside

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from attnviz import analysis, viz
+from attnviz import analysis, render, viz
 
 
 def decode(value):
@@ -220,3 +220,56 @@ def test_distance_and_flow_figures_carry_the_values():
     flow = analysis.token_flow(random_attention(3, 2, 4), 1)
     flow_spec = as_json(viz.token_flow_figure(flow, ["a", "b", "a", "c"]))
     np.testing.assert_array_equal(decode(flow_spec["data"][0]["z"]), flow.numpy())
+
+
+def test_lines_figure_title_names_the_layer_and_heads():
+    attn_layer = random_attention(1, 3, 6, seed=5)[0]
+    assert viz.lines_title(4, [2]) == "Layer 4, head 2"
+    assert viz.lines_title(4, [2, 0]) == "Layer 4, heads 2, 0"
+    spec = as_json(viz.lines_figure(attn_layer, TOKENS[:6], [2, 0], title=viz.lines_title(4, [2, 0])))
+    assert spec["layout"]["title"]["text"] == "Layer 4, heads 2, 0"
+    legend = [t["name"] for t in spec["data"] if t.get("showlegend") is not False and "name" in t]
+    assert legend == ["head 2", "head 0"]
+
+
+def test_head_rank_figure_shows_the_strongest_heads_first():
+    attn = random_attention(3, 4, 5, seed=6)
+    ranking = analysis.rank_heads(attn, 3, 1)
+    spec = as_json(viz.head_rank_figure(ranking, top=5))
+    bars = spec["data"][0]
+    np.testing.assert_allclose(decode(bars["x"]).astype(float), ranking["weight"][:5])
+    assert spec["layout"]["yaxis"]["ticktext"][0] == f"L{ranking.loc[0, 'layer']} H{ranking.loc[0, 'head']}"
+    assert decode(bars["customdata"])[0].tolist() == [ranking.loc[0, "layer"], ranking.loc[0, "head"]]
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data.startswith(b"\x89PNG")
+    return Image.open(io.BytesIO(data)).size
+
+
+@pytest.mark.parametrize("layers, heads, n", [(30, 9, 14), (6, 12, 16), (2, 4, 5)])
+def test_overview_png_is_labelled_readable_and_bounded(layers, heads, n):
+    attn = random_attention(layers, heads, n, seed=7)
+    raw = viz.overview_image(attn)
+    figure = viz.overview_export_figure(attn, title="minilm: 6 layers × 12 heads")
+    axes = figure.axes[0]
+    assert [t.get_text() for t in axes.get_xticklabels()] == [str(h) for h in range(heads)]
+    assert [t.get_text() for t in axes.get_yticklabels()] == [str(la) for la in range(layers)]
+    assert axes.get_xlabel() == "head" and axes.get_ylabel() == "layer"
+    assert "minilm: 6 layers × 12 heads" in [t.get_text() for t in figure.texts]
+    width, height = _png_size(viz.overview_png(attn, title="t"))
+    # Readable: the tiles are never shrunk and the longer side reaches the export minimum.
+    assert width >= raw.shape[1] and height >= raw.shape[0]
+    assert max(width, height) >= render.OVERVIEW_EXPORT_MIN_SIDE
+    assert width * height <= render.LIMITS.max_render_pixels
+
+
+def test_overview_png_stays_within_a_pixel_budget():
+    attn = random_attention(24, 16, 64, seed=8)                    # 24 x 16 tiles of 64 px
+    raw = viz.overview_image(attn)
+    budget = 1_000_000
+    width, height = _png_size(viz.overview_png(attn, max_pixels=budget))
+    assert width * height <= budget < raw.shape[0] * raw.shape[1] * 1.2
+    figure = viz.overview_export_figure(attn, max_pixels=budget)
+    labels = [t.get_text() for t in figure.axes[0].get_yticklabels()]
+    assert labels[0] == "0" and len(labels) <= 24                  # thinned when tiles are small
