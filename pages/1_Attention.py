@@ -3,7 +3,7 @@ rollout and the model's own output. Layout only; the work is in attnviz.outputs 
 import streamlit as st
 import torch
 
-from attnviz import analysis, exports, outputs, texts, tokens as token_text, ui, viz
+from attnviz import analysis, exports, head_scores, jobs, outputs, texts, tokens as token_text, ui, viz
 from attnviz.limits import LIMITS
 
 st.set_page_config(page_title="attnviz · Attention", layout="wide")
@@ -61,6 +61,15 @@ def analyse(model_id: str, text: str, start: int, causal: bool, _cap):
     attn = _cap.attentions if _cap.full else outputs.renormalise_rows(_cap.attentions)
     special = _cap.special[_cap.start: _cap.start + _cap.size]
     return analysis.head_stats(attn, special, causal=causal), analysis.rollout(attn), attn
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def head_score_table(model_id: str, seq_len: int, n_seqs: int, seed: int, _model):
+    """Previous-token / induction / duplicate-token scores of every head (model-wide, not of the
+    text): one server-wide heavy-job slot and the importance time limit while computing."""
+    with jobs.heavy_job("head scores"):
+        return head_scores.head_scores(_model, seq_len, n_seqs, seed,
+                                       deadline=jobs.Deadline(LIMITS.max_importance_seconds, "head scores"))
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
@@ -181,6 +190,15 @@ if rank_picked is not None and rank_picked != ss.get("att_rank_picked"):
     ss["att_layer"], ss["att_head"] = rank_picked
 ss["att_rank_picked"] = rank_picked
 
+# --- Head scores (model-wide): a selected row picks the head too --------------------------------
+scores = ss.get("att_hs") if ss.get("att_hs_for") == model_id else None
+rows = selected_rows("att_hs_table") if scores is not None else []
+hs_picked = (tuple(int(v) for v in scores.iloc[rows[0]][["layer", "head"]])
+             if scores is not None and rows and rows[0] < len(scores) else None)
+if hs_picked is not None and hs_picked != ss.get("att_hs_picked"):
+    ss["att_layer"], ss["att_head"] = hs_picked
+ss["att_hs_picked"] = hs_picked
+
 # --- Overview: every layer x head; a click or the selectors choose the head ----------------------
 # Only a new click moves the selectors; the click stays in the chart's state across reruns.
 picked = ui.picked_cell("att_overview", cfg.n_heads)
@@ -204,8 +222,9 @@ st.plotly_chart(ui.clickable_overview(viz.overview_figure(
 # --- The chosen head --------------------------------------------------------------------------
 matrix = cap.attentions[layer, head]
 title = f"Layer {layer}, head {head}"
-tab_detail, tab_lines, tab_find, tab_stats, tab_roll, tab_out, tab_export = st.tabs(
-    ["Detail", "Lines", "Find heads", "Statistics", "Rollout & flow", "Model output", "Export"])
+tab_detail, tab_lines, tab_find, tab_stats, tab_scores, tab_roll, tab_out, tab_export = st.tabs(
+    ["Detail", "Lines", "Find heads", "Statistics", "Head scores", "Rollout & flow", "Model output",
+     "Export"])
 with tab_detail:
     st.plotly_chart(viz.head_heatmap(matrix, tokens, title=title, causal=cfg.causal),
                     key="att_detail")
@@ -255,6 +274,44 @@ with tab_stats:
                                 for c in stats.columns if stats[c].dtype.kind == "f"})
     st.download_button("Statistics CSV", exports.csv_text(stats), "head_stats.csv", "text/csv",
                        key="att_csv")
+
+with tab_scores:
+    st.caption("Previous-token, induction and duplicate-token scores of every head, measured as "
+               "TransformerLens does: on repeated random-token sequences R + R (not on your text). "
+               "Induction: attention from the copy to the token after the earlier copy; duplicate: "
+               "to the earlier copy itself; previous-token: to the position before. Sort by a "
+               "column; select a row to open its head above.")
+    if cfg.task != "lm" or not cfg.causal:
+        st.info("These scores are defined for causal language models: pick smollm2 in the sidebar.")
+    else:
+        with st.form("att_hs_form"):
+            c_t, c_n, c_s = st.columns(3)
+            longest = head_scores.max_seq_len(model)
+            seq_len = c_t.number_input("Length T of the random block", 4, longest, min(50, longest),
+                                       key="att_hs_T", help=f"4 to {longest} tokens; the sequence is R + R.")
+            n_seqs = c_n.number_input("Sequences averaged", 1, 32, 4, key="att_hs_n")
+            seed = c_s.number_input("Seed", 0, 2**31 - 1, 0, key="att_hs_seed")
+            go = st.form_submit_button("Compute head scores")
+        if go:
+            try:
+                with st.spinner(f"Scoring {cfg.n_layers * cfg.n_heads} heads on {int(n_seqs)} "
+                                f"sequences of {2 * int(seq_len)} tokens…"):
+                    ss["att_hs"] = head_score_table(model_id, int(seq_len), int(n_seqs), int(seed), model)
+                ss["att_hs_for"] = model_id
+                ss["att_hs_table"] = {"selection": {"rows": [], "columns": [], "cells": []}}
+                scores = ss["att_hs"]
+            except ValueError as err:
+                st.error(ui.plain(err))
+        if scores is None:
+            st.info("Press Compute head scores (about 2 s for SmolLM2 at the defaults).")
+        else:
+            st.dataframe(scores, hide_index=True, key="att_hs_table", on_select="rerun",
+                         selection_mode="single-row",
+                         column_config={c: st.column_config.ProgressColumn(
+                             c, format="%.3f", min_value=0.0, max_value=1.0)
+                             for c in ("previous_token", "induction", "duplicate_token")})
+            st.download_button("Head scores CSV", exports.csv_text(scores), "head_scores.csv",
+                               "text/csv", key="att_hs_csv")
 
 with tab_roll:
     st.plotly_chart(viz.head_heatmap(rolled, tokens, title="Attention rollout through all layers",

@@ -314,3 +314,30 @@ def test_statistics_csv_is_spreadsheet_safe_and_token_text_is_plain(monkeypatch)
     assert sum("entropy" in columns for columns in made) >= 2    # both Statistics CSV buttons
     caption = next(c.value for c in at.caption if " tokens: " in c.value)
     assert "\\*" in caption and "\\[" in caption and "\\(" in caption
+
+
+def test_head_scores_table_is_the_library_table_and_a_row_opens_its_head():
+    """Issue 12.8: previous-token, induction and duplicate-token scores of every head of the LM, a
+    sortable table whose selected row opens the head; encoders are told why there is none."""
+    from attnviz import head_scores
+
+    at = _run(AppTest.from_file(PAGE, default_timeout=180))          # MiniLM: no scores
+    assert any("causal language models" in i.value for i in at.info)
+    at = _smollm2_page()
+    at.number_input(key="att_hs_T").set_value(20)
+    at.number_input(key="att_hs_n").set_value(2)
+    next(b for b in at.button if b.proto.label == "Compute head scores").click()
+    _run(at)
+    table = next(d.value for d in at.dataframe if d.proto.id.endswith("-att_hs_table"))
+    expected = head_scores.head_scores(ui.load_model("smollm2"), 20, 2, 0)
+    assert list(table.columns) == ["layer", "head", "previous_token", "induction", "duplicate_token"]
+    assert len(table) == 30 * 9
+    np.testing.assert_allclose(table[["previous_token", "induction", "duplicate_token"]].to_numpy(),
+                               expected[["previous_token", "induction", "duplicate_token"]].to_numpy(),
+                               atol=1e-6)
+    assert table["induction"].max() > 0.5            # SmolLM2 has real induction heads
+    best = int(table["induction"].idxmax())
+    at.session_state["att_hs_table"] = {"selection": {"rows": [best], "columns": [], "cells": []}}
+    _run(at)
+    layer, head = (int(v) for v in table.loc[best, ["layer", "head"]])
+    assert (at.selectbox(key="att_layer").value, at.selectbox(key="att_head").value) == (layer, head)
