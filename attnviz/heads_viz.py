@@ -9,6 +9,10 @@ import plotly.graph_objects as go
 from .viz import head_heatmap, token_label
 
 ORDER_COLOURS = {"importance": "#1f77b4", "random": "#ff7f0e"}
+# The live view's charts are redrawn on every head toggle, and a browser spends most of a redraw
+# placing tick labels (measured: 64 labels per axis ~ 300 ms of paint per chart, 16 ~ 80 ms).
+# Hover still names every token.
+LIVE_MAX_TICKS = 16
 METRIC_LABELS = {"perplexity": "perplexity", "top1": "top-1 agreement with the full model",
                  "kl": "KL(full ‖ pruned), nats/token", "cosine": "embedding cosine to the full model",
                  "loss": "loss, nats/token"}
@@ -40,8 +44,9 @@ def curve_figure(summary: pd.DataFrame, metric: str, log_y: bool = False) -> go.
     return figure
 
 
-def token_loss_figure(tokens: list[str], loss_full, loss_masked) -> go.Figure:
-    """Loss of each token given the ones before it (nats), full model against masked model."""
+def token_loss_figure(tokens: list[str], loss_full, loss_masked, max_ticks: int = LIVE_MAX_TICKS) -> go.Figure:
+    """Loss of each token given the ones before it (nats), full model against masked model; at
+    most `max_ticks` token labels on the axis (every token in the hover)."""
     loss_full, loss_masked = np.asarray(loss_full, dtype=float), np.asarray(loss_masked, dtype=float)
     targets = tokens[1:]
     if len(targets) != len(loss_full) or len(loss_full) != len(loss_masked):
@@ -52,7 +57,7 @@ def token_loss_figure(tokens: list[str], loss_full, loss_masked) -> go.Figure:
     for name, y, colour in (("full model", loss_full, "#888"), ("masked", loss_masked, "#d62728")):
         figure.add_trace(go.Bar(x=x, y=y, name=name, marker_color=colour, customdata=labels,
                                 hovertemplate="%{customdata}: %{y:.2f} nats<extra>" + name + "</extra>"))
-    step = max(1, len(x) // 60)
+    step = max(1, -(-len(x) // max_ticks))
     figure.update_xaxes(tickmode="array", tickvals=x[::step], ticktext=labels[::step], tickangle=-60)
     figure.update_yaxes(title="loss (nats)")
     figure.update_layout(barmode="group", height=320, margin=dict(l=10, r=10, t=30, b=10),
@@ -60,22 +65,64 @@ def token_loss_figure(tokens: list[str], loss_full, loss_masked) -> go.Figure:
     return figure
 
 
-def difference_heatmap(before, after, tokens: list[str], title: str = "", causal: bool = False) -> go.Figure:
-    """after - before of one head's [n, n] attention, on a diverging scale centred at zero."""
+def topk_pair(full: tuple[list[str], object], masked: tuple[list[str], object],
+              titles=("next token — full model", "next token — masked")) -> go.Figure:
+    """The full and the masked model's next-token candidates side by side in ONE figure, both
+    panels on ONE probability axis range (0 to the larger top probability of the two), so equal
+    bars mean equal probabilities. Each panel's candidates are its own top-k, most likely on top."""
+    panels = []
+    for names, probs in (full, masked):
+        probs = np.asarray(probs.detach().cpu().numpy() if hasattr(probs, "detach") else probs, dtype=float)
+        if probs.shape != (len(names),):
+            raise ValueError(f"{len(names)} tokens but probs has shape {probs.shape}")
+        panels.append(([token_label(t) for t in names], probs))
+    top = max([1e-9] + [float(p.max(initial=0)) for _, p in panels])
+    x_range = [0, min(1.0, top * 1.1)]
+    data, layout = [], dict(height=int(np.clip(28 * max(len(n) for n, _ in panels) + 110, 220, 700)),
+                            margin=dict(l=10, r=10, t=40, b=10), showlegend=False, annotations=[])
+    for k, ((labels, probs), title, colour) in enumerate(zip(panels, titles, ("#888", "#d62728"))):
+        ax = "" if k == 0 else "2"
+        data.append(go.Bar(x=probs, y=np.arange(len(labels)), orientation="h", xaxis=f"x{ax}", yaxis=f"y{ax}",
+                           marker_color=colour, text=[f"{p:.1%}" for p in probs], textposition="auto",
+                           customdata=labels, hovertemplate="%{customdata}: %{x:.4f}<extra></extra>"))
+        domain = [0.0, 0.44] if k == 0 else [0.56, 1.0]
+        layout[f"xaxis{ax}"] = dict(domain=domain, range=x_range, tickformat=".0%", title="probability",
+                                    anchor=f"y{ax}")
+        layout[f"yaxis{ax}"] = dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels,
+                                    autorange="reversed", anchor=f"x{ax}", automargin=True)
+        layout["annotations"].append(dict(text=title, x=sum(domain) / 2, y=1.0, xref="paper", yref="paper",
+                                          xanchor="center", yanchor="bottom", showarrow=False,
+                                          font=dict(size=14)))
+    return go.Figure(data=data, layout=layout)
+
+
+def difference_heatmap(before, after, tokens: list[str], title: str = "", causal: bool = False,
+                       max_ticks: int = LIVE_MAX_TICKS) -> go.Figure:
+    """after - before of one head's [n, n] attention, on a diverging scale centred at zero; at most
+    `max_ticks` token labels per axis (every token in the hover)."""
     diff = np.asarray(after, dtype=np.float32) - np.asarray(before, dtype=np.float32)
     top = float(np.abs(diff).max()) or 1e-6
-    figure = head_heatmap(diff, tokens, title=title, causal=causal, zmax=top)
+    if causal:  # the future is blank (NaN) in the one trace: no second, overlay trace to draw
+        n_q, n_k = diff.shape
+        diff = np.where(np.arange(n_k)[None, :] > np.arange(n_q)[:, None], np.float32("nan"), diff)
+    figure = head_heatmap(diff, tokens, title=title, causal=False, zmax=top, max_ticks=max_ticks)
     figure.data[0].update(zmin=-top, zmax=top, zmid=0, colorscale="RdBu_r", colorbar=dict(title="Δ weight"))
     return figure
 
 
 def latency_figure(table: pd.DataFrame, modelled: pd.DataFrame | None = None) -> go.Figure:
-    """Measured latency of the full and the pruned model against sequence length (log-log),
-    plus the modelled Raspberry Pi latencies when given."""
+    """Measured latency of the full and the pruned model against sequence length (log-log): the
+    median, with error bars from the first to the third quartile of the runs where the table has
+    them; plus the modelled Raspberry Pi latencies when given."""
     figure = go.Figure()
-    for column, name, dash in (("full_ms", "full model", "solid"), ("pruned_ms", "pruned", "solid")):
-        figure.add_trace(go.Scatter(x=table["tokens"], y=table[column], mode="lines+markers",
-                                    name=f"{name} (this CPU, measured)", line=dict(dash=dash)))
+    for column, name in (("full_ms", "full model"), ("pruned_ms", "pruned")):
+        error = None
+        if f"{column}_q1" in table and f"{column}_q3" in table:
+            error = dict(type="data", symmetric=False,
+                         array=(table[f"{column}_q3"] - table[column]).clip(lower=0).to_numpy(),
+                         arrayminus=(table[column] - table[f"{column}_q1"]).clip(lower=0).to_numpy())
+        figure.add_trace(go.Scatter(x=table["tokens"], y=table[column], mode="lines+markers", error_y=error,
+                                    name=f"{name} (this CPU, median and IQR of the runs)"))
     if modelled is not None:
         for device, part in modelled.groupby("device"):
             for column, name in (("full_ms", "full"), ("pruned_ms", "pruned")):

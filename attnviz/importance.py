@@ -18,7 +18,9 @@ Single-head ablation measures the same thing directly: the change of the metric 
 alone is removed (one forward pass per head, so slower, and exact).
 
 Long runs take `progress(done, total, partial)` and `should_stop() -> bool`; a stopped run returns
-what it has, marked `complete=False`.
+what it has, marked `complete=False`. Every run also stops at a time budget (`max_seconds`), which
+can never exceed the server's `LIMITS.max_importance_seconds` (env ATTNVIZ_MAX_IMPORTANCE_SECONDS):
+asking for more is a ValueError, asking for nothing gets the limit.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from . import limits
+from .jobs import Deadline
 from .limits import LIMITS
 
 Progress = Callable[[int, int, object], None]
@@ -192,6 +196,8 @@ class Importance:
     total: int
     baseline: dict = field(default_factory=dict)   # metrics of the model under the starting mask
     details: pd.DataFrame | None = None            # ablation: metrics with each head removed
+    stopped: str | None = None                     # why an incomplete run ended: "stopped" | "time limit"
+    max_seconds: float | None = None               # the time budget the run had
 
     @property
     def complete(self) -> bool:
@@ -246,11 +252,48 @@ def _stopped(should_stop: ShouldStop | None) -> bool:
     return bool(should_stop is not None and should_stop())
 
 
+def time_budget(max_seconds: float | None = None) -> float:
+    """Seconds one importance or pruning-curve run may take: `max_seconds`, which must lie in
+    (0, LIMITS.max_importance_seconds]; None gives that limit."""
+    cap = float(limits.LIMITS.max_importance_seconds)
+    if max_seconds is None:
+        return cap
+    try:
+        seconds = float(max_seconds)
+    except (TypeError, ValueError):
+        raise ValueError(f"the time budget must be a number of seconds; got {max_seconds!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"the time budget must be positive; got {max_seconds!r}")
+    if seconds > cap:
+        raise ValueError(f"a time budget of {seconds:g} s is more than this server allows ({cap:g} s, "
+                         "ATTNVIZ_MAX_IMPORTANCE_SECONDS): choose at most that")
+    return seconds
+
+
+class Stop:
+    """should_stop for a long run: the caller's own check, or the time budget running out.
+    `reason` says which stopped it ("stopped" | "time limit"), None while neither has."""
+
+    def __init__(self, should_stop: ShouldStop | None = None, max_seconds: float | None = None):
+        self.should_stop = should_stop
+        self.deadline = Deadline(time_budget(max_seconds))
+        self.reason: str | None = None
+
+    def __call__(self) -> bool:
+        if self.reason is None:
+            if _stopped(self.should_stop):
+                self.reason = "stopped"
+            elif self.deadline.expired():
+                self.reason = "time limit"
+        return self.reason is not None
+
+
 def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | None = None, *,
                         probes: int = GRAD_PROBES, seed: int = 0, progress: Progress | None = None,
-                        should_stop: ShouldStop | None = None) -> Importance:
+                        should_stop: ShouldStop | None = None, max_seconds: float | None = None) -> Importance:
     """Michel et al. importance at the given mask (default: every remaining head on), one window
     at a time. Heads that are masked out or pruned get NaN."""
+    stop = Stop(should_stop, max_seconds)
     start = _check_mask(model, head_mask)
     alive = start > 0
     lm = is_lm(model)
@@ -262,9 +305,11 @@ def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
                  "second-order estimate of the rise of 1 - cos(embedding, full embedding) "
                  "(gradient + Gauss-Newton diagonal, Hutchinson probes)")
     result = Importance("gradient", objective, torch.full_like(start, float("nan")),
-                        torch.full_like(start, float("nan")), 0, data.n_windows)
+                        torch.full_like(start, float("nan")), 0, data.n_windows,
+                        max_seconds=stop.deadline.seconds)
     for w in range(data.n_windows):
-        if _stopped(should_stop):
+        if stop():
+            result.stopped = stop.reason
             break
         ids = data.ids[w:w + 1]
         mask = start.clone().requires_grad_(True)
@@ -296,9 +341,10 @@ def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
 
 def ablation_importance(model, data: EvalSet, head_mask=None, ref: Reference | None = None, *,
                         batch: int = 2, progress: Progress | None = None,
-                        should_stop: ShouldStop | None = None) -> Importance:
+                        should_stop: ShouldStop | None = None, max_seconds: float | None = None) -> Importance:
     """For every head still on: the metrics with that head alone removed, and the rise of the
     damage (LM: loss in nats/token; encoder: 1 - cosine) as its score."""
+    stop = Stop(should_stop, max_seconds)
     start = _check_mask(model, head_mask)
     ref = ref or reference(model, data, batch)
     base = evaluate(model, data, start, ref, batch)
@@ -307,9 +353,10 @@ def ablation_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
     rows = []
     result = Importance("ablation", "rise of " + ("the next-token loss (nats/token)" if is_lm(model)
                         else "1 - cosine to the full embedding") + " when the head alone is removed",
-                        raw, raw, 0, len(heads), baseline=base)
+                        raw, raw, 0, len(heads), baseline=base, max_seconds=stop.deadline.seconds)
     for i, h in heads:
-        if _stopped(should_stop):
+        if stop():
+            result.stopped = stop.reason
             break
         mask = start.clone()
         mask[i, h] = 0

@@ -79,6 +79,8 @@ class Curve:
     done: int
     total: int
     masks: dict = field(default_factory=dict)   # (order, seed, fraction) -> BoolTensor keep [L, H]
+    stopped: str | None = None                  # why an incomplete run ended: "stopped" | "time limit"
+    max_seconds: float | None = None            # the time budget the run had
 
     @property
     def complete(self) -> bool:
@@ -96,17 +98,21 @@ class Curve:
 
 def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
                   method: str = "gradient", seeds=(0, 1, 2), batch: int = 2, normalised: bool = True,
-                  progress=None, should_stop=None) -> Curve:
+                  progress=None, should_stop=None, max_seconds: float | None = None) -> Curve:
     """Remove heads in steps of `step` (share of the model's heads), in order of importance
     (re-estimated under the current mask after every step) and in random orders (one per seed).
     Masked outputs equal pruned outputs, so the curve runs on masks of the one model.
-    `normalised`: rank by the per-layer normalised score (Michel et al.) or by the raw one."""
-    from .importance import evaluate, head_importance, primary_metric, reference
+    `normalised`: rank by the per-layer normalised score (Michel et al.) or by the raw one.
+    Stops (complete=False) at `should_stop()` or after `max_seconds`, which can never exceed
+    LIMITS.max_importance_seconds (see `importance.time_budget`)."""
+    from .importance import Stop, evaluate, head_importance, primary_metric, reference
+    stop = Stop(should_stop, max_seconds)
     fractions = _fraction_steps(max_fraction, step)
     ref = reference(model, data, batch)
     alive = model.kept.clone()
     n_alive = int(alive.sum())
-    curve = Curve(pd.DataFrame(), primary_metric(model), 0, len(fractions) * (1 + len(seeds)))
+    curve = Curve(pd.DataFrame(), primary_metric(model), 0, len(fractions) * (1 + len(seeds)),
+                  max_seconds=stop.deadline.seconds)
     rows = []
 
     def record(order, seed, fraction, keep):
@@ -121,12 +127,16 @@ def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
 
     keep = alive.clone()
     for fraction in fractions:  # importance order, re-estimated after each step
-        if should_stop is not None and should_stop():
+        if stop():
+            curve.stopped = stop.reason
             return curve
         target = min(n_alive - 1, round(fraction * n_alive))  # one head always stays
         extra = target - int((alive & ~keep).sum())
         if extra > 0:
-            imp = head_importance(model, data, method, keep.float(), ref)
+            imp = head_importance(model, data, method, keep.float(), ref, should_stop=stop)
+            if stop():  # stopped inside: a partial ranking would put a wrong point on the curve
+                curve.stopped = stop.reason
+                return curve
             scores = torch.where(keep, imp.ranking(normalised).nan_to_num(0.0), torch.tensor(float("inf")))
             drop = torch.argsort(scores.flatten(), stable=True)[:extra]
             keep = keep.flatten().clone()
@@ -137,7 +147,8 @@ def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
     for seed in seeds:
         order = positions[torch.randperm(n_alive, generator=torch.Generator().manual_seed(int(seed)))]
         for fraction in fractions:
-            if should_stop is not None and should_stop():
+            if stop():
+                curve.stopped = stop.reason
                 return curve
             target = min(n_alive - 1, round(fraction * n_alive))
             keep = alive.flatten().clone()
@@ -163,6 +174,10 @@ def forward_flops(cfg, n: int) -> dict[str, float]:
     return dict(attention=attn, other=rest, total=attn + rest)
 
 
+MIN_REPEATS = 3      # a median and a spread need a few runs
+WARMUP_RUNS = 2      # untimed runs of each model per length: one-off kernel and allocator set-up
+
+
 def _time_forward(model, ids, repeats: int) -> list[float]:
     import time
     times = []
@@ -172,6 +187,11 @@ def _time_forward(model, ids, repeats: int) -> list[float]:
             model.net(input_ids=ids)
             times.append(time.perf_counter() - t0)
     return times
+
+
+def _quartiles(values) -> tuple[float, float, float]:
+    q = torch.tensor(values, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+    return float(q[0]), float(q[1]), float(q[2])
 
 
 @dataclass
@@ -204,8 +224,12 @@ class Speedup:
 
 
 def measure_speedup(model, keep, lengths=(32, 128, 512), repeats: int = 5, seed: int = 0,
-                    progress=None, should_stop=None) -> Speedup:
-    """Latency of `model.prune(keep)` against the model, alternating runs, median of `repeats`.
+                    progress=None, should_stop=None, warmup: int = WARMUP_RUNS) -> Speedup:
+    """Latency of `model.prune(keep)` against the model: per length, `warmup` untimed runs of each,
+    then `repeats` rounds that alternate the models (full, pruned, no-attention twin; the order
+    reversed every other round, so a load change hits all alike). Reported: medians, the
+    interquartile range (`*_q1`, `*_q3`), and the speed-up as the median of the per-round ratios
+    full / pruned with their IQR (runs of one round share the machine's load).
 
     The bound: only attention shrinks when heads go, so with attention taking a share a of the
     time and a fraction k of heads kept, the speed-up cannot exceed 1 / (1 - a (1 - k)) (Amdahl).
@@ -214,6 +238,12 @@ def measure_speedup(model, keep, lengths=(32, 128, 512), repeats: int = 5, seed:
     keep = check_keep(keep, model.cfg.n_layers, model.cfg.n_heads) & model.kept
     if not keep.any():
         raise ValueError("the mask removes every head; keep at least one to build a pruned model")
+    if int(repeats) < MIN_REPEATS:
+        raise ValueError(f"{int(repeats)} run(s) per length give no median worth the name: use at least "
+                         f"{MIN_REPEATS} (a single run on a busy machine can be off by several times)")
+    if model.cfg.is_vision or not model.cfg.vocab_size:
+        raise ValueError("speed-up measurement takes text models")
+    repeats, warmup = int(repeats), max(1, int(warmup))
     small = model.prune(keep)
     with warnings.catch_warnings():  # zero-width projections of the all-pruned twin are intended
         warnings.simplefilter("ignore", UserWarning)
@@ -223,32 +253,44 @@ def measure_speedup(model, keep, lengths=(32, 128, 512), repeats: int = 5, seed:
     rows = []
     vocab = model.cfg.vocab_size
     lengths = [int(n) for n in lengths if 1 <= int(n) <= model.max_tokens]
-    if model.cfg.is_vision or not vocab:
-        raise ValueError("speed-up measurement takes text models")
+    models = (model, small, none)
     for j, n in enumerate(lengths):
         if should_stop is not None and should_stop():
             break
         ids = torch.randint(0, vocab, (1, n), generator=gen)
-        _time_forward(model, ids, 1), _time_forward(small, ids, 1), _time_forward(none, ids, 1)  # warm-up
-        full_t, small_t, none_t = [], [], []
-        for _ in range(repeats):  # interleaved, so load changes hit all three alike
-            full_t += _time_forward(model, ids, 1)
-            small_t += _time_forward(small, ids, 1)
-            none_t += _time_forward(none, ids, 1)
-        med = lambda xs: float(torch.tensor(xs).median())  # noqa: E731
-        t_full, t_small, t_none = med(full_t), med(small_t), med(none_t)
+        for _ in range(warmup):
+            for m in models:
+                _time_forward(m, ids, 1)
+        times = ([], [], [])
+        for r in range(repeats):
+            order = (0, 1, 2) if r % 2 == 0 else (2, 1, 0)
+            for i in order:
+                times[i].extend(_time_forward(models[i], ids, 1))
+        (f1, t_full, f3), (p1, t_small, p3), (_, t_none, _) = (_quartiles(t) for t in times)
+        s1, speedup, s3 = _quartiles([a / b for a, b in zip(times[0], times[1])])
         share = min(1.0, max(0.0, 1 - t_none / t_full))
         f_full, f_small = forward_flops(model.cfg, n), forward_flops(small.cfg, n)
         flop_share = f_full["attention"] / f_full["total"]
-        rows.append(dict(tokens=n, full_ms=1e3 * t_full, pruned_ms=1e3 * t_small,
-                         no_attention_ms=1e3 * t_none, speedup=t_full / t_small,
-                         attention_share=share, bound=1 / (1 - share * (1 - k)),
+        rows.append(dict(tokens=n, runs=repeats, full_ms=1e3 * t_full, full_ms_q1=1e3 * f1, full_ms_q3=1e3 * f3,
+                         pruned_ms=1e3 * t_small, pruned_ms_q1=1e3 * p1, pruned_ms_q3=1e3 * p3,
+                         speedup=speedup, speedup_q1=s1, speedup_q3=s3,
+                         no_attention_ms=1e3 * t_none, attention_share=share, bound=1 / (1 - share * (1 - k)),
                          attention_share_flops=flop_share, flops_speedup=f_full["total"] / f_small["total"]))
         if progress is not None:
             progress(j + 1, len(lengths), None)
     return Speedup(model.num_params(), small.num_params(), int(keep.sum()), int(model.kept.sum()),
                    pd.DataFrame(rows), complete=len(rows) == len(lengths), cfg_full=model.cfg,
                    cfg_pruned=small.cfg)
+
+
+def noisy_lengths(table: pd.DataFrame, spread: float = 1.25) -> list[int]:
+    """Sequence lengths whose speed-up is not settled: the IQR of the per-round ratios spans more
+    than a factor `spread`, or the median lies above its Amdahl bound (beyond 5 %)."""
+    if table.empty:
+        return []
+    wide = table["speedup_q3"] > spread * table["speedup_q1"]
+    above = table["speedup"] > 1.05 * table["bound"]
+    return [int(n) for n in table.loc[wide | above, "tokens"]]
 
 
 # ---------------------------------------------------------------- masks in links

@@ -10,6 +10,8 @@ from playwright.sync_api import expect, sync_playwright
 from tests.browser import ARGS, ARTIFACTS, CHROMIUM, streamlit_server, wait_idle
 
 TIMEOUT = 120_000
+# Playwright assertions wait 5 s by default, too little for a rerun on a loaded 2-core machine.
+expect.set_options(timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +86,33 @@ def test_heads_toggle_changes_the_output(page, server):
     assert float(cosine.inner_text()) < 1.0
     assert "heads=" in page.url          # the mask travels in the link
     page.screenshot(path=str(ARTIFACTS / "heads.png"))
+
+
+def head_button(page, layer, head):
+    """Head `head`'s button in layer `layer`'s row of the Heads page's mask (a form: Apply submits)."""
+    return page.get_by_role("toolbar", name=f"heads on in layer {layer}", exact=True).get_by_role(
+        "button", name=f"h{head}", exact=True)
+
+
+def test_heads_several_toggles_then_one_apply(page, server):
+    open_page(page, server, "Heads?model=minilm")
+    cosine = page.locator('[data-testid="stMetricValue"]').first
+    expect(cosine).to_have_text("1.0000")
+    for layer, head in ((1, 2), (3, 5), (4, 7)):      # edits: the grid changes, the result not yet
+        head_button(page, layer, head).click()
+        expect(head_button(page, layer, head)).to_have_attribute("aria-pressed", "false")
+        wait_idle(page)
+    expect(page.get_by_text("The grid above has 69 heads on", exact=False)).to_be_visible()
+    expect(page.get_by_text("72 of 72 heads on", exact=False)).to_be_visible()
+    expect(cosine).to_have_text("1.0000")
+    page.get_by_role("button", name="Apply").click()  # one run for the three
+    wait_idle(page)
+    expect(page.get_by_text("69 of 72 heads on", exact=False)).to_be_visible()
+    expect(cosine).not_to_have_text("1.0000")
+    assert float(cosine.inner_text()) < 1.0
+    assert_no_errors(page)
+    assert "heads=" in page.url
+    page.screenshot(path=str(ARTIFACTS / "heads-apply.png"))
 
 
 def test_latency_tiny_sweep(page, server):

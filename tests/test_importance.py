@@ -185,16 +185,64 @@ def test_speedup_bookkeeping():
     cfg = lm_config(n_kv=2)
     model = random_model(cfg)
     keep = torch.tensor([[True, True, False, False], [True, False, False, False]])
-    sp = measure_speedup(model, keep, lengths=(8, 16), repeats=1)
+    sp = measure_speedup(model, keep, lengths=(8, 16), repeats=3)
     assert sp.params_pruned < sp.params_full and (sp.heads_kept, sp.heads_total) == (3, 8)
     t = sp.table
-    assert t["tokens"].tolist() == [8, 16]
+    assert t["tokens"].tolist() == [8, 16] and t["runs"].tolist() == [3, 3]
     k = 3 / 8
     assert t["bound"].tolist() == pytest.approx((1 / (1 - t["attention_share"] * (1 - k))).tolist())
+    for col in ("full_ms", "pruned_ms", "speedup"):     # medians with their interquartile range
+        assert (t[f"{col}_q1"] <= t[col]).all() and (t[col] <= t[f"{col}_q3"]).all()
     with pytest.raises(ValueError, match="every head"):
         measure_speedup(model, torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="at least 3"):
+        measure_speedup(model, keep, repeats=1)
     f_full, f_small = forward_flops(model.cfg, 16), forward_flops(model.prune(keep).cfg, 16)
     assert f_small["other"] == f_full["other"] and f_small["attention"] < f_full["attention"]
+
+
+def test_speedup_warms_up_and_alternates_the_models(monkeypatch):
+    """Untimed warm-up runs of each model first, then rounds that take the models in turn; the
+    speed-up is the median of the per-round ratios."""
+    from attnviz import pruning
+    cfg = lm_config()
+    model = random_model(cfg)
+    keep = torch.tensor([[True, True, False, False], [True, False, False, False]])
+    calls = []
+
+    def timed(m, ids, repeats):
+        calls.append(m)
+        kept = sum(m.cfg.heads_in(i) for i in range(m.cfg.n_layers))
+        return [{8: 0.010, 3: 0.005, 0: 0.004}[kept]]   # full, pruned, no-attention twin
+
+    monkeypatch.setattr(pruning, "_time_forward", timed)
+    real_prune = type(model).prune
+    built = []
+    monkeypatch.setattr(type(model), "prune", lambda self, k: built.append(real_prune(self, k)) or built[-1])
+    sp = measure_speedup(model, keep, lengths=(8,), repeats=4, warmup=2)
+    small, none = built
+    assert len(calls) == 3 * 2 + 3 * 4
+    warm, timed_runs = calls[:6], calls[6:]
+    assert warm == [model, small, none] * 2
+    assert timed_runs == [model, small, none, none, small, model] * 2   # alternating order
+    row = sp.table.loc[0]
+    assert (row["speedup_q1"], row["speedup"], row["speedup_q3"]) == pytest.approx((2.0, 2.0, 2.0))
+    assert row["full_ms"] == pytest.approx(10.0) and row["attention_share"] == pytest.approx(0.6)
+    from attnviz.pruning import noisy_lengths
+    import pandas as pd
+    table = pd.DataFrame(dict(tokens=[8, 16, 32], speedup=[1.1, 1.2, 3.0], speedup_q1=[1.05, 0.8, 2.9],
+                              speedup_q3=[1.15, 1.6, 3.1], bound=[1.5, 1.5, 1.5]))
+    assert noisy_lengths(table) == [16, 32]          # a wide spread, and a speed-up above its bound
+
+
+def test_latency_figure_shows_the_spread():
+    import pandas as pd
+    from attnviz.heads_viz import latency_figure
+    table = pd.DataFrame(dict(tokens=[8, 16], full_ms=[2.0, 4.0], full_ms_q1=[1.5, 3.0], full_ms_q3=[3.0, 4.5],
+                              pruned_ms=[1.0, 2.0], pruned_ms_q1=[0.9, 1.9], pruned_ms_q3=[1.2, 2.5]))
+    fig = latency_figure(table)
+    assert list(fig.data[0].error_y.array) == [1.0, 0.5] and list(fig.data[0].error_y.arrayminus) == [0.5, 1.0]
+    assert fig.data[1].error_y.symmetric is False
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +313,143 @@ def test_heads_figures():
     assert len(lines) == 2 and list(lines[0].x) == [0.0, 50.0]
     with pytest.raises(ValueError, match="one loss per predicted token"):
         heads_viz.token_loss_figure(["a", "b", "c"], [1.0], [1.0, 2.0])
+
+
+# ---------------------------------------------------------------- the live view (issue 12)
+def gpt2_config():
+    return Config(family="gpt2", n_layers=3, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
+                  vocab_size=40, max_positions=64, norm="layernorm", positional="learned", causal=True,
+                  pre_norm=True, activation="gelu", gated_mlp=False, qkv_bias=True, out_bias=True,
+                  mlp_bias=True)
+
+
+@pytest.mark.parametrize("cfg", [lm_config(n_kv=2), gpt2_config(), bert_config()], ids=["gqa-lm", "gpt2", "encoder"])
+def test_live_run_starts_at_the_first_changed_layer_and_equals_a_full_run(cfg):
+    from attnviz import effects
+    model = random_model(cfg, seed=4)
+    ids = list(range(3, 15))
+    L, H = cfg.n_layers, cfg.n_heads
+    last = L - 1
+    full = effects.outputs(model, ids, None, last)
+    assert full.start == 0 and len(full.states) == L + 1
+    mask = torch.ones(L, H)
+    mask[1, 2] = 0
+    masked = effects.outputs(model, ids, mask, last, base=full)
+    assert masked.start == 1                          # block 0 is the full run's, reused
+    again = effects.outputs(model, ids, mask.clone(), last, base=[full, masked])
+    assert again is masked                            # the same mask again: nothing computed
+    more = mask.clone()
+    more[L - 1, 0] = 0
+    later = effects.outputs(model, ids, more, last, base=[full, masked])
+    assert later.start == L - 1                       # from the previous masked run, not the full one
+    early = effects.outputs(model, ids, more, 0, base=[full, masked])
+    assert early.start == 0                           # layer 0's attention is captured anew
+    for out, m, layer in ((full, None, last), (masked, mask, last), (later, more, last), (early, more, 0)):
+        tr = model.trace(ids, head_mask=m, layers=[layer])
+        assert torch.allclose(out.attention, tr.attentions[0], atol=1e-6)
+        if cfg.task == "lm":
+            assert torch.allclose(out.logprobs, tr.logits.log_softmax(-1), atol=1e-5)
+        else:
+            assert torch.allclose(out.embedding, torch.nn.functional.normalize(tr.hidden.mean(0), dim=0),
+                                  atol=1e-6)
+    with pytest.raises(ValueError, match="layer must lie"):
+        effects.outputs(model, ids, None, L)
+
+
+class WordTokenizer:
+    """A tiny SentencePiece-like tokenizer: longest match over a fixed vocabulary, ▁ = space."""
+    vocab = {"▁Mary": 1, "Mary": 2, "▁John": 3, "▁un": 4, "believ": 5, "ably": 6, "▁": 7}
+
+    def __call__(self, text, add_special_tokens=True):
+        s, out = text.replace(" ", "▁"), []
+        while s:
+            piece = max((p for p in self.vocab if s.startswith(p)), key=len, default=None)
+            if piece is None:
+                raise ValueError(s)
+            out.append(self.vocab[piece])
+            s = s[len(piece):]
+        return {"input_ids": out}
+
+    def convert_ids_to_tokens(self, ids):
+        names = {v: k for k, v in self.vocab.items()}
+        return [names[i] for i in ids]
+
+
+def test_one_token_as_typed_or_a_message_saying_how_it_splits():
+    from attnviz.effects import single_token
+    tok = WordTokenizer()
+    assert single_token(tok, " Mary") == (1, None)
+    assert single_token(tok, "▁Mary") == (1, None)              # as the app's labels show it
+    token, note = single_token(tok, "Mary")
+    assert token == 2 and "leading space" in note and "' Mary'" in note
+    with pytest.raises(ValueError, match=r"' unbelievably' is 3 tokens for this model \('▁un' \+ 'believ' \+ 'ably'\)"):
+        single_token(tok, " unbelievably")
+    with pytest.raises(ValueError, match="type a token"):
+        single_token(tok, "   ")
+
+
+def test_last_position_probability_logit_difference_and_flip():
+    from attnviz.effects import Outputs, compare, last_position
+    def run(last_logits):
+        logits = torch.zeros(3, 5)
+        logits[-1] = torch.tensor(last_logits)
+        lp = logits.log_softmax(-1)
+        return Outputs(tokens=list("abc"), attention=None, layer=0, logprobs=lp,
+                       token_loss=-lp[:-1, 0])
+    full, masked = run([3.0, 1.0, 0.0, 0.0, 0.0]), run([1.0, 2.5, 0.0, 0.0, 0.0])
+    n = last_position(full, masked, target=0, other=1)
+    assert n["prob_full"] == pytest.approx(float(torch.tensor([3.0, 1, 0, 0, 0]).softmax(0)[0]))
+    assert n["logit_diff_full"] == pytest.approx(2.0) and n["logit_diff_masked"] == pytest.approx(-1.5)
+    assert n["flipped"] and (n["top1_full"], n["top1_masked"]) == (0, 1)
+    assert not last_position(full, full, 0, 1)["flipped"]
+    assert compare(full, masked)["flipped_positions"] == 1        # only the last position differs
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        last_position(full, masked, target=5)
+
+
+def test_attention_note_says_why_a_map_is_empty():
+    from attnviz.effects import attention_note
+    keep = torch.ones(6, 12, dtype=torch.bool)
+    assert "Every head is on" in attention_note(keep, 5)
+    keep[3, 1] = False
+    assert "layer 3, so layer 2's map is all zero: pick layer 4 or later" in attention_note(keep, 2)
+    assert attention_note(keep, 5).startswith("A mask scales a head's output")
+    last = torch.ones(6, 12, dtype=torch.bool)
+    last[5, 0] = False
+    assert "last layer, so no attention map can change" in attention_note(last, 5)
+
+
+def test_topk_pair_draws_both_panels_on_one_scale():
+    from attnviz.heads_viz import topk_pair
+    fig = topk_pair((["a", "b"], torch.tensor([0.92, 0.05])), (["c", "d"], [0.11, 0.02]))
+    assert fig.layout.xaxis.range == fig.layout.xaxis2.range == (0, 1.0)
+    fig = topk_pair((["a", "b"], [0.4, 0.05]), (["c", "d"], [0.11, 0.02]))
+    assert fig.layout.xaxis.range == fig.layout.xaxis2.range == (0, pytest.approx(0.44))
+    assert list(fig.data[1].x) == [0.11, 0.02] and fig.data[1].xaxis == "x2"
+    with pytest.raises(ValueError, match="2 tokens"):
+        topk_pair((["a", "b"], [0.4]), (["c"], [0.1]))
+
+
+# ---------------------------------------------------------------- bounds on long runs (issue 11)
+def test_time_budget_is_capped_in_the_library(monkeypatch):
+    import dataclasses
+
+    from attnviz import importance, limits
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, max_importance_seconds=5.0))
+    assert importance.time_budget() == 5.0 and importance.time_budget(2) == 2.0
+    for bad, why in ((6, "more than this server allows"), (0, "positive"), ("x", "number of seconds")):
+        with pytest.raises(ValueError, match=why):
+            importance.time_budget(bad)
+    cfg = lm_config()
+    model, d = random_model(cfg), data(cfg, windows=3)
+    with pytest.raises(ValueError, match="more than this server allows"):
+        gradient_importance(model, d, max_seconds=60)
+    with pytest.raises(ValueError, match="more than this server allows"):
+        pruning_curve(model, d, max_seconds=60)
+    full = gradient_importance(model, d)
+    assert full.complete and full.stopped is None and full.max_seconds == 5.0
+    for run in (gradient_importance(model, d, max_seconds=1e-9), ablation_importance(model, d, max_seconds=1e-9),
+                pruning_curve(model, d, step=0.5, max_fraction=0.5, seeds=(0,), max_seconds=1e-9)):
+        assert not run.complete and run.stopped == "time limit"
+    stopped = gradient_importance(model, d, should_stop=lambda: True)
+    assert stopped.stopped == "stopped"

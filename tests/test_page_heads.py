@@ -1,11 +1,16 @@
 """Heads page (AppTest, MiniLM and SmolLM2): toggles, per-session masks, links, pruning, bad input."""
+import base64
+import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from attnviz import importance, pruning, ui
+from attnviz import importance, jobs, limits, pruning, ui
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "2_Heads.py")
 
@@ -18,7 +23,38 @@ def app(**query) -> AppTest:
 
 
 def mask_of(at, key="minilm", L=6, H=12) -> torch.Tensor:
-    return torch.tensor([[bool(at.session_state[f"heads_cb:{key}:{i}:{h}"]) for h in range(H)] for i in range(L)])
+    keep = torch.zeros(L, H, dtype=torch.bool)
+    for i in range(L):
+        keep[i, list(at.session_state[f"heads_row:{key}:{i}"])] = True
+    return keep
+
+
+def switch(at, *heads, key="minilm"):
+    """Click heads (layer, head) in the mask's rows; nothing happens until Apply."""
+    for i, h in heads:
+        row = at.button_group(key=f"heads_row:{key}:{i}")
+        row.unselect(h) if h in row.value else row.select(h)
+    return at
+
+
+def apply(at):
+    return at.button(key="heads_apply").click().run()
+
+
+def metric(at, label_start):
+    return next(m for m in at.metric if m.label.startswith(label_start))
+
+
+def chart(at, key):
+    """The plotly figure JSON of the chart drawn with this key."""
+    return json.loads(next(c for c in at.get("plotly_chart") if c.key == key).proto.spec)
+
+
+def values(array) -> np.ndarray:
+    """A plotly array: a list, or base64 with a dtype."""
+    if isinstance(array, dict):
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"])
+    return np.asarray(array)
 
 
 def frame_with(at, column):
@@ -38,7 +74,7 @@ def test_toggle_updates_outputs_and_link():
     at = app()
     assert not at.exception
     assert at.metric[0].value == "1.0000"  # every head on: the masked model is the full model
-    at.checkbox(key="heads_cb:minilm:5:3").uncheck().run()
+    apply(switch(at, (5, 3)))
     assert not at.exception
     assert float(at.metric[0].value) < 0.99
     keep = torch.ones(6, 12, dtype=torch.bool)
@@ -48,7 +84,7 @@ def test_toggle_updates_outputs_and_link():
     assert not at.exception and not mask_of(at)[2].any() and mask_of(at).sum() == 72 - 13
     at.checkbox(key="heads_layer:minilm:2").check().run()
     assert mask_of(at)[2].all()
-    at.selectbox(key="heads_only").set_value(1).run()
+    at.selectbox(key="heads_only:minilm:6x12").set_value(1).run()
     at.button(key="heads_only_btn").click().run()
     assert mask_of(at).sum(1).tolist() == [0, 12, 0, 0, 0, 0]
     at.button(key="heads_reset").click().run()
@@ -59,14 +95,14 @@ def test_sessions_do_not_share_masks_and_the_cached_model_is_untouched():
     model = ui.load_model("minilm")
     before = checksum(model)
     first, second = app(), app()
-    first.checkbox(key="heads_cb:minilm:0:0").uncheck().run()
+    apply(switch(first, (0, 0)))
     second.checkbox(key="heads_layer:minilm:3").uncheck().run()
     second.run()
     first.run()
     assert mask_of(first).sum() == 71 and mask_of(first)[3].all()
     assert mask_of(second).sum() == 60 and mask_of(second)[0, 0]
     second.multiselect(key="heads_lengths").set_value([16]).run()
-    second.number_input(key="heads_repeats").set_value(1).run()
+    second.number_input(key="heads_repeats").set_value(3).run()
     second.button(key="heads_prune_go").click().run()
     assert not second.exception
     table = frame_with(second, "bound")
@@ -132,8 +168,131 @@ def test_language_model_live_effect():
     assert not at.exception
     labels = [m.label for m in at.metric]
     assert "perplexity (masked)" in labels and at.metric[2].value == "100.0%"
-    at.checkbox(key="heads_cb:smollm2:0:1").uncheck().run()
+    apply(switch(at, (0, 1), key="smollm2"))
     assert not at.exception
     kl = float(at.metric[1].value)
     assert kl > 0
     assert at.query_params["model"] == "smollm2" and at.query_params["heads"].startswith("30x9-")
+
+
+# ---------------------------------------------------------------- issue 12 and 11: regressions
+def test_head_edits_wait_for_apply_then_apply_together():
+    """Clicking heads only edits the grid; one Apply shows the effect of every edit at once."""
+    at = app()
+    switch(at, (1, 2), (4, 7), (5, 0)).run()
+    assert not at.exception
+    keep = torch.ones(6, 12, dtype=torch.bool)
+    keep[1, 2] = keep[4, 7] = keep[5, 0] = False
+    assert torch.equal(mask_of(at), keep)             # the grid holds the edits...
+    assert at.metric[0].value == "1.0000"             # ...the result is still the full model's
+    captions = " ".join(c.value for c in at.caption)
+    assert "72 of 72 heads on" in captions and "The grid above has 69 heads on" in captions
+    assert "heads" not in at.query_params
+    apply(at)
+    assert not at.exception
+    assert torch.equal(mask_of(at), keep)
+    assert float(at.metric[0].value) < 1.0
+    captions = " ".join(c.value for c in at.caption)
+    assert "69 of 72 heads on" in captions and "The grid above has 69 heads on" in captions
+    assert at.query_params["heads"] == pruning.encode_mask(keep)
+    assert not at.checkbox(key="heads_layer:minilm:4").value   # layer 4 is no longer all on
+    at.checkbox(key="heads_layer:minilm:4").check().run()    # a layer box acts at once
+    assert mask_of(at)[4].all() and mask_of(at).sum() == 70
+    assert any("70 of 72 heads on" in c.value for c in at.caption)
+
+
+def test_live_effect_of_a_language_model_one_scale_target_tokens_and_flips():
+    at = app(model="smollm2")
+    at.text_area(key="heads_text:lm").input("The capital of France is").run()
+    at.text_input(key="heads_target:smollm2").input(" Paris").run()
+    at.text_input(key="heads_other:smollm2").input("▁London").run()   # the labels' space mark works too
+    assert not at.exception
+    p_paris = metric(at, "P(▁Paris) next")
+    diff = metric(at, "logit(▁Paris) − logit(▁London)")
+    assert p_paris.value.endswith("%") and float(p_paris.value[:-1]) > 5   # the full model's favourite
+    assert "vs full" in diff.delta
+    assert not any("flips" in w.value for w in at.warning)
+    # Every head but layer 0's: the prediction changes, and the page says so beyond perplexity
+    at.selectbox(key="heads_only:smollm2:30x9").set_value(0).run()
+    at.button(key="heads_only_btn").click().run()
+    assert not at.exception
+    assert any("next-token prediction flips" in w.value for w in at.warning)
+    top1 = metric(at, "top-1 agreement")
+    assert "positions flip" in top1.delta
+    spec = chart(at, "heads_topk")
+    full_bars, masked_bars = spec["data"]
+    x1, x2 = spec["layout"]["xaxis"]["range"], spec["layout"]["xaxis2"]["range"]
+    assert x1 == x2                                   # one probability scale for both panels
+    top = max(values(full_bars["x"]).max(), values(masked_bars["x"]).max())
+    assert x1[0] == 0 and top <= x1[1] <= 1.0 and x1[1] == pytest.approx(min(1.0, 1.1 * top))
+    # a word that is not one token: said plainly, with how it splits
+    at.text_input(key="heads_target:smollm2").input(" unbelievably").run()
+    assert not at.exception
+    said = " ".join(w.value for w in at.warning)
+    assert "3 tokens" in said and "not one" in said
+
+
+def test_settings_that_name_a_layer_follow_the_model():
+    def layer_box(at):
+        return next(s for s in at.selectbox if s.label == "layer for the attention change")
+
+    at = app()
+    assert layer_box(at).value == 5                    # MiniLM's last layer
+    at.sidebar.selectbox[0].set_value("smollm2").run()
+    assert not at.exception
+    assert layer_box(at).value == 29 and layer_box(at).options[-1] == "29"   # SmolLM2's last, not 5
+    assert next(s for s in at.selectbox if s.label == "layer").value == 29
+    notes = " ".join(c.value for c in at.caption)
+    assert "270 of 270 heads on" in notes and "Every head is on" in notes
+    at.sidebar.selectbox[0].set_value("minilm").run()
+    assert not at.exception and layer_box(at).value == 5
+
+
+def test_top_k_preset_is_enabled_as_soon_as_importance_is_computed():
+    at = app()
+    assert at.button(key="heads_top").disabled
+    at.radio(key="heads_imp_src").set_value("the text above").run()
+    at.select_slider(key="heads_imp_window").set_value(32).run()
+    at.button(key="heads_imp_go").click().run()
+    assert not at.exception
+    assert not at.button(key="heads_top").disabled      # no other widget touched in between
+    assert "Importance CSV" in [b.label for b in at.get("download_button")]
+    at.button(key="heads_top").click().run()
+    result, _ = at.session_state["heads_imp:minilm"]
+    assert torch.equal(mask_of(at), result.keep_top(0.7))
+
+
+def test_prune_and_measure_warms_up_takes_medians_and_shows_the_spread():
+    at = app()
+    assert at.number_input(key="heads_repeats").min >= 3
+    at.multiselect(key="heads_lengths").set_value([16]).run()
+    at.number_input(key="heads_repeats").set_value(3).run()
+    at.button(key="heads_prune_go").click().run()
+    assert not at.exception
+    table = frame_with(at, "speedup_q1")
+    assert table["runs"].tolist() == [3]
+    for col in ("full_ms", "pruned_ms", "speedup"):
+        assert (table[f"{col}_q1"] <= table[col]).all() and (table[col] <= table[f"{col}_q3"]).all()
+    spec = chart(at, "heads_latency")
+    assert all("error_y" in trace for trace in spec["data"][:2])
+    assert "Speed-up CSV" in [b.label for b in at.get("download_button")]
+
+
+def test_importance_budget_is_capped_and_heavy_jobs_hold_a_server_slot(monkeypatch):
+    capped = dataclasses.replace(limits.LIMITS, max_importance_seconds=30.0, max_heavy_jobs=1)
+    monkeypatch.setattr(limits, "LIMITS", capped)   # what ATTNVIZ_MAX_IMPORTANCE_SECONDS=30 would give
+    monkeypatch.setattr(jobs, "LIMITS", capped)
+    at = app()
+    for prefix in ("heads_imp", "heads_curve"):
+        assert at.number_input(key=f"{prefix}_budget").max == 30
+    with pytest.raises(ValueError, match="more than this server allows"):
+        importance.time_budget(31)
+    at.multiselect(key="heads_lengths").set_value([16]).run()
+    with jobs.heavy_job("someone else's sweep"):          # the server's one slot is taken
+        for button in ("heads_imp_go", "heads_curve_go", "heads_prune_go"):
+            at.button(key=button).click().run()
+            assert not at.exception
+            assert any("already running" in e.value for e in at.error), button
+    assert "heads_imp:minilm" not in at.session_state and "heads_speed:minilm" not in at.session_state
+    at.button(key="heads_imp_go").click().run()         # free again
+    assert not at.exception and at.session_state["heads_imp:minilm"][0].complete
