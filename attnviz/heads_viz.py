@@ -13,6 +13,11 @@ ORDER_COLOURS = {"importance": "#1f77b4", "random": "#ff7f0e"}
 # placing tick labels (measured: 64 labels per axis ~ 300 ms of paint per chart, 16 ~ 80 ms).
 # Hover still names every token.
 LIVE_MAX_TICKS = 16
+# plotly.js measures every tick label again to hide those that overflow the figure ("hide past div",
+# its default on these axes): about a third of a redraw inside the Heads page (bench/toggle_latency.py).
+# The live charts grow their margins to fit their labels (automargin; drawn without Streamlit's
+# theme, nothing else would), so nothing is left to hide.
+LIVE_AXES = dict(ticklabeloverflow="allow", automargin=True)
 METRIC_LABELS = {"perplexity": "perplexity", "top1": "top-1 agreement with the full model",
                  "kl": "KL(full ‖ pruned), nats/token", "cosine": "embedding cosine to the full model",
                  "loss": "loss, nats/token"}
@@ -58,8 +63,8 @@ def token_loss_figure(tokens: list[str], loss_full, loss_masked, max_ticks: int 
         figure.add_trace(go.Bar(x=x, y=y, name=name, marker_color=colour, customdata=labels,
                                 hovertemplate="%{customdata}: %{y:.2f} nats<extra>" + name + "</extra>"))
     step = max(1, -(-len(x) // max_ticks))
-    figure.update_xaxes(tickmode="array", tickvals=x[::step], ticktext=labels[::step], tickangle=-60)
-    figure.update_yaxes(title="loss (nats)")
+    figure.update_xaxes(tickmode="array", tickvals=x[::step], ticktext=labels[::step], tickangle=-60, **LIVE_AXES)
+    figure.update_yaxes(title="loss (nats)", **LIVE_AXES)
     figure.update_layout(barmode="group", height=320, margin=dict(l=10, r=10, t=30, b=10),
                          legend=dict(orientation="h", y=1.15))
     return figure
@@ -87,9 +92,9 @@ def topk_pair(full: tuple[list[str], object], masked: tuple[list[str], object],
                            customdata=labels, hovertemplate="%{customdata}: %{x:.4f}<extra></extra>"))
         domain = [0.0, 0.44] if k == 0 else [0.56, 1.0]
         layout[f"xaxis{ax}"] = dict(domain=domain, range=x_range, tickformat=".0%", title="probability",
-                                    anchor=f"y{ax}")
+                                    anchor=f"y{ax}", **LIVE_AXES)
         layout[f"yaxis{ax}"] = dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels,
-                                    autorange="reversed", anchor=f"x{ax}", automargin=True)
+                                    autorange="reversed", anchor=f"x{ax}", **LIVE_AXES)
         layout["annotations"].append(dict(text=title, x=sum(domain) / 2, y=1.0, xref="paper", yref="paper",
                                           xanchor="center", yanchor="bottom", showarrow=False,
                                           font=dict(size=14)))
@@ -107,6 +112,8 @@ def difference_heatmap(before, after, tokens: list[str], title: str = "", causal
         diff = np.where(np.arange(n_k)[None, :] > np.arange(n_q)[:, None], np.float32("nan"), diff)
     figure = head_heatmap(diff, tokens, title=title, causal=False, zmax=top, max_ticks=max_ticks)
     figure.data[0].update(zmin=-top, zmax=top, zmid=0, colorscale="RdBu_r", colorbar=dict(title="Δ weight"))
+    figure.update_xaxes(**LIVE_AXES)
+    figure.update_yaxes(**LIVE_AXES)
     return figure
 
 

@@ -1,6 +1,7 @@
 """The only module that imports streamlit: cached loaders, the shared sidebar, session keys."""
 from __future__ import annotations
 
+import gc
 import os
 import re
 from pathlib import Path
@@ -42,9 +43,23 @@ def _shared_model(key: str, _typed: str = "") -> attnviz.Model:
     weights. `_typed` (not part of the key) is what the user typed, for messages."""
     if key.startswith("folder:"):
         resolved = Path(key[len("folder:"):])
-        return loading.load_dir(resolved, key=loading.local_folder_name(resolved, LIMITS), name=_typed,
-                                limits=LIMITS)
-    return attnviz.load_model(key)
+        model = loading.load_dir(resolved, key=loading.local_folder_name(resolved, LIMITS), name=_typed,
+                                 limits=LIMITS)
+    else:
+        model = attnviz.load_model(key)
+    settle_heap()
+    return model
+
+
+def settle_heap():
+    """Streamlit runs a full garbage collection after every script run, and with torch,
+    transformers and a model loaded that walks ~400,000 objects: ~250 ms, holding the GIL, so the
+    run's last messages wait for it (a quarter of a head toggle's 1 s, bench/toggle_latency.py).
+    Freezing what is alive now (modules, loaded models) takes those objects out of every later
+    collection; they are still freed by reference counting when dropped (a loaded, dropped SmolLM2
+    gives its memory back), only cyclic garbage among them would stay."""
+    gc.collect()
+    gc.freeze()
 
 
 def load_model(key: str) -> attnviz.Model:

@@ -12,7 +12,10 @@ Prints three figures, each the median (and min-max) of several toggles:
    what the user waits on. This is the target figure; the whole step timed by this script (head
    click, grid rerun, Apply, paint, Playwright's own overhead) is printed next to it.
 
-    python bench/toggle_latency.py [--toggles 8] [--skip-browser]
+    python bench/toggle_latency.py [--toggles 8] [--skip-browser] [--view "next token" ...]
+
+The page redraws one chart after each Apply (the user picks which: next token, per-token loss,
+attention change) or all three; each choice is timed in turn.
 
 Timings on a shared machine vary run to run; the load average is printed with them.
 """
@@ -34,6 +37,8 @@ import attnviz  # noqa: E402
 from attnviz import effects  # noqa: E402
 
 TARGET_S = 1.0
+LIVE_CHARTS = ("next token", "per-token loss", "attention change", "all three")  # the page's chart choices
+CHARTS = {"next token": 1, "per-token loss": 1, "attention change": 1, "all three": 3}
 MODEL = "smollm2"
 N_TOKENS = 64
 TEXT = ("The quick brown fox jumps over the lazy dog while the cat sits on the mat and watches "
@@ -80,12 +85,13 @@ def page_text(model):
     return text, len(model.encode_text(text)[0])
 
 
-def apptest_rerun(text, heads):
+def apptest_rerun(text, heads, view):
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(str(ROOT / "pages" / "2_Heads.py"), default_timeout=300)
     at.query_params["model"] = MODEL
     at.run()
     at.text_area(key="heads_text:lm").input(text).run()  # fills the full-model cache
+    at.button_group(key="heads_chart").set_value(view).run()
     times = []
     for i, h in heads:
         at.button_group(key=f"heads_row:{MODEL}:{i}").unselect(h)
@@ -105,26 +111,36 @@ def head_box(page, i, h):
 
 
 # Polled in the page every animation frame after the Apply click: the new head count and a new
-# KL value are on screen and no element is stale any more. Then two more frames, so that the last
-# paint has happened, and the page's own clock gives the time since the click.
-PAINTED = """([count, total, old]) => {
+# KL value are on screen, no element is stale any more, and each of the `charts` plotly charts
+# has been computed again since the click (its calcdata is a new object). Then two more frames,
+# so that the last paint has happened, and the page's own clock gives the time since the click.
+PAINTED = """([count, total, old, charts]) => {
   const caption = [...document.querySelectorAll('[data-testid="stCaptionContainer"]')]
       .some(e => e.textContent.includes(count + ' of ' + total + ' heads on'));
   const kl = document.querySelectorAll('[data-testid="stMetricValue"]')[1];
-  return caption && kl && kl.textContent !== old && !document.querySelector('[data-stale="true"]');
+  const plots = [...document.querySelectorAll('.js-plotly-plot')];
+  const redrawn = plots.length === charts && plots.every(g => g.calcdata && !window.__oldCalc.has(g.calcdata));
+  return caption && kl && kl.textContent !== old && redrawn && !document.querySelector('[data-stale="true"]');
 }"""
 SINCE_APPLY = """() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(
     () => r(performance.now() - window.__applyClicked))))"""
+# Apply just below the page's header and the results under it in view, as a user watching them has
+# it (Playwright would otherwise scroll Apply to the bottom edge to click it, results out of view).
+SHOW_RESULTS = """e => { e.scrollIntoView({block: 'start'});
+  document.querySelector('[data-testid="stMain"]').scrollBy(0, -120); }"""
 VIEWPORT = {"width": 1920, "height": 1080}  # a common desktop screen
 IDLE = """() => !document.querySelector('[data-testid="stStatusWidget"]')
     && !document.querySelector('[data-stale="true"]')"""
 ON_APPLY = """() => document.addEventListener('click', e => {
-  if (e.target.closest('button') && e.target.closest('button').innerText.trim() === 'Apply')
+  if (e.target.closest('button') && e.target.closest('button').innerText.trim() === 'Apply') {
     window.__applyClicked = performance.now();
+    window.__oldCalc = new WeakSet([...document.querySelectorAll('.js-plotly-plot')]
+        .map(g => g.calcdata).filter(Boolean));
+  }
 }, {capture: true})"""
 
 
-def browser_toggles(text, heads, L, H):
+def browser_toggles(text, heads, L, H, view):
     """(click on Apply -> painted, as the page measures it; the whole step with the harness's two
     clicks, as this script measures it), seconds per toggle."""
     from playwright.sync_api import sync_playwright
@@ -143,6 +159,10 @@ def browser_toggles(text, heads, L, H):
         box.press("Control+Enter")
         wait_idle(page)
         page.locator('[data-testid="stMetricValue"]').nth(1).wait_for()
+        if view != LIVE_CHARTS[0]:
+            chooser = page.get_by_role("radiogroup", name="chart", exact=True)
+            chooser.get_by_role("radio", name=view, exact=True).click()
+            wait_idle(page)
         page.evaluate(ON_APPLY)
         metrics = page.locator('[data-testid="stMetricValue"]')
         in_page, whole, on = [], [], L * H
@@ -155,9 +175,9 @@ def browser_toggles(text, heads, L, H):
             page.get_by_text(f"The grid above has {on} heads on").wait_for()
             page.wait_for_function(IDLE, polling="raf")
             apply = page.get_by_role("button", name="Apply", exact=True)
-            apply.evaluate("e => e.scrollIntoView({block: 'start'})")   # the results sit below it
+            apply.evaluate(SHOW_RESULTS)
             apply.click()
-            page.wait_for_function(PAINTED, arg=[on, L * H, old], polling="raf")
+            page.wait_for_function(PAINTED, arg=[on, L * H, old, CHARTS[view]], polling="raf")
             ms = page.evaluate(SINCE_APPLY)
             if k:
                 in_page.append(ms / 1e3)
@@ -171,6 +191,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--toggles", type=int, default=8)
     ap.add_argument("--skip-browser", action="store_true")
+    ap.add_argument("--view", action="append", choices=LIVE_CHARTS,
+                    help="the page's chart choice to time (repeatable; default: each in turn)")
     args = ap.parse_args()
     model = attnviz.load_model(MODEL)
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -181,15 +203,17 @@ def main():
     lib = library_path(model, model.encode_text(text)[0].tolist(), heads[1:])
     print(f"library, masked run + comparison, from the first changed layer: {summary(lib[True])}")
     print(f"library, masked run + comparison, from layer 0 (no reuse):     {summary(lib[False])}")
-    rerun = apptest_rerun(text, heads[1:])
-    print(f"AppTest rerun after a toggle + Apply (whole script, no paint):  {summary(rerun)}")
-    if not args.skip_browser:
-        painted, whole = browser_toggles(text, heads, L, H)
-        median = statistics.median(painted)
-        print(f"browser, Apply click -> new result painted (page clock):      {summary(painted)} "
-              f"-> {median / TARGET_S:.2f} x the {TARGET_S:g} s target "
-              f"({'met' if median <= TARGET_S else 'NOT met'})")
-        print(f"browser, head click -> grid -> Apply -> paint (harness clock): {summary(whole)}")
+    for view in args.view or LIVE_CHARTS:
+        print(f"-- chart: {view}")
+        rerun = apptest_rerun(text, heads[1:], view)
+        print(f"AppTest rerun after a toggle + Apply (whole script, no paint):  {summary(rerun)}")
+        if not args.skip_browser:
+            painted, whole = browser_toggles(text, heads, L, H, view)
+            median = statistics.median(painted)
+            print(f"browser, Apply click -> new result painted (page clock):      {summary(painted)} "
+                  f"-> {median / TARGET_S:.2f} x the {TARGET_S:g} s target "
+                  f"({'met' if median <= TARGET_S else 'NOT met'})")
+            print(f"browser, head click -> grid -> Apply -> paint (harness clock): {summary(whole)}")
     print(f"load average now {os.getloadavg()[0]:.1f}")
 
 

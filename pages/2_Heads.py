@@ -84,6 +84,10 @@ default_text = ("The capital of France is Paris. The cat sat on the mat because 
 text = st.text_area("Text", default_text, key=f"heads_text:{'lm' if lm else 'enc'}", height=80)
 
 # ---------------------------------------------------------------- live effect helpers
+LIVE_CHARTS = ("next token", "per-token loss", "attention change", "all three")
+# Streamlit's chart theme is applied in the browser on every redraw (~0.1-0.3 s of the live view's
+# redraw, bench/toggle_latency.py): the live charts keep plotly's own look.
+LIVE_THEME = dict(theme=None)
 SENTENCES = ["A kitten is resting on a rug.", "The dog sleeps on the sofa.", "A man is playing a guitar.",
              "Stock markets fell sharply today.", "The cat is lying on a carpet."]
 
@@ -131,22 +135,20 @@ def last_position_view(full, masked):
         st.caption(f"The next-token prediction stays {ui.plain(pf)}.")
 
 
-def live_effect(keep):
+def live_runs(keep):
+    """The full and the masked run of the live view, or a message. Both runs happen before
+    anything of the live view is drawn: the browser then has nothing to repaint while the model
+    runs (on a small machine the two compete for the same cores). The pickers' values come from
+    the session state, where Streamlit keeps them between runs."""
     try:
         ids = model.encode_text(text)[0]
     except ValueError as err:
-        st.warning(ui.plain(str(err)))
-        return
-    if len(ids) > LIVE_MAX_TOKENS:
-        st.caption(f"The live view uses the first {LIVE_MAX_TOKENS} of {len(ids)} tokens.")
+        return str(err)
+    n_ids = len(ids)
     ids = tuple(ids[:LIVE_MAX_TOKENS].tolist())
-    c1, c2, c3 = st.columns([1, 1, 2])
-    layer = c1.selectbox("layer for the attention change", range(L), index=L - 1,
-                         key=f"heads_diff_layer:{shape}")
-    head = c2.selectbox("head", range(H), key=f"heads_diff_head:{shape}")
-    sentences = () if lm else tuple(s for s in c3.text_area(
-        "sentences to rank by similarity (one per line)", "\n".join(SENTENCES),
-        key="heads_sentences").splitlines() if s.strip())[:20]
+    layer = ss.get(f"heads_diff_layer:{shape}", L - 1)
+    sentences = () if lm else tuple(s for s in ss.get("heads_sentences", "\n".join(SENTENCES)).splitlines()
+                                     if s.strip())[:20]
     full = full_outputs(model, mkey, ids, layer, sentences)
     cache_key = (mkey, ids, layer, sentences, pruning.encode_mask(keep))
     previous = ss.get("heads_masked")  # one entry, this session only
@@ -155,7 +157,28 @@ def live_effect(keep):
         bases = [full] + ([previous[1]] if previous is not None and previous[0][:4] == cache_key[:4] else [])
         ss["heads_masked"] = (cache_key, effects.outputs(model, list(ids), keep.float(), layer,
                                                          list(sentences), base=bases))
-    masked = ss["heads_masked"][1]
+    return ids, n_ids, layer, sentences, full, ss["heads_masked"][1]
+
+
+def live_effect(keep, runs):
+    if isinstance(runs, str):
+        st.warning(ui.plain(runs))
+        return
+    ids, n_ids, layer, sentences, full, masked = runs
+    if n_ids > LIVE_MAX_TOKENS:
+        st.caption(f"The live view uses the first {LIVE_MAX_TOKENS} of {n_ids} tokens.")
+    c1, c2, c3 = st.columns([1, 1, 2])
+    c1.selectbox("layer for the attention change", range(L), index=L - 1, key=f"heads_diff_layer:{shape}")
+    head = c2.selectbox("head", range(H), key=f"heads_diff_head:{shape}")
+    if lm:
+        # One chart redraws in about half the time of three (bench/toggle_latency.py --view).
+        chart = c3.segmented_control("chart", LIVE_CHARTS, default=LIVE_CHARTS[0], required=True,
+                                     key="heads_chart", help="the chart redrawn after each Apply; "
+                                     "all three take about twice as long to appear")
+    else:
+        chart = "attention change"
+        c3.text_area("sentences to rank by similarity (one per line)", "\n".join(SENTENCES),
+                     key="heads_sentences")
     cmp = effects.compare(full, masked, list(sentences))
     if lm:
         m1, m2, m3 = st.columns(3)
@@ -167,25 +190,28 @@ def live_effect(keep):
                   f"{cmp['flipped_positions']} of {len(ids)} positions flip" if cmp["flipped_positions"]
                   else None, delta_color="inverse")
         last_position_view(full, masked)
-        st.plotly_chart(heads_viz.topk_pair(full.top_k(10, model.tokenizer), masked.top_k(10, model.tokenizer)),
-                        key="heads_topk")
-        if len(ids) < 2:
-            st.info("Type at least two tokens to see the per-token loss and the perplexity.")
-        else:
-            st.plotly_chart(heads_viz.token_loss_figure(full.tokens, full.token_loss, masked.token_loss),
-                            key="heads_token_loss")
+        if chart in ("next token", "all three"):
+            st.plotly_chart(heads_viz.topk_pair(full.top_k(10, model.tokenizer),
+                                                masked.top_k(10, model.tokenizer)), key="heads_topk", **LIVE_THEME)
+        if chart in ("per-token loss", "all three"):
+            if len(ids) < 2:
+                st.info("Type at least two tokens to see the per-token loss and the perplexity.")
+            else:
+                st.plotly_chart(heads_viz.token_loss_figure(full.tokens, full.token_loss, masked.token_loss),
+                                key="heads_token_loss", **LIVE_THEME)
     else:
         st.metric("embedding cosine to the full model", f"{cmp['cosine']:.4f}")
         if "ranking" in cmp:
             st.caption(f"Similarity ranking of the sentences to the text: {cmp['rank_changes']} "
                        "sentence(s) change rank under the mask.")
             st.dataframe(cmp["ranking"], hide_index=True, key="heads_ranking")
-    st.plotly_chart(heads_viz.difference_heatmap(
-        full.attention[head], masked.attention[head], full.tokens, causal=model.cfg.causal,
-        title=f"layer {layer}, head {head}: attention masked − full"), key="heads_diff")
-    note = effects.attention_note(keep, layer)
-    if note:
-        st.caption(note)
+    if chart in ("attention change", "all three"):
+        st.plotly_chart(heads_viz.difference_heatmap(
+            full.attention[head], masked.attention[head], full.tokens, causal=model.cfg.causal,
+            title=f"layer {layer}, head {head}: attention masked − full"), key="heads_diff", **LIVE_THEME)
+        note = effects.attention_note(keep, layer)
+        if note:
+            st.caption(note)
 
 
 # ---------------------------------------------------------------- the mask and its live effect
@@ -207,9 +233,10 @@ def head_grid():
 
 @st.fragment
 def live_part():
+    keep = applied_mask()  # Apply's callback has run by now
+    runs = live_runs(keep) if keep.any() else None  # before anything is drawn: see live_runs
     st.button("Apply", key="heads_apply", type="primary", on_click=apply_edits,
               help="show the effect of the mask above: every head edit since the last Apply, in one run")
-    keep = applied_mask()
     st.query_params["model"] = mkey
     if keep.all():
         st.query_params.pop("heads", None)
@@ -222,7 +249,7 @@ def live_part():
                  "back on (or press Reset); importance and pruning curves below still work.")
         return
     st.subheader("Live effect", divider="gray")
-    live_effect(keep)
+    live_effect(keep, runs)
 
 
 with st.expander("Head mask — click heads, then Apply; a layer box and the buttons above it act at once",

@@ -116,6 +116,26 @@ def test_heads_several_toggles_then_one_apply(page, server):
     page.screenshot(path=str(ARTIFACTS / "heads-apply.png"))
 
 
+def test_heads_chart_choice_redraws_the_chosen_charts(page, server):
+    """A language model's live view draws the chart the user picked (one by default, all three on
+    request) and a change of chart does not lose the result."""
+    open_page(page, server, "Heads?model=smollm2")
+    plots = page.locator(".js-plotly-plot")
+    expect(plots).to_have_count(1)                   # next-token bars, the default
+    expect(page.get_by_text("next token — masked")).to_be_visible()
+    chooser = page.get_by_role("radiogroup", name="chart", exact=True)
+    chooser.get_by_role("radio", name="all three", exact=True).click()
+    wait_idle(page)
+    expect(plots).to_have_count(3)
+    expect(page.get_by_text("attention masked − full", exact=False)).to_be_attached()
+    chooser.get_by_role("radio", name="per-token loss", exact=True).click()
+    wait_idle(page)
+    expect(plots).to_have_count(1)
+    expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text(re.compile(r"^\d+\.\d\d$"))
+    assert_no_errors(page)
+    page.screenshot(path=str(ARTIFACTS / "heads-charts.png"))
+
+
 def test_latency_tiny_sweep(page, server):
     open_page(page, server, "Latency")
     seq = page.locator('input[aria-label="Sequence lengths"]')

@@ -453,3 +453,17 @@ def test_time_budget_is_capped_in_the_library(monkeypatch):
         assert not run.complete and run.stopped == "time limit"
     stopped = gradient_importance(model, d, should_stop=lambda: True)
     assert stopped.stopped == "stopped"
+
+
+def test_live_figures_skip_plotly_overflow_pass_on_every_axis():
+    """plotly.js measures every tick label once more to hide overflowing ones unless told to allow
+    them; in the Heads page that was about a third of a live redraw (bench/toggle_latency.py)."""
+    import numpy as np
+    from attnviz import heads_viz
+    figures = [heads_viz.topk_pair((["a", "b"], [0.4, 0.05]), (["c", "d"], [0.11, 0.02])),
+               heads_viz.token_loss_figure(["a", "b", "c"], [1.0, 2.0], [1.5, 2.5]),
+               heads_viz.difference_heatmap(np.eye(3), np.eye(3) * 0.5, list("abc"), causal=True)]
+    for figure in figures:
+        axes = [k for k in figure.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
+        assert axes and all(figure.layout[k].ticklabeloverflow == "allow" for k in axes)
+        assert all(figure.layout[k].automargin for k in axes)   # labels fit without Streamlit's theme

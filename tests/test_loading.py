@@ -378,3 +378,33 @@ def test_app_loads_one_copy_per_resolved_folder(tmp_path, monkeypatch):
         assert not at.exception and not errors(at), typed
         fingerprints.add(at.code[0].value)
     assert len(loads) == 1 and len(fingerprints) == 1
+
+
+def test_shared_models_leave_the_collectors_view_and_are_still_freed_when_dropped(monkeypatch):
+    """ui.settle_heap freezes what is alive after a load, so Streamlit's collection after every run
+    no longer walks torch, transformers and the weights (~250 ms per run with SmolLM2 loaded).
+    Frozen objects are freed by reference counting alone: a dropped model must not need the
+    collector (a cycle in it would leak it once frozen)."""
+    import gc
+    import weakref
+    from attnviz import ui
+    before = gc.get_freeze_count()
+    ui.settle_heap()
+    assert gc.get_freeze_count() > before
+    settled = []
+    monkeypatch.setattr(ui, "settle_heap", lambda: settled.append(True))
+    ui._shared_model.clear()
+    ui.load_model("toy-copy")
+    assert settled                                       # every shared load settles the heap
+    for key in ("toy-copy", "minilm"):
+        model = attnviz.load_model(key)
+        gc.freeze()
+        gone = weakref.ref(model)
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            del model
+            assert gone() is None, key
+        finally:
+            if enabled:
+                gc.enable()

@@ -242,6 +242,7 @@ def test_settings_that_name_a_layer_follow_the_model():
     assert not at.exception
     assert layer_box(at).value == 29 and layer_box(at).options[-1] == "29"   # SmolLM2's last, not 5
     assert next(s for s in at.selectbox if s.label == "layer").value == 29
+    at.button_group(key="heads_chart").set_value("attention change").run()   # the note sits under it
     notes = " ".join(c.value for c in at.caption)
     assert "270 of 270 heads on" in notes and "Every head is on" in notes
     at.sidebar.selectbox[0].set_value("minilm").run()
@@ -296,3 +297,46 @@ def test_importance_budget_is_capped_and_heavy_jobs_hold_a_server_slot(monkeypat
     assert "heads_imp:minilm" not in at.session_state and "heads_speed:minilm" not in at.session_state
     at.button(key="heads_imp_go").click().run()         # free again
     assert not at.exception and at.session_state["heads_imp:minilm"][0].complete
+
+
+def test_live_view_draws_the_chosen_chart_and_reuses_the_masked_run():
+    """After each Apply the live view redraws the chart the user watches (one redraws in about half
+    the time of three); switching charts does not run the model again; the live charts are drawn
+    without Streamlit's theme (bench/toggle_latency.py)."""
+    def live_charts(at):
+        return sorted(c.key for c in at.get("plotly_chart"))
+
+    at = app(model="smollm2")
+    at.text_area(key="heads_text:lm").input("The capital of France is Paris, and the capital of Italy is").run()
+    switch(at, (17, 3), key="smollm2")
+    apply(at)
+    assert not at.exception
+    assert at.button_group(key="heads_chart").value == "next token"        # the default
+    assert live_charts(at) == ["heads_topk"]
+    run = at.session_state["heads_masked"][1]
+    for view, keys in (("per-token loss", ["heads_token_loss"]), ("attention change", ["heads_diff"]),
+                       ("all three", ["heads_diff", "heads_token_loss", "heads_topk"])):
+        at.button_group(key="heads_chart").set_value(view).run()
+        assert not at.exception and live_charts(at) == keys
+        assert at.session_state["heads_masked"][1] is run                   # no second masked run
+    assert all(c.proto.theme == "" for c in at.get("plotly_chart"))        # theme=None
+    # an encoder has no next token: its live view always shows the attention change
+    at.sidebar.selectbox[0].set_value("minilm").run()
+    assert not at.exception and live_charts(at) == ["heads_diff"]
+
+
+def test_live_pickers_read_before_they_are_drawn_still_drive_the_run():
+    """The live runs happen before the live view draws anything, with the pickers' values taken
+    from the session state: a new layer must reach the masked run and the chart on its own rerun."""
+    at = app()
+    switch(at, (2, 0))
+    apply(at)
+    at.selectbox(key="heads_diff_layer:minilm:6x12").set_value(3).run()
+    at.selectbox(key="heads_diff_head:minilm:6x12").set_value(1).run()
+    assert not at.exception
+    key, run = at.session_state["heads_masked"]
+    assert key[2] == 3 and run.layer == 3
+    spec = chart(at, "heads_diff")
+    assert spec["layout"]["title"]["text"].startswith("layer 3, head 1")
+    # layer 3 sees layer 2's changed output: the change is drawn, not the all-zero of another layer
+    assert np.abs(np.nan_to_num(values(spec["data"][0]["z"]))).max() > 0
