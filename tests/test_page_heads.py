@@ -300,9 +300,9 @@ def test_importance_budget_is_capped_and_heavy_jobs_hold_a_server_slot(monkeypat
 
 
 def test_live_view_draws_the_chosen_chart_and_reuses_the_masked_run():
-    """After each Apply the live view redraws the chart the user watches (one redraws in about half
-    the time of three); switching charts does not run the model again; the live charts are drawn
-    without Streamlit's theme (bench/toggle_latency.py)."""
+    """After each Apply the live view redraws the chart the user watches (each chart adds to every
+    redraw); switching charts does not run the model again; the live charts are drawn without
+    Streamlit's theme (bench/toggle_latency.py)."""
     def live_charts(at):
         return sorted(c.key for c in at.get("plotly_chart"))
 
