@@ -171,11 +171,11 @@ def live_effect(keep, runs):
     c1.selectbox("layer for the attention change", range(L), index=L - 1, key=f"heads_diff_layer:{shape}")
     head = c2.selectbox("head", range(H), key=f"heads_diff_head:{shape}")
     if lm:
-        # Each plotly chart adds to every redraw: one appears ~0.7 s after Apply, all three ~1 s
+        # Each plotly chart adds to every redraw: one appears 0.6–0.7 s after Apply, all three 0.9–1.1 s
         # (bench/toggle_latency.py, SmolLM2 at 64 tokens).
         chart = c3.segmented_control("chart", LIVE_CHARTS, default=LIVE_CHARTS[0], required=True,
                                      key="heads_chart", help="the chart redrawn after each Apply; "
-                                     "all three take about 0.3 s longer to appear")
+                                     "all three take about 0.3–0.5 s longer to appear")
     else:
         chart = "attention change"
         c3.text_area("sentences to rank by similarity (one per line)", "\n".join(SENTENCES),
