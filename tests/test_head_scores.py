@@ -12,12 +12,10 @@ from attnviz import head_scores as hs
 from attnviz.config import Config
 from attnviz.loading import random_model
 
-LLAMA = Config(family="llama", n_layers=3, n_heads=4, n_kv_heads=2, d_model=32, d_head=8, d_ff=64,
-               vocab_size=50, max_positions=64, norm="rmsnorm", norm_eps=1e-6,
-               positional="rotary", causal=True, pre_norm=True, activation="silu", gated_mlp=True,
-               qkv_bias=False, out_bias=False, mlp_bias=False)
-BERT = Config(family="bert", n_layers=2, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
-              vocab_size=50, max_positions=64, type_vocab_size=2, final_norm=False)
+from tests import tiny as configs
+
+LLAMA = dataclasses.replace(configs.LLAMA, max_positions=64)
+BERT = dataclasses.replace(configs.BERT, max_positions=64)
 VIT = Config(family="vit", n_layers=1, n_heads=2, n_kv_heads=2, d_model=8, d_head=4, d_ff=16,
              image_size=28, patch_size=14, pre_norm=True)
 
