@@ -1,12 +1,11 @@
-"""attnviz: every attention head of real pretrained models, computed by our own modules."""
-from .api import Model, ModelInfo, Trace
-from .loading import DEFAULT_MODEL, from_hf, list_models, load_model
+"""attnviz: every attention head of real pretrained models, computed by our own modules.
 
-
-def open_image(data: bytes):
-    """Bytes of an uploaded file -> RGB PIL.Image, or ValueError saying why not."""
-    from .imageio import open_image as _open
-    return _open(data)
+The library is layered; each subpackage imports only from those above it here:
+base -> core -> toys -> weights -> analysis, latency -> figures -> ui (the only streamlit importer).
+"""
+from attnviz.core.images import open_image
+from attnviz.core.model import Model, ModelInfo, Trace
+from attnviz.weights.catalogue import DEFAULT_MODEL, from_hf, list_models, load_model
 
 
 __all__ = ["Model", "ModelInfo", "Trace", "DEFAULT_MODEL", "from_hf", "list_models", "load_model",

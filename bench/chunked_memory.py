@@ -12,8 +12,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from attnviz.attention import EAGER, attend, parse_variant  # noqa: E402
-from attnviz.bench import load, model_inputs, peak_memory_mb  # noqa: E402
+from attnviz.core.attention import EAGER, attend, parse_variant  # noqa: E402
+from attnviz.latency.sweep import load, model_inputs, peak_memory_mb  # noqa: E402
 
 N, HEADS, D_HEAD, CHUNK = 8192, 2, 64, 256
 

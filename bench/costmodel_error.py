@@ -15,7 +15,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pandas as pd  # noqa: E402
 
-from attnviz import bench, costmodel as cm, latency_figures as lf  # noqa: E402
+from attnviz.latency import sweep as bench  # noqa: E402
+from attnviz.latency import costmodel as cm
+from attnviz.figures import latency as lf
 
 NS = [16, 32, 64, 128, 256, 512, 1024]
 MODELS = {"minilm": 512, "synthetic:layers=6,d=384,heads=12,ff=1536,vocab=30522,positions=1024": 1024,

@@ -20,8 +20,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 import attnviz  # noqa: E402
-from attnviz import vision  # noqa: E402
-from attnviz.imageio import load_sample  # noqa: E402
+from attnviz.analysis import vision  # noqa: E402
+from attnviz.core.images import load_sample  # noqa: E402
 
 TARGET_S = 1.5
 
@@ -42,7 +42,7 @@ def reference_model():
     """transformers' Dinov2Model with the bundled weights (the ONNX initializers)."""
     from transformers import Dinov2Config, Dinov2Model
 
-    from attnviz import checkpoints
+    from attnviz.weights import checkpoints
     cfg, backbone, _ = checkpoints.read_onnx_dinov2(checkpoints.dinov2_onnx_path())
     reference = Dinov2Model(Dinov2Config(**cfg, attn_implementation="eager")).eval()
     reference.load_state_dict(backbone, strict=False)    # mask_token is not in the ONNX graph

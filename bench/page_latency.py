@@ -59,7 +59,8 @@ def rerun_times(model_key: str, text: str | None = None) -> tuple[int, list[floa
 
 def long_text(model_key: str, n_tokens: int) -> str:
     """The first n_tokens tokens of the bundled evaluation text, as text."""
-    from attnviz import texts, ui
+    from attnviz.base import texts
+    from attnviz import ui
     model = ui.load_model(model_key)
     ids = model.tokenizer(texts.eval_text())["input_ids"][:n_tokens]
     return model.tokenizer.decode(ids, skip_special_tokens=True)

@@ -21,7 +21,8 @@ import attnviz  # noqa: E402
 
 def reference(key: str, model: attnviz.Model, impl: str):
     import transformers as tf
-    from attnviz import checkpoints, loading
+    from attnviz.weights import checkpoints
+    from attnviz.weights import catalogue as loading
     if key == "minilm":
         return tf.AutoModel.from_pretrained(str(loading.bundled_path("minilm")), attn_implementation=impl).eval()
     cfg, state = checkpoints.read_gguf_llama(loading.bundled_path("smollm2"))

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import attnviz  # noqa: E402
-from attnviz import effects  # noqa: E402
+from attnviz.analysis import effects  # noqa: E402
 
 TARGET_S = 1.0
 LIVE_CHARTS = ("next token", "per-token loss", "attention change", "all three")  # the page's chart choices

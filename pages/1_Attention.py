@@ -3,8 +3,16 @@ rollout and the model's own output. Layout only; the work is in attnviz.outputs 
 import streamlit as st
 import torch
 
-from attnviz import analysis, exports, head_scores, jobs, outputs, texts, tokens as token_text, ui, viz
-from attnviz.limits import LIMITS
+from attnviz.analysis import stats as analysis
+from attnviz.base import exports
+from attnviz.analysis import head_scores
+from attnviz.base import jobs
+from attnviz.analysis import capture as outputs
+from attnviz.base import texts
+from attnviz.core import tokens as token_text
+from attnviz import ui
+from attnviz.figures import attention as viz
+from attnviz.base.limits import LIMITS
 
 st.set_page_config(page_title="attnviz · Attention", layout="wide")
 st.title("Attention")
@@ -21,7 +29,7 @@ ss.setdefault("att_text_input", ss["att_text"])
 
 @st.cache_resource(show_spinner=False)
 def capture_store() -> outputs.LRU:
-    """Captures of every session, keyed on (model, text, window start); each <= outputs.FULL_BUDGET.
+    """Captures of every session, keyed on (model, text, window start); each <= outputs.full_budget().
     Tensors are shared as they are (cache_data would pickle up to 128 MB on every rerun); nothing
     downstream mutates a capture."""
     return outputs.LRU(LIMITS.trace_cache_entries)
@@ -120,7 +128,7 @@ st.selectbox("Sample sentences", [OWN] + texts.seed_sentences(), key="att_sample
              on_change=use_sample)
 with st.form("att_form"):
     st.text_area("Text", key="att_text_input", height=100,
-                 help=f"Up to {min(cfg.max_positions, outputs.MAX_CAPTURE_TOKENS):,} tokens; "
+                 help=f"Up to {min(cfg.max_positions, LIMITS.max_capture_tokens):,} tokens; "
                       "longer text is cut to fit.")
     submitted = st.form_submit_button("Run", type="primary")
 if submitted:

@@ -3,8 +3,15 @@ import streamlit as st
 import torch
 
 import attnviz
-from attnviz import effects, exports, heads_viz, importance, jobs, pruning, ui, viz
-from attnviz.limits import LIMITS
+from attnviz.analysis import effects
+from attnviz.base import exports
+from attnviz.figures import heads as heads_viz
+from attnviz.analysis import importance
+from attnviz.base import jobs
+from attnviz.analysis import pruning
+from attnviz import ui
+from attnviz.figures import attention as viz
+from attnviz.base.limits import LIMITS
 
 LIVE_MAX_TOKENS = LIMITS.live_max_tokens  # the live view keeps [n, vocab] log-probs of both runs: bounded
 TASKS = ("encoder", "lm")

@@ -6,9 +6,11 @@ import streamlit as st
 import torch
 
 import attnviz
-from attnviz import ui, vision, viz
-from attnviz.imageio import sample_images
-from attnviz.limits import LIMITS
+from attnviz import ui
+from attnviz.analysis import vision
+from attnviz.figures import attention as viz
+from attnviz.core.images import sample_images
+from attnviz.base.limits import LIMITS
 
 st.set_page_config(page_title="attnviz · Images", layout="wide")
 st.title("Images — what each head looks at")

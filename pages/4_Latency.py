@@ -5,9 +5,14 @@ import os
 
 import streamlit as st
 
-from attnviz import bench, costmodel as cm, jobs, latency_figures as lf, results, ui
-from attnviz.limits import LIMITS
-from attnviz.loading import BUNDLED
+from attnviz.latency import sweep as bench
+from attnviz.latency import costmodel as cm
+from attnviz.base import jobs
+from attnviz.figures import latency as lf
+from attnviz.latency import results
+from attnviz import ui
+from attnviz.base.limits import LIMITS
+from attnviz.weights.catalogue import BUNDLED
 
 st.set_page_config(page_title="attnviz · Latency", layout="wide")
 st.title("Latency")

@@ -7,10 +7,15 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from attnviz.limits import LIMITS
-from attnviz import jobs, lab, toy_training, toys, ui, viz
-from attnviz import lab_figures as lf
-from attnviz.texts import eval_text
+from attnviz.base.limits import LIMITS
+from attnviz.base import jobs
+from attnviz.analysis import lab
+from attnviz.toys import training as toy_training
+from attnviz.toys import tasks as toys
+from attnviz import ui
+from attnviz.figures import attention as viz
+from attnviz.figures import lab as lf
+from attnviz.base.texts import eval_text
 
 st.set_page_config(page_title="attnviz · Lab", layout="wide")
 st.title("Lab")
@@ -292,7 +297,7 @@ with tab_toy:
                 task=toys.Task(task_name, length, n_keys=max(16, length)), n_layers=n_layers, n_heads=heads,
                 d_model=d_model, positional=positional, variant=variant, steps=int(steps), checkpoint=ckpt)
             st.caption(f"Estimated training time: {toy_training.estimate_seconds(settings):.0f} s "
-                       f"(budget {toy_training.BUDGET_S:.0f} s on two cores). Copy, reverse and sort learn in "
+                       f"(budget {LIMITS.max_train_seconds:.0f} s on two cores). Copy, reverse and sort learn in "
                        "a few hundred steps; recall needs about 1,000 (its induction heads form suddenly).")
             if train_go:
                 toy_training.check_settings(settings)

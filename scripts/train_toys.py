@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnviz import toys  # noqa: E402
-from attnviz.toy_training import TrainSettings, estimate_seconds, train  # noqa: E402
+from attnviz.toys import tasks as toys  # noqa: E402
+from attnviz.toys.training import TrainSettings, estimate_seconds, train  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "attnviz" / "data" / "toys"
 

@@ -87,7 +87,7 @@ def session_text(k: int, round_: int) -> str:
 async def _one_session(browser, url: str, k: int, rounds: int, shots: Path | None):
     import re
 
-    from attnviz.pruning import encode_mask
+    from attnviz.analysis.pruning import encode_mask
     context = await browser.new_context(viewport={"width": 1300, "height": 1800})
     page = await context.new_page()
     page.set_default_timeout(240_000)
@@ -142,7 +142,7 @@ def run_sessions(url: str, n: int = 8, rounds: int = 3, shots: Path | None = Non
 
 def expected_cosine(model, text: str, keep) -> float:
     """What the heads page must show for this text and mask, computed here from the library."""
-    from attnviz import effects
+    from attnviz.analysis import effects
     sentences = ["A kitten is resting on a rug.", "The dog sleeps on the sofa.", "A man is playing a guitar.",
                  "Stock markets fell sharply today.", "The cat is lying on a carpet."]
     ids = model.encode_text(text)[0][:256].tolist()

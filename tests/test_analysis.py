@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attnviz import analysis
+from attnviz.analysis import stats as analysis
 
 N = 8
 

@@ -12,9 +12,13 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hst
 
-from attnviz import bench, costmodel as cm, jobs, latency_figures as lf, results
-from attnviz.attention import EAGER, attend, parse_variant
-from attnviz.results import config_spec, parse_synthetic, read_results
+from attnviz.latency import sweep as bench
+from attnviz.latency import costmodel as cm
+from attnviz.base import jobs
+from attnviz.figures import latency as lf
+from attnviz.latency import results
+from attnviz.core.attention import EAGER, attend, parse_variant
+from attnviz.latency.results import config_spec, parse_synthetic, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "synthetic:layers=2,d=32,heads=4,ff=64,vocab=50,positions=64"

@@ -65,7 +65,7 @@ def test_attention_paste_run_heatmap(page, server):
 
 
 def test_images_upload_photo(page, server, tmp_path):
-    from attnviz.imageio import sample_images
+    from attnviz.core.images import sample_images
     open_page(page, server, "Images")
     page.get_by_text("Upload", exact=True).click()
     wait_idle(page)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import checkpoints as ck
+from attnviz.weights import checkpoints as ck
 
 PROMPT = "The capital of France is"
 
@@ -199,6 +199,7 @@ def test_decoder_stays_in_inference_mode_and_checks_its_input(dinov2_read):
 
 # ---------------------------------------------------------------- our modules on the bundled weights
 import attnviz  # noqa: E402
+from attnviz.weights import catalogue  # noqa: E402
 
 
 def test_our_smollm2_matches_transformers_gguf(smollm2_reference):
@@ -247,7 +248,7 @@ def test_our_minilm_matches_transformers():
     from transformers import AutoModel
 
     ours = attnviz.load_model("minilm")
-    ref_model = AutoModel.from_pretrained(str(attnviz.loading.bundled_path("minilm")),
+    ref_model = AutoModel.from_pretrained(str(catalogue.bundled_path("minilm")),
                                           attn_implementation="eager").eval()
     tr = ours.trace("The animal didn't cross the street because it was too tired.")
     with torch.no_grad():

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import costmodel as cm
-from attnviz import latency_figures as lf
-from attnviz.loading import random_model
-from attnviz.results import parse_synthetic, with_heads
+from attnviz.latency import costmodel as cm
+from attnviz.figures import latency as lf
+from attnviz.weights.catalogue import random_model
+from attnviz.latency.results import parse_synthetic, with_heads
 
 MINILM = parse_synthetic("synthetic:layers=6,d=384,heads=12,ff=1536,vocab=30522,positions=512")
 SMOLLM2 = parse_synthetic("synthetic:family=llama,layers=30,d=576,heads=9,kv=3,dh=64,ff=1536,vocab=49152")

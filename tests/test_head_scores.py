@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import attnviz
-from attnviz import head_scores as hs
-from attnviz.config import Config
-from attnviz.loading import random_model
+from attnviz.analysis import head_scores as hs
+from attnviz.core.config import Config
+from attnviz.weights.catalogue import random_model
 
 from tests import tiny as configs
 
@@ -112,7 +112,7 @@ def test_table_equals_the_written_out_formula_on_each_trace(tiny):
         np.testing.assert_allclose(df[k].to_numpy(), want[k].flatten(), atol=1e-6)
 
 
-def test_batches_for_bounded_memory_give_the_same_table(tiny, monkeypatch):
+def test_batches_for_bounded_memory_give_the_same_table(tiny, monkeypatch, set_limits):
     whole = hs.head_scores(tiny, seq_len=12, n_seqs=3, seed=0)
     batches = []
     layer_weights = hs._layer_weights
@@ -125,7 +125,7 @@ def test_batches_for_bounded_memory_give_the_same_table(tiny, monkeypatch):
     hs.head_scores(tiny, seq_len=12, n_seqs=3, seed=0)
     assert batches == [3]                       # 3 x 4 x 24 x 24 floats: one batch
     batches.clear()
-    monkeypatch.setattr(hs, "LIMITS", dataclasses.replace(hs.LIMITS, attention_capture_mb=0))
+    set_limits(attention_capture_mb=0)
     one_by_one = hs.head_scores(tiny, seq_len=12, n_seqs=3, seed=0)
     assert batches == [1, 1, 1]                 # below the budget: one sequence at a time
     pd.testing.assert_frame_equal(whole, one_by_one, check_exact=False, atol=1e-6)
@@ -219,7 +219,7 @@ def test_sequence_length_is_capped_at_1024_tokens():
 
 
 def test_a_deadline_stops_between_forward_passes(tiny):
-    from attnviz.jobs import Deadline, JobTimeout
+    from attnviz.base.jobs import Deadline, JobTimeout
     with pytest.raises(JobTimeout):
         hs.head_scores(tiny, seq_len=8, deadline=Deadline(0))
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from attnviz.imageio import (
+from attnviz.base.limits import LIMITS
+from attnviz.core.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    MAX_IMAGE_BYTES,
     load_sample,
     open_image,
     preprocess,
@@ -275,6 +275,7 @@ def padded_png(size: int) -> bytes:
 
 def test_byte_limit_is_exact_at_the_upload_cap():
     # The cap is decimal, as the browser's upload widget counts it: 20 MB = 20,000,000 bytes.
+    MAX_IMAGE_BYTES = LIMITS.max_upload_bytes
     assert MAX_IMAGE_BYTES == 20_000_000
     assert open_image(padded_png(MAX_IMAGE_BYTES)).size == (32, 24)
     with pytest.raises(ValueError, match=r"20,000,001 bytes, over the limit of 20,000,000 bytes "
@@ -293,7 +294,7 @@ def test_streamlit_upload_cap_agrees_with_the_library():
 
     import streamlit
 
-    from attnviz.limits import Limits
+    from attnviz.base.limits import Limits
 
     config = Path(__file__).resolve().parent.parent / ".streamlit" / "config.toml"
     megabytes = tomllib.loads(config.read_text())["server"]["maxUploadSize"]

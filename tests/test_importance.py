@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-from attnviz.config import Config
-from attnviz.importance import (EvalSet, ablation_importance, eval_windows, evaluate, gradient_importance,
+from attnviz.core.config import Config
+from attnviz.analysis.importance import (EvalSet, ablation_importance, eval_windows, evaluate, gradient_importance,
                                 keep_top, normalise_per_layer, reference)
-from attnviz.loading import random_model
-from attnviz.pruning import forward_flops, measure_speedup, pruning_curve
+from attnviz.weights.catalogue import random_model
+from attnviz.analysis.pruning import forward_flops, measure_speedup, pruning_curve
 
 SIGNAL = (1, 2)  # the one head that carries everything in the toy models
 
@@ -204,7 +204,7 @@ def test_speedup_bookkeeping():
 def test_speedup_warms_up_and_alternates_the_models(monkeypatch):
     """Untimed warm-up runs of each model first, then rounds that take the models in turn; the
     speed-up is the median of the per-round ratios."""
-    from attnviz import pruning
+    from attnviz.analysis import pruning
     cfg = lm_config()
     model = random_model(cfg)
     keep = torch.tensor([[True, True, False, False], [True, False, False, False]])
@@ -228,7 +228,7 @@ def test_speedup_warms_up_and_alternates_the_models(monkeypatch):
     row = sp.table.loc[0]
     assert (row["speedup_q1"], row["speedup"], row["speedup_q3"]) == pytest.approx((2.0, 2.0, 2.0))
     assert row["full_ms"] == pytest.approx(10.0) and row["attention_share"] == pytest.approx(0.6)
-    from attnviz.pruning import noisy_lengths
+    from attnviz.analysis.pruning import noisy_lengths
     import pandas as pd
     table = pd.DataFrame(dict(tokens=[8, 16, 32], speedup=[1.1, 1.2, 3.0], speedup_q1=[1.05, 0.8, 2.9],
                               speedup_q3=[1.15, 1.6, 3.1], bound=[1.5, 1.5, 1.5]))
@@ -237,7 +237,7 @@ def test_speedup_warms_up_and_alternates_the_models(monkeypatch):
 
 def test_latency_figure_shows_the_spread():
     import pandas as pd
-    from attnviz.heads_viz import latency_figure
+    from attnviz.figures.heads import latency_figure
     table = pd.DataFrame(dict(tokens=[8, 16], full_ms=[2.0, 4.0], full_ms_q1=[1.5, 3.0], full_ms_q3=[3.0, 4.5],
                               pruned_ms=[1.0, 2.0], pruned_ms_q1=[0.9, 1.9], pruned_ms_q3=[1.2, 2.5]))
     fig = latency_figure(table)
@@ -253,7 +253,7 @@ def minilm():
 
 def test_live_outputs_match_single_runs(minilm):
     """The page's one padded batch (text + ranking sentences) equals separate unpadded runs."""
-    from attnviz import effects
+    from attnviz.analysis import effects
     sentences = ["A kitten is resting on a rug.", "Stock markets fell sharply today, and the rest of this is long."]
     mask = torch.ones(6, 12)
     mask[1, 4] = mask[3, 0] = 0
@@ -271,7 +271,7 @@ def test_live_outputs_match_single_runs(minilm):
 
 
 def test_live_outputs_language_model():
-    from attnviz import effects
+    from attnviz.analysis import effects
     cfg = lm_config()
     model = one_head_model(cfg)
     ids = list(range(10))
@@ -286,7 +286,7 @@ def test_live_outputs_language_model():
 
 
 def test_mask_link_encoding_round_trip():
-    from attnviz.pruning import decode_mask, encode_mask
+    from attnviz.analysis.pruning import decode_mask, encode_mask
     for seed in range(5):
         keep = torch.rand(30, 9, generator=torch.Generator().manual_seed(seed)) > 0.5
         code = encode_mask(keep)
@@ -300,7 +300,7 @@ def test_mask_link_encoding_round_trip():
 
 def test_heads_figures():
     import numpy as np
-    from attnviz import heads_viz
+    from attnviz.figures import heads as heads_viz
     before, after = torch.rand(4, 4), torch.rand(4, 4)
     fig = heads_viz.difference_heatmap(before, after, list("abcd"))
     z = np.asarray(fig.data[0].z, dtype=np.float32)
@@ -325,7 +325,7 @@ def gpt2_config():
 
 @pytest.mark.parametrize("cfg", [lm_config(n_kv=2), gpt2_config(), bert_config()], ids=["gqa-lm", "gpt2", "encoder"])
 def test_live_run_starts_at_the_first_changed_layer_and_equals_a_full_run(cfg):
-    from attnviz import effects
+    from attnviz.analysis import effects
     model = random_model(cfg, seed=4)
     ids = list(range(3, 15))
     L, H = cfg.n_layers, cfg.n_heads
@@ -376,7 +376,7 @@ class WordTokenizer:
 
 
 def test_one_token_as_typed_or_a_message_saying_how_it_splits():
-    from attnviz.effects import single_token
+    from attnviz.analysis.effects import single_token
     tok = WordTokenizer()
     assert single_token(tok, " Mary") == (1, None)
     assert single_token(tok, "▁Mary") == (1, None)              # as the app's labels show it
@@ -389,7 +389,7 @@ def test_one_token_as_typed_or_a_message_saying_how_it_splits():
 
 
 def test_last_position_probability_logit_difference_and_flip():
-    from attnviz.effects import Outputs, compare, last_position
+    from attnviz.analysis.effects import Outputs, compare, last_position
     def run(last_logits):
         logits = torch.zeros(3, 5)
         logits[-1] = torch.tensor(last_logits)
@@ -408,7 +408,7 @@ def test_last_position_probability_logit_difference_and_flip():
 
 
 def test_attention_note_says_why_a_map_is_empty():
-    from attnviz.effects import attention_note
+    from attnviz.analysis.effects import attention_note
     keep = torch.ones(6, 12, dtype=torch.bool)
     assert "Every head is on" in attention_note(keep, 5)
     keep[3, 1] = False
@@ -420,7 +420,7 @@ def test_attention_note_says_why_a_map_is_empty():
 
 
 def test_topk_pair_draws_both_panels_on_one_scale():
-    from attnviz.heads_viz import topk_pair
+    from attnviz.figures.heads import topk_pair
     fig = topk_pair((["a", "b"], torch.tensor([0.92, 0.05])), (["c", "d"], [0.11, 0.02]))
     assert fig.layout.xaxis.range == fig.layout.xaxis2.range == (0, 1.0)
     fig = topk_pair((["a", "b"], [0.4, 0.05]), (["c", "d"], [0.11, 0.02]))
@@ -431,11 +431,12 @@ def test_topk_pair_draws_both_panels_on_one_scale():
 
 
 # ---------------------------------------------------------------- bounds on long runs (issue 11)
-def test_time_budget_is_capped_in_the_library(monkeypatch):
+def test_time_budget_is_capped_in_the_library(monkeypatch, set_limits):
     import dataclasses
 
-    from attnviz import importance, limits
-    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, max_importance_seconds=5.0))
+    from attnviz.analysis import importance
+    from attnviz.base import limits
+    set_limits(max_importance_seconds=5.0)
     assert importance.time_budget() == 5.0 and importance.time_budget(2) == 2.0
     for bad, why in ((6, "more than this server allows"), (0, "positive"), ("x", "number of seconds")):
         with pytest.raises(ValueError, match=why):
@@ -459,7 +460,7 @@ def test_live_figures_skip_plotly_overflow_pass_on_every_axis():
     """plotly.js measures every tick label once more to hide overflowing ones unless told to allow
     them; in the Heads page that was about a third of a live redraw (bench/toggle_latency.py)."""
     import numpy as np
-    from attnviz import heads_viz
+    from attnviz.figures import heads as heads_viz
     figures = [heads_viz.topk_pair((["a", "b"], [0.4, 0.05]), (["c", "d"], [0.11, 0.02])),
                heads_viz.token_loss_figure(["a", "b", "c"], [1.0, 2.0], [1.5, 2.5]),
                heads_viz.difference_heatmap(np.eye(3), np.eye(3) * 0.5, list("abc"), causal=True)]

@@ -4,7 +4,8 @@ import threading
 import pandas as pd
 import pytest
 
-from attnviz import exports, jobs
+from attnviz.base import exports
+from attnviz.base import jobs
 
 
 def test_heavy_job_refuses_one_more_than_the_limit_and_frees_slots():

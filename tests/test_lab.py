@@ -8,8 +8,8 @@ import torch.nn.functional as F
 import transformers as tf
 
 import attnviz
-from attnviz import lab
-from attnviz.attention import Variant
+from attnviz.analysis import lab
+from attnviz.core.attention import Variant
 
 VOCAB = 97
 
@@ -215,7 +215,7 @@ def test_variant_fidelity_encoder_cosine(minilm):
 
 def test_loss_figure_gives_loss_and_accuracy_their_own_axes():
     """Issue 12.6: the accuracy axis was titled cross-entropy and log-scaled (update_yaxes hit both)."""
-    from attnviz import lab_figures as lf
+    from attnviz.figures import lab as lf
     fig = lf.loss_figure([2.0, 1.0, 0.5, 0.1], [(2, 0.25), (4, 0.9)])
     loss_axis, acc_axis = fig.layout.yaxis, fig.layout.yaxis2
     assert loss_axis.type == "log" and "cross-entropy" in loss_axis.title.text

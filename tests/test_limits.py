@@ -1,7 +1,7 @@
 import pytest
 
 import attnviz
-from attnviz.limits import Limits
+from attnviz.base.limits import Limits
 
 
 def test_env_overrides_and_bad_values(monkeypatch):
@@ -26,9 +26,9 @@ def test_allow_list(tmp_path):
     assert Limits().check_model_dir(outside) == outside.resolve()  # default: any folder
 
 
-def test_allow_list_applies_to_load_model(tmp_path, monkeypatch):
-    from attnviz import loading
-    monkeypatch.setattr(loading, "LIMITS", Limits(allowed_model_dirs=str(tmp_path / "ok")))
+def test_allow_list_applies_to_load_model(tmp_path, monkeypatch, set_limits):
+    from attnviz.weights import catalogue as loading
+    set_limits(allowed_model_dirs=str(tmp_path / "ok"))
     with pytest.raises(ValueError, match="only loads model folders"):
         attnviz.load_model(str(tmp_path))
 
@@ -43,8 +43,8 @@ def test_streamlit_upload_cap_agrees_with_limits():
 
 
 def test_lab_views_are_bounded_in_tokens():
-    from attnviz import lab
-    from attnviz.limits import LIMITS
+    from attnviz.analysis import lab
+    from attnviz.base.limits import LIMITS
     model = attnviz.load_model("minilm")
     long_text = "word " * 2000  # 2,002 tokens before the model's own 512-position cut
     perm = lab.permutation_test(model, long_text)
@@ -59,7 +59,7 @@ def test_lab_views_are_bounded_in_tokens():
 def test_user_text_shows_as_typed_in_markdown(text):
     from markdown_it import MarkdownIt
 
-    from attnviz.ui import plain
+    from attnviz.ui.common import plain
     html = MarkdownIt("commonmark").render(plain(text))
     assert "<a " not in html and "<img" not in html and "<strong" not in html and "<code" not in html
     assert "<h1" not in html and "<em" not in html

@@ -9,7 +9,7 @@ import transformers as tf
 from safetensors.torch import save_file
 
 import attnviz
-from attnviz.loading import load_dir
+from attnviz.weights.catalogue import load_dir
 from tests.test_parity import close, inputs, reference, tiny
 
 
@@ -144,8 +144,8 @@ def test_list_models_has_bundled_keys():
 # ---------------------------------------------------------------- hostile folders (issue 11.3)
 # Every failure is a ValueError, nothing is read before its size and kind are checked, nothing is
 # allocated before the config's sizes are bounded, and no message shows where a path resolves.
-from attnviz import loading  # noqa: E402
-from attnviz.limits import Limits  # noqa: E402
+from attnviz.weights import catalogue as loading  # noqa: E402
+from attnviz.base.limits import Limits  # noqa: E402
 
 
 def bert_folder(path, **config):
@@ -186,10 +186,10 @@ def test_other_files_are_checked_before_anything_opens_them(tmp_path, file):
     refused(tmp_path, f"{file} is not a regular file")
 
 
-def test_sizes_are_checked_against_the_budgets_before_reading(tmp_path, monkeypatch):
+def test_sizes_are_checked_against_the_budgets_before_reading(tmp_path, monkeypatch, set_limits):
     bert_folder(tmp_path)
     config_bytes = (tmp_path / "config.json").stat().st_size
-    monkeypatch.setattr(loading, "LIMITS", Limits(max_config_bytes=config_bytes - 1))
+    set_limits(max_config_bytes=config_bytes - 1)
     refused(tmp_path, r"config.json is .* over the .* limit \(ATTNVIZ_MAX_CONFIG_BYTES\)")
 
     import safetensors.torch
@@ -198,7 +198,7 @@ def test_sizes_are_checked_against_the_budgets_before_reading(tmp_path, monkeypa
         raise AssertionError("weights read before their size was checked")
     monkeypatch.setattr(safetensors.torch, "load_file", never)
     weight_bytes = (tmp_path / "model.safetensors").stat().st_size
-    monkeypatch.setattr(loading, "LIMITS", Limits(max_weight_bytes=weight_bytes - 1))
+    set_limits(max_config_bytes=Limits().max_config_bytes, max_weight_bytes=weight_bytes - 1)
     refused(tmp_path, r"over the .* limit \(ATTNVIZ_MAX_WEIGHT_BYTES\)")
 
 
@@ -327,14 +327,14 @@ def test_app_offers_no_local_folders_without_an_allow_list(tmp_path):
         ui.load_model(str(tmp_path))                  # the app's cached loader takes no paths
 
 
-def test_app_refusals_say_the_same_for_missing_outside_and_unreadable(tmp_path, monkeypatch):
+def test_app_refusals_say_the_same_for_missing_outside_and_unreadable(tmp_path, monkeypatch, set_limits):
     from attnviz import ui
     models, secret = tmp_path / "models", tmp_path / "secret_place"
     bert_folder(models / "big")
     secret.mkdir()
     (models / "escape").symlink_to(secret)
     (models / "loop").symlink_to(models / "loop")
-    monkeypatch.setattr(ui, "LIMITS", Limits(allowed_model_dirs=str(models)))
+    set_limits(allowed_model_dirs=str(models))
     typed_names = [str(secret), "/root/.ssh", "/proc/self/cwd", "/no/such/folder", str(models / "escape"),
                    str(models / "loop"), str(models / "missing"), "../secret_place", "~root",
                    str(models / "big" / "config.json")]
@@ -353,13 +353,13 @@ def test_app_refusals_say_the_same_for_missing_outside_and_unreadable(tmp_path, 
     assert "Loaded: " + ui.plain(str(models / "big")) in [h.value for h in at.subheader]
 
 
-def test_app_loads_one_copy_per_resolved_folder(tmp_path, monkeypatch):
+def test_app_loads_one_copy_per_resolved_folder(tmp_path, monkeypatch, set_limits):
     """/x/big and /x/big/ (and /x/./big, a symlink to it) loaded twice before: +2.7 GB each."""
     from attnviz import ui
     models = tmp_path / "models"
     folder = bert_folder(models / "big")
     (models / "alias").symlink_to(folder)
-    monkeypatch.setattr(ui, "LIMITS", Limits(allowed_model_dirs=str(models)))
+    set_limits(allowed_model_dirs=str(models))
     loads = []
     real = loading.load_dir
 
@@ -387,7 +387,7 @@ def test_shared_models_leave_the_collectors_view_and_are_still_freed_when_droppe
     collector (a cycle in it would leak it once frozen)."""
     import gc
     import weakref
-    from attnviz import ui
+    from attnviz.ui import common as ui
     before = gc.get_freeze_count()
     ui.settle_heap()
     assert gc.get_freeze_count() > before

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import jobs, outputs
-from attnviz.analysis import downsample_attention
-from attnviz.config import Config
-from attnviz.loading import random_model
+from attnviz.base import jobs
+from attnviz.analysis import capture as outputs
+from attnviz.analysis.stats import downsample_attention
+from attnviz.base.limits import LIMITS
+from attnviz.core.config import Config
+from attnviz.weights.catalogue import random_model
 
 from tests.tiny import BERT, LLAMA
 
@@ -65,8 +67,8 @@ def test_long_path_of_a_pruned_model_keeps_heads_in_place():
 
 def test_window_size_bound():
     assert outputs.window_size(30, 9) == 352            # SmolLM2: 30*9*352^2 <= 2^25
-    assert outputs.window_size(6, 12) == outputs.MAX_WINDOW
-    assert 30 * 9 * outputs.window_size(30, 9) ** 2 <= outputs.FULL_BUDGET
+    assert outputs.window_size(6, 12) == LIMITS.attention_window_tokens
+    assert 30 * 9 * outputs.window_size(30, 9) ** 2 <= outputs.full_budget()
 
 
 def test_renormalise_rows():
@@ -202,7 +204,7 @@ def test_long_text_is_cut_to_the_token_cap_and_says_so():
     assert "first 64 tokens" in message and "136 tokens were dropped" in message
     whole = outputs.capture_text(model, _ids(200), max_tokens=None, **LONG)
     assert whole.n == 200 and whole.truncated == 0 and outputs.truncation_message(whole, 256) is None
-    assert outputs.MAX_CAPTURE_TOKENS <= 4096          # the page's default keeps the scan bounded
+    assert LIMITS.max_capture_tokens <= 4096          # the page's default keeps the scan bounded
 
 
 def test_lru_keeps_the_most_recent_entries():

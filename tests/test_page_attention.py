@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attnviz import analysis, ui
+from attnviz.analysis import stats as analysis
+from attnviz import ui
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages" / "1_Attention.py")
@@ -270,18 +271,18 @@ def test_text_outside_the_vocabulary_is_warned(page):
 
 
 def test_long_capture_over_its_time_limit_or_on_a_busy_server_keeps_the_previous_result(
-        monkeypatch):
+        monkeypatch, set_limits):
     """Issue 11.4: a long scan stops at LIMITS.max_capture_seconds, and holds a heavy-job slot."""
     import contextlib
     import dataclasses
 
-    from attnviz import jobs, outputs
+    from attnviz.base import jobs
+    from attnviz.analysis import capture as outputs
 
     at = _smollm2_page()
     short = "The capital of France is"
     _submit(at, short)
-    monkeypatch.setattr(outputs, "LIMITS", dataclasses.replace(outputs.LIMITS,
-                                                               max_capture_seconds=0.0))
+    set_limits(max_capture_seconds=0.0)
     long_text = " ".join(f"Sentence number {i} of a text that needs the long scan." for i in range(40))
     _submit(at, long_text)
     errors = [e.value for e in at.error]
@@ -303,7 +304,7 @@ def test_long_capture_over_its_time_limit_or_on_a_busy_server_keeps_the_previous
 
 def test_statistics_csv_is_spreadsheet_safe_and_token_text_is_plain(monkeypatch):
     """Issue 11.5: CSV downloads go through exports.csv_text; tokens shown as markdown are escaped."""
-    from attnviz import exports
+    from attnviz.base import exports
 
     made = []
     real = exports.csv_text
@@ -319,7 +320,7 @@ def test_statistics_csv_is_spreadsheet_safe_and_token_text_is_plain(monkeypatch)
 def test_head_scores_table_is_the_library_table_and_a_row_opens_its_head():
     """Issue 12.8: previous-token, induction and duplicate-token scores of every head of the LM, a
     sortable table whose selected row opens the head; encoders are told why there is none."""
-    from attnviz import head_scores
+    from attnviz.analysis import head_scores
 
     at = _run(AppTest.from_file(PAGE, default_timeout=180))          # MiniLM: no scores
     assert any("causal language models" in i.value for i in at.info)

@@ -10,7 +10,11 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from attnviz import importance, jobs, limits, pruning, ui
+from attnviz.analysis import importance
+from attnviz.base import jobs
+from attnviz.base import limits
+from attnviz.analysis import pruning
+from attnviz import ui
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "2_Heads.py")
 
@@ -279,10 +283,8 @@ def test_prune_and_measure_warms_up_takes_medians_and_shows_the_spread():
     assert "Speed-up CSV" in [b.label for b in at.get("download_button")]
 
 
-def test_importance_budget_is_capped_and_heavy_jobs_hold_a_server_slot(monkeypatch):
-    capped = dataclasses.replace(limits.LIMITS, max_importance_seconds=30.0, max_heavy_jobs=1)
-    monkeypatch.setattr(limits, "LIMITS", capped)   # what ATTNVIZ_MAX_IMPORTANCE_SECONDS=30 would give
-    monkeypatch.setattr(jobs, "LIMITS", capped)
+def test_importance_budget_is_capped_and_heavy_jobs_hold_a_server_slot(monkeypatch, set_limits):
+    set_limits(max_importance_seconds=30.0, max_heavy_jobs=1)  # what ATTNVIZ_MAX_IMPORTANCE_SECONDS=30 would give
     at = app()
     for prefix in ("heads_imp", "heads_curve"):
         assert at.number_input(key=f"{prefix}_budget").max == 30

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from attnviz.ui import plain
+from attnviz.ui.common import plain
 
 from tests.test_imageio import padded_png, png_header_only
 from tests.test_parity import tiny
@@ -111,12 +111,12 @@ def test_switching_heads_off_shows_the_effect():
     assert "All heads are on" in at.info[0].value and not at.metric
 
 
-def test_a_local_vit_folder_works_too(tmp_path, monkeypatch):
+def test_a_local_vit_folder_works_too(tmp_path, monkeypatch, set_limits):
     import dataclasses
 
     from attnviz import ui
     # The app offers local folders only inside a deployment's allow-list.
-    monkeypatch.setattr(ui, "LIMITS", dataclasses.replace(ui.LIMITS, allowed_model_dirs=str(tmp_path)))
+    set_limits(allowed_model_dirs=str(tmp_path))
     tiny("vit").save_pretrained(tmp_path)                  # patch 8, 2 layers x 4 heads, no decoder
     at = AppTest.from_file(PAGE, default_timeout=180)
     at.session_state["model_choice:vision"] = "local folder…"

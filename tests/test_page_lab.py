@@ -125,8 +125,8 @@ def test_four_vs_eight_heads_and_variants():
 def test_toy_training_holds_a_heavy_job_slot_and_says_when_the_server_is_busy():
     """Issue 11.5: a toy training is a heavy job; with every server-wide slot taken (by other
     sessions' runs) it is refused at once with a message, and nothing is trained."""
-    from attnviz import jobs
-    from attnviz.limits import LIMITS
+    from attnviz.base import jobs
+    from attnviz.base.limits import LIMITS
     at = app()
     at.radio(key="lab_toy_source").set_value("train one now").run()
     at.number_input(key="lab_toy_steps").set_value(50)

@@ -13,8 +13,9 @@ import streamlit
 import torch
 from streamlit.testing.v1 import AppTest
 
-from attnviz import jobs, results
-from attnviz.limits import LIMITS
+from attnviz.base import jobs
+from attnviz.latency import results
+from attnviz.base.limits import LIMITS
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "4_Latency.py")
 TINY = "synthetic:layers=2,d=32,heads=4,ff=64,vocab=50,positions=64"
@@ -243,7 +244,7 @@ def test_upload_name_and_cells_are_shown_as_typed(monkeypatch):
 
 
 def test_import_is_checked_and_modelled_once_per_file(monkeypatch):
-    from attnviz import latency_figures as lf
+    from attnviz.figures import latency as lf
     calls, modelled = [], []
     real, real_error = results.read_results, lf.model_error
     monkeypatch.setattr(results, "read_results", lambda data: calls.append(1) or real(data))

@@ -2,7 +2,7 @@
 
 import hashlib
 
-from attnviz.texts import eval_text, seed_sentences
+from attnviz.base.texts import eval_text, seed_sentences
 
 
 def test_eval_text_is_the_documented_file():

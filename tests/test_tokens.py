@@ -4,7 +4,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import attnviz
-from attnviz.tokens import (FRAGMENT_MAX_CHARS_PER_TOKEN, OUTSIDE_WARN_SHARE, SPACE, labels, show,
+from attnviz.core.tokens import (FRAGMENT_MAX_CHARS_PER_TOKEN, OUTSIDE_WARN_SHARE, SPACE, labels, show,
                             vocabulary_coverage, vocabulary_warning)
 
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import attnviz
-from attnviz import toys
-from attnviz.toy_training import (TensorMeter, TrainSettings, _loss, check_settings, checkpointed,
+from attnviz.toys import tasks as toys
+from attnviz.toys.training import (TensorMeter, TrainSettings, _loss, check_settings, checkpointed,
                                   estimate_seconds, train, training_memory)
-from attnviz.model import Transformer
+from attnviz.core.transformer import Transformer
 
 ALL = [toys.Task(name, length=5, n_keys=7) for name in toys.TASKS]
 
@@ -156,7 +156,7 @@ def test_training_never_changes_the_process_thread_count(monkeypatch):
     runs on one OpenMP thread and a thread started meanwhile (another session) gets the default."""
     import threading
 
-    from attnviz import toy_training
+    from attnviz.toys import training as toy_training
     default = torch.get_num_threads()
     calls, seen = [], []
     monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
@@ -181,7 +181,7 @@ def test_training_keeps_its_time_limit(monkeypatch):
     """A clock that moves 10 s per reading: the run stops at its budget (no wall-time assertion)."""
     import types
 
-    from attnviz import toy_training
+    from attnviz.toys import training as toy_training
     ticks = iter(range(0, 10_000, 10))
     monkeypatch.setattr(toy_training, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     s = TrainSettings(task=toys.Task("copy", length=3), n_layers=1, d_model=32, steps=50, batch_size=8,

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnviz.attention import (EAGER, SOFTMAX, Variant, attend, causal_mask, linear_weights, local_mask,
+from attnviz.core.attention import (EAGER, SOFTMAX, Variant, attend, causal_mask, linear_weights, local_mask,
                                padding_mask, parse_variant, relu_weights)
-from attnviz.loading import random_model
-from attnviz.results import parse_synthetic
+from attnviz.weights.catalogue import random_model
+from attnviz.latency.results import parse_synthetic
 
 TOL = 1e-5
 B, H, HKV, T, DH = 2, 6, 3, 37, 16

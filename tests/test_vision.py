@@ -7,9 +7,11 @@ import torch
 from PIL import Image
 
 import attnviz
-from attnviz import vision, viz
-from attnviz.api import Trace
-from attnviz.render import colour_lut
+from attnviz.analysis import vision
+from attnviz.base.limits import LIMITS
+from attnviz.figures import attention as viz
+from attnviz.core.model import Trace
+from attnviz.figures.render import colour_lut
 from tests.test_parity import tiny
 
 GRID = (4, 5)          # deliberately not square: rows and columns must not be swapped
@@ -161,7 +163,7 @@ def test_head_overlays_of_a_strip_stay_within_the_render_cap():
     strip = Image.new("RGB", (1, 640))
     maps = torch.rand(1, 6, 16, 16)
     grid = vision.head_overlays(strip, maps, [11], tile=224)
-    assert grid.width * grid.height <= vision.MAX_RENDER_PIXELS == 16_000_000
+    assert grid.width * grid.height <= LIMITS.max_render_pixels == 16_000_000
     small = vision.head_overlays(strip, maps, [11], tile=224, max_pixels=100_000)
     assert small.width * small.height <= 100_000
 
@@ -169,7 +171,7 @@ def test_head_overlays_of_a_strip_stay_within_the_render_cap():
 def test_head_overlays_of_many_heads_of_a_tall_photo_stay_within_the_render_cap():
     tall = Image.new("RGB", (32, 640))                                    # 20:1, as shown
     grid = vision.head_overlays(tall, torch.rand(12, 6, 16, 16), list(range(12)), tile=160)
-    assert grid.width * grid.height <= vision.MAX_RENDER_PIXELS
+    assert grid.width * grid.height <= LIMITS.max_render_pixels
 
 
 def test_head_overlays_refuse_what_cannot_fit_even_as_1_px_tiles():
@@ -190,7 +192,7 @@ def test_overlay_tile_is_the_widest_that_fits():
     size, rows, columns = (1, 640), 1, 6
     tile = vision.overlay_tile(size, rows, columns, 224)
     area = lambda t: np.prod(vision.overlay_grid_size(size, rows, columns, t))  # noqa: E731
-    assert area(tile) <= vision.MAX_RENDER_PIXELS < area(tile + 1)
+    assert area(tile) <= LIMITS.max_render_pixels < area(tile + 1)
     assert vision.overlay_tile((640, 480), 12, 6, 160) == 160            # a photo: unchanged
 
 

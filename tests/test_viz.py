@@ -10,7 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from attnviz import analysis, render, viz
+from attnviz.analysis import stats as analysis
+from attnviz.figures import render
+from attnviz.figures import attention as viz
 
 
 def decode(value):

@@ -1,5 +1,5 @@
 """Tiny random-model configs shared by the library tests (a Llama with GQA and a BERT)."""
-from attnviz.config import Config
+from attnviz.core.config import Config
 
 LLAMA = Config(family="llama", n_layers=3, n_heads=4, n_kv_heads=2, d_model=32, d_head=8, d_ff=64,
                vocab_size=50, max_positions=256, norm="rmsnorm", norm_eps=1e-6,

@@ -1,0 +1,101 @@
+"""Bounds on long work, shared by every page and browser session of one server process.
+
+- `heavy_job(name)`: at most `LIMITS.max_heavy_jobs` heavy jobs (importance runs, sweeps, toy
+  trainings, long captures) run at once in the process; one more is refused at once with
+  `ServerBusy` (a ValueError, so pages show it like any other bad request) instead of queueing
+  behind the others with no word said.
+- `Deadline(seconds)`: a hard stop checked between steps of a job (`check()` raises `JobTimeout`).
+- `Cancel`: a flag another rerun can set; `check()` raises `JobCancelled`.
+
+Everything here is plain Python (no streamlit): the pages wrap it with messages.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+from attnviz.base.limits import LIMITS
+
+
+class ServerBusy(ValueError):
+    """Too many heavy jobs are running on this server."""
+
+
+class JobTimeout(ValueError):
+    """A job ran past its deadline."""
+
+
+class JobCancelled(ValueError):
+    """The user cancelled a job."""
+
+
+_lock = threading.Lock()
+_running: dict[int, str] = {}   # id -> job name
+_next_id = 0
+
+
+def running_jobs() -> list[str]:
+    with _lock:
+        return list(_running.values())
+
+
+@contextmanager
+def heavy_job(name: str, limit: int | None = None):
+    """Hold one of the server's heavy-job slots for the block, or raise ServerBusy at once."""
+    global _next_id
+    limit = LIMITS.max_heavy_jobs if limit is None else limit
+    with _lock:
+        if limit > 0 and len(_running) >= limit:
+            names = ", ".join(sorted(_running.values()))
+            raise ServerBusy(f"the server is already running {len(_running)} heavy job(s) ({names}); "
+                             f"at most {limit} run at once. Try {name} again in a moment.")
+        _next_id += 1
+        job_id = _next_id
+        _running[job_id] = name
+    try:
+        yield
+    finally:
+        with _lock:
+            _running.pop(job_id, None)
+
+
+class Deadline:
+    """`Deadline(60).check()` raises JobTimeout once 60 s have passed since it was made."""
+
+    def __init__(self, seconds: float | None, what: str = "this job"):
+        self.seconds = seconds
+        self.what = what
+        self.start = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    @property
+    def remaining(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - self.elapsed
+
+    def expired(self) -> bool:
+        return self.remaining <= 0
+
+    def check(self):
+        if self.expired():
+            raise JobTimeout(f"{self.what} stopped at its time limit of {self.seconds:g} s")
+
+
+class Cancel:
+    """A cancellation flag: set() from anywhere, check() inside the job's loop."""
+
+    def __init__(self):
+        self._event = threading.Event()
+
+    def set(self):
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def check(self):
+        if self._event.is_set():
+            raise JobCancelled("cancelled")

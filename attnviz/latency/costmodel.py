@@ -1,0 +1,489 @@
+"""A roofline cost model of one forward pass: FLOPs and bytes per operation, device profiles that
+turn them into time, and the host profile calibrated by microbenchmarks on this machine.
+
+time(op) = max(FLOPs / peak(kind, size), bytes / bandwidth) + first-touch cost of big fresh tensors
+           + overhead x (aten calls)
+summed over the ops that `op_counts` lists for a Config, a sequence length and an attention variant
+(a block's ops once per run of identical layers, times their count: the cost does not grow with depth).
+The op list follows OUR implementation (attnviz.model / attnviz.attention), op by op, so that the
+model predicts what `python -m attnviz.bench` measures. Batch 1, float32, inference.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+from attnviz.core.attention import Variant, parse_variant
+from attnviz.core.config import Config
+
+
+GROUPS = ("attention", "projections", "mlp", "other")  # attention = scores, softmax, weighted sum
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+MMAP_THRESHOLD = 32 * 2**20  # glibc's largest dynamic mmap threshold: bigger tensors are fresh pages every call
+F32 = 4
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    group: str        # one of GROUPS
+    kind: str         # gemm | bmm | sdpa | vector
+    flops: float
+    bytes: float      # bytes read + written
+    rows: int = 0     # rows of a (batched) matmul: small ones run below peak
+    fresh: float = 0  # bytes of the largest newly allocated output (first-touch page faults when big)
+    calls: int = 1    # aten calls, each paying the per-op overhead
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    gemm_gflops: float   # fp32 linear layers at large sizes, with `threads` threads
+    bmm_gflops: float    # per-head batched matmuls (eager scores and weighted sum)
+    sdpa_gflops: float   # the fused attention kernel
+    vector_gflops: float  # elementwise maths (exp, erf, rsqrt) counted as in `model_ops`
+    half_rows: float     # matmul rows at which throughput is half the peak (small n runs below peak)
+    dram_gbs: float      # bytes read + written per second out of cache
+    cache_gbs: float     # same for working sets inside the last-level cache
+    cache_mb: float
+    fault_gbs: float     # first touch of a freshly mapped tensor (page faults)
+    overhead_us: float   # Python + dispatcher per aten call
+    cores: int
+    threads: int = 1     # the thread count the figures above hold for
+    source: str = ""
+
+    def at_threads(self, threads: int) -> "DeviceProfile":
+        """Compute scales with cores (exponent 0.9: imperfect parallel efficiency); bandwidth does not."""
+        if threads < 1:
+            raise ValueError("threads must be at least 1")
+        f = (min(threads, self.cores) / min(self.threads, self.cores)) ** 0.9
+        return replace(self, gemm_gflops=self.gemm_gflops * f, bmm_gflops=self.bmm_gflops * f,
+                       sdpa_gflops=self.sdpa_gflops * f, vector_gflops=self.vector_gflops * f,
+                       threads=threads)
+
+
+# Published figures. HPL is float64; NEON holds twice as many float32 lanes, and PyTorch's gemm
+# reaches less of the peak than tuned HPL: we take fp32 gemm = 1.5 x HPL (an assumption, which a
+# real Pi's CSV recalibrates). Overheads and page-fault rates are estimates from single-core speed.
+PI4 = DeviceProfile(
+    name="pi4", gemm_gflops=1.5 * 11.9, bmm_gflops=1.2 * 11.9, sdpa_gflops=1.2 * 11.9, vector_gflops=3.0,
+    half_rows=8, dram_gbs=5.5, cache_gbs=12.0, cache_mb=1.0, fault_gbs=1.5, overhead_us=25.0, cores=4,
+    threads=4,
+    # HPL 11.9 GFLOPS (4 x Cortex-A72): issue #6; 11.4 on the same A72 cores in a CM4,
+    #   geerlingguy/top500-benchmark#33 (Pi 4 B run: #13).
+    # STREAM copy 5.5 GB/s (read + write): sci-pi.org.uk/bench/stream.html. L2 1 MB shared.
+    source="Raspberry Pi 4 B: HPL 11.9 GFLOPS, STREAM 5.5 GB/s (published; fp32 and overheads assumed)")
+PI5 = DeviceProfile(
+    name="pi5", gemm_gflops=1.5 * 30.2, bmm_gflops=1.2 * 30.2, sdpa_gflops=1.2 * 30.2, vector_gflops=8.0,
+    half_rows=8, dram_gbs=12.0, cache_gbs=30.0, cache_mb=2.0, fault_gbs=3.0, overhead_us=10.0, cores=4,
+    threads=4,
+    # HPL 30.249 GFLOPS at 2.4 GHz (4 x Cortex-A76): geerlingguy/top500-benchmark#18.
+    # tinymembench C copy ~6.2 GB/s copied = ~12 GB/s read + write: geerlingguy/sbc-reviews#21.
+    # L2 512 KB per core + 2 MB shared L3.
+    source="Raspberry Pi 5: HPL 30.2 GFLOPS, tinymembench copy 6.2 GB/s (published; fp32 and overheads assumed)")
+# Before calibration (budget estimates only): a modest x86 core.
+HOST_GUESS = DeviceProfile(
+    name="cpu (uncalibrated guess)", gemm_gflops=60, bmm_gflops=50, sdpa_gflops=30, vector_gflops=10,
+    half_rows=6, dram_gbs=10, cache_gbs=40, cache_mb=16, fault_gbs=2, overhead_us=8, cores=2, threads=1,
+    source="a guess for budget estimates before calibration")
+PROFILES = {"pi4": PI4, "pi5": PI5}
+
+
+# ---------------------------------------------------------------- the ops of one forward pass
+def _flash_keys(n: int, causal: bool) -> float:
+    """Mean keys per query that torch's CPU flash kernel computes: it skips whole key blocks of
+    512 above the diagonal only (query blocks 32/64/256), so causal saves little below ~1k tokens."""
+    if not causal:
+        return n
+    q_split = 256 if n >= 768 else 64 if n >= 192 else 32
+    kv_split = 512 if n >= 512 else n
+    total = 0
+    for m in range(0, n, q_split):
+        rows = min(q_split, n - m)
+        total += rows * min(n, math.ceil(min(m + q_split, n) / kv_split) * kv_split)
+    return total / n
+
+
+def _attention_ops(cfg: Config, n: int, h: int, kv: int, v: Variant) -> list[Op]:
+    dh, causal = cfg.d_head, cfg.causal
+    q_bytes, kv_bytes = F32 * n * h * dh, F32 * n * kv * dh
+    io = 2 * q_bytes + 2 * kv_bytes  # read q, k, v, write out
+    kind = v.kind
+    if kind == "softmax" and v.fused:
+        keys = _flash_keys(n, causal)
+        return [Op("fused attention", "attention", "sdpa", 4 * h * n * keys * dh + 8 * h * n * keys, io, rows=n)]
+    expand = [] if kv == h else [Op("expand K/V heads", "attention", "vector", 0, 4 * F32 * n * h * dh, calls=2)]
+    if kind == "chunked":
+        c, blocks = v.chunk, math.ceil(n / v.chunk)
+        mask = [Op("block masks", "attention", "vector", 0, 3 * n * n + F32 * 2 * n * n, fresh=F32 * c * n,
+                   calls=5 * blocks)] if causal else []
+        return mask + [Op("chunked attention", "attention", "sdpa", 4 * h * n * n * dh + 8 * h * n * n,
+                          io + blocks * 2 * kv_bytes, rows=min(c, n), calls=3 * blocks)]
+    if kind == "local":
+        w = v.window
+        block = max(w, 32)
+        pairs = 0
+        for s in range(0, n, block):
+            e = min(s + block, n)
+            keys = e - max(0, s - w + 1) if causal else min(n, e + w - 1) - max(0, s - w + 1)
+            pairs += (e - s) * keys
+        blocks = math.ceil(n / block)
+        return [Op("local masks", "attention", "vector", 0, 3 * pairs + F32 * pairs, calls=6 * blocks),
+                Op("local attention", "attention", "sdpa", 4 * h * pairs * dh + 8 * h * pairs, io, rows=min(block, n),
+                   calls=2 * blocks)]
+    if kind == "linear":
+        feat = Op("elu+1 feature maps", "attention", "vector", 4 * (q_bytes + kv_bytes) / F32,
+                  4 * (q_bytes + h * n * dh * F32), calls=4)
+        if not causal:
+            return expand + [feat, Op("phi(K)^T V, phi(Q) (KV)", "attention", "bmm", 4 * h * n * dh * dh,
+                                      3 * q_bytes, rows=dh, calls=2),
+                             Op("normaliser", "attention", "vector", 3 * h * n * dh, 4 * q_bytes, calls=5)]
+        c, blocks = 64, math.ceil(n / 64)
+        return expand + [feat, Op("block-causal linear", "attention", "bmm",
+                                  4 * h * n * min(c, n) * dh + 6 * h * n * dh * dh, 6 * q_bytes,
+                                  rows=min(c, n), calls=5 * blocks),
+                         Op("block normaliser", "attention", "vector", 6 * h * n * dh,
+                            8 * q_bytes, calls=14 * blocks)]
+    # explicit (T, S) paths: eager softmax, relu, topk
+    sq = F32 * h * n * n
+    ops = expand + [Op("scores QK^T", "attention", "bmm", 2 * h * n * n * dh, sq + q_bytes + kv_bytes,
+                       rows=n, fresh=sq)]
+    if causal:
+        ops.append(Op("causal mask", "attention", "vector", 0, 4 * n * n + 2 * sq, calls=4))
+    if kind == "relu":
+        ops.append(Op("relu and normalise", "attention", "vector", 3 * h * n * n, 5 * sq, fresh=sq, calls=4))
+    else:
+        ops.append(Op("scale", "attention", "vector", h * n * n, 2 * sq))
+        if kind == "topk":
+            ops.append(Op("top-k", "attention", "vector", 8 * h * n * n, 4 * sq, calls=4))
+        ops.append(Op("softmax", "attention", "vector", 12 * h * n * n, 2 * sq, fresh=sq,
+                      calls=1 + 3 * causal))
+    ops.append(Op("weights x V", "attention", "bmm", 2 * h * n * n * dh, sq + kv_bytes + q_bytes, rows=n))
+    return ops
+
+
+def _gemm(name, group, n, d_in, d_out, bias=True) -> Op:
+    return Op(name, group, "gemm", 2 * n * d_in * d_out + bias * n * d_out,
+              F32 * (d_in * d_out + n * d_in + n * d_out), rows=n, fresh=F32 * n * d_out)
+
+
+def _norm(cfg: Config, n: int) -> Op:
+    x = F32 * n * cfg.d_model
+    if cfg.norm == "rmsnorm":  # ours: pow, mean, add, rsqrt, mul, mul
+        return Op("rmsnorm", "other", "vector", 5 * n * cfg.d_model, 7 * x, calls=6)
+    return Op("layernorm", "other", "vector", 8 * n * cfg.d_model, 2 * x)
+
+
+def _layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int) -> list[Op]:
+    """The ops of one transformer block with h query heads and kv K/V heads."""
+    d, dh, ff = cfg.d_model, cfg.d_head, cfg.d_ff
+    x = F32 * n * d
+    ops = []
+    if cfg.pre_norm:
+        ops.append(_norm(cfg, n))
+    if h:
+        ops.append(_gemm("QKV projection", "projections", n, d, (h + 2 * kv) * dh, cfg.qkv_bias))
+        ops.append(Op("split heads", "projections", "vector", 0, 0, calls=7))
+        if cfg.positional == "rotary":
+            qk = F32 * n * (h + kv) * dh
+            ops.append(Op("rotary", "projections", "vector", 3 * qk / F32, 8 * qk, calls=12))
+        ops += _attention_ops(cfg, n, h, kv, v)
+        ops.append(Op("merge heads", "projections", "vector", 0, 2 * F32 * n * h * dh, calls=3))
+    ops.append(_gemm("output projection", "projections", n, h * dh, d, cfg.out_bias))
+    width = 2 * ff if cfg.gated_mlp else ff
+    ops.append(_gemm("MLP in", "mlp", n, d, width, cfg.mlp_bias))
+    act_calls, act_bytes = (3, 5 * F32 * n * ff) if cfg.gated_mlp else (1, 2 * F32 * n * ff)
+    ops.append(Op("activation", "mlp", "vector", 10 * n * ff, act_bytes, calls=act_calls))
+    ops.append(_gemm("MLP out", "mlp", n, ff, d, cfg.mlp_bias))
+    ops.append(Op("residual adds", "other", "vector", 2 * n * d, 6 * x, calls=2 + 2 * cfg.layer_scale))
+    ops.append(_norm(cfg, n))
+    if not cfg.pre_norm:
+        ops.append(_norm(cfg, n))
+    return ops
+
+
+def _layer_runs(cfg: Config) -> list[tuple[int, int, int]]:
+    """(query heads, K/V heads, layers) for each run of consecutive identical layers: one run for
+    an unpruned or uniformly pruned model, whatever its depth."""
+    if not cfg.head_dims and not cfg.kv_dims:
+        return [(cfg.n_heads, cfg.n_kv_heads, cfg.n_layers)]
+    runs = []
+    for i in range(cfg.n_layers):
+        shape = (cfg.heads_in(i), cfg.kv_heads_in(i))
+        if runs and runs[-1][:2] == shape:
+            runs[-1] = (*shape, runs[-1][2] + 1)
+        else:
+            runs.append((*shape, 1))
+    return runs
+
+
+def op_counts(cfg: Config, n: int, variant: "str | Variant | None" = None) -> list[tuple[Op, int]]:
+    """The ops of one forward pass as (op, how many times it runs), in execution order: the ops of
+    a block are listed once per run of identical layers, so the cost does not grow with depth."""
+    if n < 1:
+        raise ValueError(f"sequence length must be at least 1; got {n}")
+    v = parse_variant(variant)
+    d = cfg.d_model
+    x = F32 * n * d
+    if cfg.is_vision:  # patch embedding: a stride-p convolution is a matmul over patches
+        patch = cfg.n_channels * cfg.patch_size ** 2
+        ops = [Op("patch embedding", "other", "gemm", 2 * n * patch * d, F32 * (patch * d + n * patch + n * d),
+                  rows=n), Op("position embeddings", "other", "vector", 2 * n * d, 5 * x, calls=6)]
+    else:
+        ops = [Op("embeddings", "other", "vector", 2 * n * d, 5 * x, calls=3 + (cfg.type_vocab_size > 0))]
+    if cfg.family == "bert":
+        ops.append(_norm(cfg, n))
+    out = [(op, 1) for op in ops]
+    for h, kv, layers in _layer_runs(cfg):
+        out += [(op, layers) for op in _layer_ops(cfg, n, v, h, kv)]
+    tail = []
+    if cfg.final_norm:
+        tail.append(_norm(cfg, n))
+    if cfg.task == "lm" or cfg.mlm_head:
+        tail.append(_gemm("LM head", "other", n, d, cfg.vocab_size, cfg.mlm_head))
+    return out + [(op, 1) for op in tail]
+
+
+def model_ops(cfg: Config, n: int, variant: "str | Variant | None" = None) -> list[Op]:
+    """Every op of one forward pass of `cfg` on n tokens (batch 1), in execution order (one entry per
+    layer: for costs, `op_counts` lists each block once per run of identical layers)."""
+    out = []
+    for op, count in op_counts(cfg, n, variant):
+        out += [op] * count
+    return out
+
+
+# ---------------------------------------------------------------- time
+def _efficiency(rows: int, half: float) -> float:
+    return rows / (rows + half) if rows else 1.0
+
+
+def op_seconds(op: Op, p: DeviceProfile) -> float:
+    peak = {"gemm": p.gemm_gflops, "bmm": p.bmm_gflops, "sdpa": p.sdpa_gflops}.get(op.kind, p.vector_gflops)
+    if op.kind != "vector":
+        peak *= _efficiency(op.rows, p.half_rows)
+    bandwidth = p.cache_gbs if op.bytes <= p.cache_mb * 1e6 else p.dram_gbs
+    t = max(op.flops / (peak * 1e9), op.bytes / (bandwidth * 1e9))
+    if op.fresh > MMAP_THRESHOLD:
+        t += op.fresh / (p.fault_gbs * 1e9)
+    return t + op.calls * p.overhead_us * 1e-6
+
+
+@dataclass
+class Prediction:
+    n: int
+    total_ms: float
+    by_group: dict[str, float]  # ms per group of GROUPS
+    flops: float
+    ops: list[tuple[Op, float]]  # (op, ms of all its runs): a block's ops once per run of identical layers
+
+    @property
+    def attention_share(self) -> float:
+        return self.by_group["attention"] / self.total_ms if self.total_ms else 0.0
+
+
+def predict(cfg: Config, n: int, profile: DeviceProfile, variant=None, threads: int | None = None) -> Prediction:
+    p = profile.at_threads(threads) if threads else profile
+    counted = op_counts(cfg, n, variant)
+    timed = [(op, count * op_seconds(op, p) * 1e3) for op, count in counted]
+    groups = {g: 0.0 for g in GROUPS}
+    for op, ms in timed:
+        groups[op.group] += ms
+    flops = sum(count * op.flops for op, count in counted)
+    return Prediction(n, sum(ms for _, ms in timed), groups, flops, timed)
+
+
+def attention_crossover(cfg: Config, profile: DeviceProfile, variant=None, n_max: int = 1 << 16) -> int | None:
+    """The smallest n at which attention (scores, softmax, weighted sum) takes at least half the
+    time, or None below n_max (linear-cost variants may never get there)."""
+    def share(n):
+        return predict(cfg, n, profile, variant).attention_share
+    lo, hi = 1, 2
+    while share(hi) < 0.5:
+        if hi >= n_max:
+            return None
+        lo, hi = hi, min(2 * hi, n_max)
+    while hi - lo > max(1, lo // 64):  # bisect to ~1.5%
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if share(mid) >= 0.5 else (mid, hi)
+    return hi
+
+
+def speedup_bound(cfg: Config, n: int, kept_fraction: float, profile: DeviceProfile, variant=None) -> float:
+    """Amdahl bound on the speed-up from pruning heads: only the per-head work (attention and the
+    Q/K/V/output projections) shrinks, to `kept_fraction` of itself; the MLP and the rest stay."""
+    if not 0 <= kept_fraction <= 1:
+        raise ValueError("kept_fraction must lie in [0, 1]")
+    pred = predict(cfg, n, profile, variant)
+    per_head = (pred.by_group["attention"] + pred.by_group["projections"]) / pred.total_ms
+    return 1.0 / (1.0 - per_head * (1.0 - kept_fraction))
+
+
+# ---------------------------------------------------------------- memory
+def weights_mb(cfg: Config) -> float:
+    d, L = cfg.d_model, cfg.n_layers
+    per_layer = d * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.d_head + cfg.n_heads * cfg.d_head * d
+    per_layer += d * cfg.d_ff * (3 if cfg.gated_mlp else 2)
+    emb = cfg.vocab_size * d + cfg.max_positions * d * (cfg.positional == "learned")
+    head = cfg.vocab_size * d * (cfg.task == "lm" and not cfg.tie_embeddings)
+    return F32 * (L * per_layer + emb + head) / 2**20
+
+
+def activation_mb(cfg: Config, n: int, variant=None) -> float:
+    """Peak bytes allocated during one forward pass beyond the weights (what bench measures)."""
+    v = parse_variant(variant)
+    d, dh, ff = cfg.d_model, cfg.d_head, cfg.d_ff
+    h, kv = cfg.n_heads, cfg.n_kv_heads
+    stream = 3 * n * d                             # residual, normed copy, block output
+    qkv = 2 * n * (h + 2 * kv) * dh                # fused projection and the split/rotated heads
+    sq = h * n * n
+    if v.kind == "softmax" and v.fused:
+        att = 2 * n * h * dh + 3 * 64 * 512        # output and the kernel's per-thread blocks
+    elif v.kind == "chunked":
+        att = 2 * n * h * dh + h * v.chunk * n + (2 * v.chunk * n if cfg.causal else 0)
+    elif v.kind == "local":
+        block = max(v.window, 32)
+        att = 2 * n * h * dh + 2 * block * min(n, block + 2 * v.window)
+    elif v.kind == "linear":
+        att = 4 * n * h * dh + h * (64 * 64 + dh * dh) * (2 if cfg.causal else 1)
+    else:                                          # explicit weights: scores and softmax side by side
+        att = 2 * sq + (n * n // 2 if cfg.causal else 0) + n * h * dh + (2 * n * h * dh if kv != h else 0)
+    mlp = n * ff * (4 if cfg.gated_mlp else 2)
+    logits = n * cfg.vocab_size if cfg.task == "lm" else 0
+    return F32 * (stream + max(qkv + att, mlp, logits)) / 2**20
+
+
+# ---------------------------------------------------------------- host calibration
+def _median_time(fn, repeats: int, clock=time.perf_counter) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = clock()
+        fn()
+        times.append(clock() - t)
+    return statistics.median(times)
+
+
+def calibrate_host(threads: int | None = None, quick: bool = False, clock: str = "wall",
+                   own_process: bool = False) -> DeviceProfile:
+    """Microbenchmarks here (a few seconds): matmul GFLOP/s at the sizes transformers use, the
+    fused kernel, vector maths, cache / DRAM bandwidth, page faults and the per-call overhead.
+
+    clock: 'wall' (perf_counter) or 'cpu' (this process's CPU time: with one thread it ignores the
+    time other programs take from a shared machine; meaningless for latency with several threads).
+
+    threads: torch's thread count is process-wide, so a thread count other than this process's
+    is refused unless `own_process` says the caller owns the process (a CLI or script): a server
+    that changed it would change it for every session. `attnviz.bench.host_profile` calibrates
+    other thread counts in a child process."""
+    import os
+    import torch
+    import torch.nn.functional as F
+    from attnviz.weights.catalogue import random_model
+    from attnviz.latency.results import parse_synthetic
+
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}")
+    reps = 3 if quick else 7
+    old = torch.get_num_threads()
+    threads = int(threads or old)
+    if threads < 1:
+        raise ValueError("threads must be at least 1")
+    if threads != old and not own_process:
+        raise ValueError(f"this process runs torch on {old} thread(s); calibrating at {threads} would change "
+                         "it for everything else in the process. Use attnviz.bench.host_profile (a child "
+                         "process) or pass own_process=True from a script of your own")
+
+    def secs(fn, repeats=reps):
+        return _median_time(fn, repeats, CLOCKS[clock])
+
+    if threads != old:
+        torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            # linear layers, weights cycled through a pool bigger than the cache (as in a real model),
+            # through the same Linear the model uses (oneDNN-prepacked when the limits allow it)
+            from attnviz.base.limits import LIMITS
+            from attnviz.core.transformer import Linear
+            pool, turn = [Linear(384, 1536, bias=False) for _ in range(24)], iter(range(10**9))  # 57 MB
+            if LIMITS.packed_linear:
+                for layer in pool:
+                    layer.pack()
+            gemm = {}
+            for rows in (4, 16, 64, 256):
+                x = torch.randn(rows, 384)
+                gemm[rows] = 2 * rows * 384 * 1536 / secs(lambda: pool[next(turn) % 24](x), 12 * reps) / 1e9
+            peak = max(gemm.values())
+            half = statistics.median(r * (peak / g - 1) for r, g in gemm.items() if g < peak)
+            # per-head matmuls at n = 512, d_head 32 and 64: scores (n x dh x n) and weights x V (n x n x dh)
+            bmm = []
+            for h, dh in ((12, 32), (9, 64)):
+                q, k, w = torch.randn(h, 512, dh), torch.randn(h, dh, 512), torch.randn(h, 512, 512)
+                bmm += [2 * h * 512 * 512 * dh / secs(f) / 1e9 for f in (lambda: torch.bmm(q, k),
+                                                                       lambda: torch.bmm(w, q))]
+            bmm = statistics.median(bmm)
+            q4 = torch.randn(1, 8, 512, 64)
+            sdpa = (4 * 64 + 8) * 8 * 512 * 512 / secs(lambda: F.scaled_dot_product_attention(q4, q4, q4)) / 1e9
+            s = torch.randn(8, 128, 128)  # 0.5 MB: in cache; 12 "flops" per softmax element as in model_ops
+            vector = 12 * s.numel() / secs(lambda: torch.softmax(s, -1), 3 * reps) / 1e9
+            a, b = torch.randn(2**18), torch.randn(2**18)  # 1 MB each
+            cache = 3 * F32 * a.numel() / secs(lambda: a.add_(b), 3 * reps) / 1e9
+            a, b = torch.randn(2**25), torch.randn(2**25)  # 128 MB each
+            dram = 3 * F32 * a.numel() / secs(lambda: a.add_(b)) / 1e9
+            del a, b
+            big = 2**25  # 128 MB: above the mmap threshold, so every call faults its pages in
+            fill = big * F32 / (dram * 1e9)
+            fault = big * F32 / max(secs(lambda: torch.empty(big).fill_(1.0)) - fill, 1e-6) / 1e9
+            # per-call overhead: our own Transformer on a tiny shape, divided by the calls model_ops counts
+            tiny = []
+            for spec in ("layers=2,d=8,heads=2,ff=8,vocab=16,positions=8",
+                         "layers=2,d=8,heads=2,ff=8,vocab=16,positions=8,causal=1"):
+                cfg = parse_synthetic(spec)
+                net, ids = random_model(cfg).net, torch.zeros(1, 2, dtype=torch.long)
+                calls = sum(op.calls for op in model_ops(cfg, 2))
+                tiny.append(secs(lambda: net(input_ids=ids), 3 * reps) / calls * 1e6)
+    finally:
+        if torch.get_num_threads() != old:
+            torch.set_num_threads(old)
+    return DeviceProfile(
+        name="cpu", gemm_gflops=peak, bmm_gflops=bmm, sdpa_gflops=sdpa, vector_gflops=vector, half_rows=half,
+        dram_gbs=dram, cache_gbs=cache, cache_mb=16.0, fault_gbs=fault, overhead_us=statistics.mean(tiny),
+        cores=os.cpu_count() or 1, threads=threads,
+        source=f"calibrated here by microbenchmarks ({threads} thread{'s' * (threads > 1)}, {clock} clock)")
+
+
+def recalibrate(profile: DeviceProfile, points) -> DeviceProfile:
+    """Fit a profile to measurements: points are (Config, n, variant, threads, measured_ms).
+
+    The prediction splits into work (the roofline and page-fault terms) and per-call overhead;
+    non-negative least squares finds how much faster or slower each is on the measured device,
+    and the profile's throughputs and overhead are scaled by those two factors."""
+    import numpy as np
+    rows, split = [], {}
+    for cfg, n, variant, threads, ms in points:
+        key = (cfg, int(n), parse_variant(variant), int(threads))
+        if key not in split:  # a long CSV repeats a few points: model each once
+            p = profile.at_threads(int(threads))
+            ops = op_counts(cfg, int(n), variant)
+            overhead = sum(count * op.calls for op, count in ops) * p.overhead_us * 1e-3
+            split[key] = (sum(count * op_seconds(op, p) for op, count in ops) * 1e3 - overhead, overhead)
+        work, overhead = split[key]
+        rows.append([work / ms, overhead / ms])  # relative error: every point weighs the same
+    if len(rows) < 2:
+        raise ValueError("recalibration needs at least two measured points (e.g. two sequence lengths)")
+    A, ones = np.array(rows), np.ones(len(rows))
+    w, o = np.linalg.lstsq(A, ones, rcond=None)[0]
+    if o <= 0:  # overhead not identifiable (long sequences only): fit the work alone, keep the overhead
+        w, o = float(np.linalg.lstsq(A[:, :1], ones - A[:, 1], rcond=None)[0][0]), 1.0
+    if w <= 0:
+        raise ValueError("these measurements cannot be explained by this profile (no positive fit); "
+                         "check that the CSV's shapes and variants match what was run")
+    return replace(profile, name=f"{profile.name} (recalibrated)",
+                   gemm_gflops=profile.gemm_gflops / w, bmm_gflops=profile.bmm_gflops / w,
+                   sdpa_gflops=profile.sdpa_gflops / w, vector_gflops=profile.vector_gflops / w,
+                   dram_gbs=profile.dram_gbs / w, cache_gbs=profile.cache_gbs / w, fault_gbs=profile.fault_gbs / w,
+                   overhead_us=profile.overhead_us * o,
+                   source=f"{profile.source}; recalibrated on {len(rows)} measured points "
+                          f"(work x{w:.2f}, overhead x{o:.2f})")

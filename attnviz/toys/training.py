@@ -1,0 +1,307 @@
+"""Training toy transformers within a time budget, with optional gradient checkpointing and a
+measured peak of training memory.
+
+Gradient checkpointing wraps each block from outside (`checkpointed`) so `Transformer.forward`
+stays the one forward pass; the network is private to the training run, never a shared model.
+Peak memory is measured, not estimated: `TensorMeter` watches every tensor storage created
+during one training step and when it is freed (CPU has no allocator statistics to ask).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import os
+import re
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.checkpoint import checkpoint
+
+from attnviz.core.model import ModelInfo
+from attnviz.core.attention import parse_variant
+from attnviz.core.transformer import Transformer
+from attnviz.base.limits import LIMITS
+from attnviz.toys.tasks import Score, Task, ToyModel, evaluate, score, toy_config
+
+# Training runs on one OpenMP thread of its own calling thread (`one_thread_here`); torch's
+# process-wide thread count is never changed.
+# Cost model of one training step, fitted to the CPU time of single-threaded steps measured on
+# this 2-core machine (CPU time, because wall time on a shared machine is noise): a fixed cost
+# per step and per layer (PyTorch's per-op overhead dominates tiny models) plus arithmetic at
+# 45 GFLOP/s. One thread's CPU time bounds the wall time of two idle cores from above.
+STEP_BASE_S, STEP_LAYER_S, FLOPS_PER_S, CHECKPOINT_FACTOR = 0.006, 0.006, 4.5e10, 1.35
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    task: Task = Task()
+    n_layers: int = 2
+    n_heads: int = 4
+    d_model: int = 64
+    positional: str = "learned"
+    variant: str = "softmax"
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 3e-3
+    seed: int = 0
+    checkpoint: bool = False    # gradient checkpointing over blocks
+    # training stops here even if the estimate was optimistic; LIMITS.max_train_seconds is the lab's
+    # promise: any accepted setting trains in under a minute on two cores
+    budget_s: float = field(default_factory=lambda: LIMITS.max_train_seconds)
+
+    def config(self):
+        return toy_config(self.task, self.n_layers, self.n_heads, self.d_model, self.positional)
+
+
+@dataclass
+class TrainResult:
+    model: ToyModel
+    settings: TrainSettings
+    losses: list[float]
+    seconds: float
+    steps_done: int
+    stopped_early: bool      # the time budget ran out before `steps`
+    score: Score
+    history: list[tuple[int, float]] = field(default_factory=list)  # (step, exact) checkpoints
+
+
+def estimate_seconds(s: TrainSettings) -> float:
+    """Expected training time on two cores (rounded up; see the constants above)."""
+    cfg = s.config()
+    T, d, L = s.task.seq_len, cfg.d_model, cfg.n_layers
+    params = L * (4 * d * d + 2 * d * cfg.d_ff) + d * cfg.vocab_size
+    flops = 6 * s.batch_size * T * params + 12 * s.batch_size * L * T * T * d  # forward + backward
+    per_step = STEP_BASE_S + STEP_LAYER_S * L + flops / FLOPS_PER_S
+    return s.steps * per_step * (CHECKPOINT_FACTOR if s.checkpoint else 1.0)
+
+
+def check_settings(s: TrainSettings) -> None:
+    """Raise ValueError, saying what to change, for settings that cannot work or fit the budget."""
+    s.config()  # shape errors
+    parse_variant(s.variant)
+    if s.steps < 1 or s.batch_size < 1:
+        raise ValueError("steps and batch size must be at least 1")
+    if not 0 < s.lr <= 0.1:
+        raise ValueError("learning rate must lie in (0, 0.1]")
+    if s.budget_s > LIMITS.max_train_seconds:
+        raise ValueError(f"the lab trains for at most {LIMITS.max_train_seconds:.0f} s")
+    est = estimate_seconds(s)
+    if est > s.budget_s:
+        fit = max(1, int(s.steps * s.budget_s / est))
+        raise ValueError(f"these settings would take about {est:.0f} s to train, over the "
+                         f"{s.budget_s:.0f} s budget on two cores: use at most {fit} steps, or fewer "
+                         "layers, a smaller width or batch")
+
+
+@functools.lru_cache(maxsize=1)
+def _openmp():
+    """The OpenMP runtime torch runs on (libgomp, libiomp5 or libomp, already loaded), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if line.count(" ") >= 5 and "/" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if re.match(r"lib(gomp|iomp5|omp)\b.*\.so", os.path.basename(path)):
+            try:
+                lib = ctypes.CDLL(path)  # the loaded library itself (dlopen of a loaded path)
+                lib.omp_get_max_threads.restype = ctypes.c_int
+                lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+                return lib
+            except (OSError, AttributeError):
+                continue
+    return None
+
+
+@contextmanager
+def one_thread_here():
+    """One OpenMP thread for the CALLING thread only, its previous count restored afterwards.
+
+    Toy-sized ops gain nothing from a second thread, and on a busy machine OpenMP threads that
+    wait for each other made a 60-step training take 62-86 s instead of 4-7 s (measured on this
+    2-core machine). `torch.set_num_threads` would do it PROCESS-WIDE (every thread that starts
+    meanwhile, other sessions' reruns included, would stay on one thread); OpenMP's own setting
+    is per thread, so nothing else changes. Losses are bit-identical to a single-threaded run, so
+    the shipped checkpoints stay reproducible. Where no OpenMP runtime is found it does nothing.
+    """
+    lib = _openmp()
+    if lib is None:
+        yield
+        return
+    torch.get_num_threads()  # torch's lazy per-thread init first, so it cannot undo ours later
+    before = lib.omp_get_max_threads()
+    lib.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        lib.omp_set_num_threads(before)
+
+
+@contextmanager
+def checkpointed(net: Transformer):
+    """Recompute each block's activations during backward instead of storing them."""
+    for block in net.blocks:
+        block.forward = (lambda x, _block=block, **kw:
+                         checkpoint(type(_block).forward, _block, x, use_reentrant=False, **kw))
+    try:
+        yield net
+    finally:
+        for block in net.blocks:
+            del block.forward  # back to the class's forward
+
+
+def _loss(net: Transformer, task: Task, inputs, answers, variant, use_checkpoint: bool):
+    if use_checkpoint:
+        with checkpointed(net):
+            logits = net(input_ids=inputs, variants=variant).logits
+    else:
+        logits = net(input_ids=inputs, variants=variant).logits
+    logits = logits[:, task.answer_positions]                       # (B, A, vocab)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), answers.reshape(-1))
+
+
+def _lr(step: int, steps: int, peak: float) -> float:
+    warm = max(1, steps // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
+
+
+def _optimizer(net):
+    return torch.optim.AdamW(net.parameters(), lr=1e-3, betas=(0.9, 0.98), weight_decay=0.01)
+
+
+def train(s: TrainSettings, progress: Callable[[int, int, float], None] | None = None,
+          key: str = "trained toy", eval_every: int = 0, stop_at_budget: bool = True) -> TrainResult:
+    """Train a fresh toy model; `progress(step, steps, loss)` after every step; every
+    `eval_every` steps the exact accuracy on 500 held-out examples goes into `history`.
+    Training stops when `s.budget_s` has passed (a busy machine) unless `stop_at_budget` is
+    False, as when reproducing the shipped checkpoints."""
+    check_settings(s)
+    with one_thread_here():
+        return _train(s, progress, key, eval_every, stop_at_budget)
+
+
+def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget: bool) -> TrainResult:
+    torch.manual_seed(s.seed)
+    net = Transformer(s.config()).train()
+    variant = parse_variant(s.variant)
+    generator = torch.Generator().manual_seed(s.seed)
+    opt = _optimizer(net)
+    losses, history, start, stopped = [], [], time.perf_counter(), False
+    for step in range(s.steps):
+        if stop_at_budget and time.perf_counter() - start > s.budget_s:
+            stopped = True
+            break
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, s.steps, s.lr)
+        inputs, answers, _ = s.task.sample(s.batch_size, generator)
+        loss = _loss(net, s.task, inputs, answers, variant, s.checkpoint)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if eval_every and (step + 1) % eval_every == 0:
+            net.eval()
+            history.append((step + 1, score(net, s.task, variant, n=500).exact))
+            net.train()
+        if progress is not None:
+            progress(step + 1, s.steps, losses[-1])
+    seconds = time.perf_counter() - start
+    model = wrap(net, s, key)
+    return TrainResult(model, s, losses, seconds, len(losses), stopped, evaluate(model), history)
+
+
+def wrap(net: Transformer, s: TrainSettings, key: str) -> ToyModel:
+    cfg = net.cfg
+    info = ModelInfo(key=key, family=cfg.family, task="lm", n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                     n_kv_heads=cfg.n_kv_heads, max_positions=cfg.max_positions,
+                     params=sum(p.numel() for p in net.parameters()),
+                     source=f"toy transformer trained on the {s.task.name} task in the lab")
+    return ToyModel(net, info, s.task, s.variant)
+
+
+# ---------------------------------------------------------------- memory
+class TensorMeter(TorchDispatchMode):
+    """Live bytes of CPU tensor storages created inside the `with` block, and their peak."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = self.peak = 0
+
+    def _freed(self, key: int):
+        self.current -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                storage = t.untyped_storage()
+                key = id(storage)  # storages keep one Python object while alive
+                if key not in self.live and storage.nbytes():
+                    weakref.finalize(storage, self._freed, key)
+                    self.live[key] = storage.nbytes()
+                    self.current += storage.nbytes()
+                    self.peak = max(self.peak, self.current)
+        return out
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    step_peak: int      # bytes: activations, gradients and temporaries at the worst moment of a step
+    resident: int       # bytes: parameters + optimizer state, held all along
+    checkpoint: bool
+
+    @property
+    def total(self) -> int:
+        return self.step_peak + self.resident
+
+
+def training_memory(s: TrainSettings, use_checkpoint: bool | None = None) -> MemoryReport:
+    """Measure one training step of a fresh model of these settings (after a warm-up step that
+    creates the optimizer state)."""
+    use_checkpoint = s.checkpoint if use_checkpoint is None else use_checkpoint
+    torch.manual_seed(s.seed)
+    net = Transformer(s.config()).train()
+    variant, opt = parse_variant(s.variant), _optimizer(net)
+    generator = torch.Generator().manual_seed(s.seed)
+    with one_thread_here():
+        for measured in (False, True):
+            inputs, answers, _ = s.task.sample(s.batch_size, generator)
+            opt.zero_grad(set_to_none=True)
+            meter = TensorMeter()
+            with meter if measured else _nothing():
+                _loss(net, s.task, inputs, answers, variant, use_checkpoint).backward()
+                opt.step()
+    resident = sum(p.numel() * p.element_size() for p in net.parameters())
+    resident += sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                    if isinstance(t, torch.Tensor))
+    return MemoryReport(meter.peak, resident, use_checkpoint)
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def latency(model: ToyModel, batch: int = 1, repeats: int = 30) -> float:
+    """Median seconds of one forward pass over `batch` held-out examples."""
+    inputs, _, _ = model.task.sample(batch, torch.Generator().manual_seed(0))
+    times = []
+    with torch.inference_mode():
+        for i in range(repeats + 3):
+            t0 = time.perf_counter()
+            model.net(input_ids=inputs, variants=model.variant)
+            if i >= 3:  # the first calls warm up the allocator and kernels
+                times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]

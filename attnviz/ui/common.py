@@ -1,0 +1,205 @@
+"""The only module that imports streamlit: cached loaders, the shared sidebar, session keys."""
+from __future__ import annotations
+
+import gc
+import os
+import re
+from pathlib import Path
+
+import streamlit as st
+
+import attnviz
+from attnviz.base.limits import LIMITS
+from attnviz.weights import catalogue as loading
+from attnviz.weights.catalogue import BUNDLED, DEFAULT_MODEL
+
+if LIMITS.torch_threads > 0:  # once per server process, before any model runs
+    import torch
+    torch.set_num_threads(LIMITS.torch_threads)
+
+MODEL_KEY = "model_choice"      # session key of the sidebar's model picker
+CUSTOM_KEY = "model_custom_dir"  # session key of the local-folder text box
+SHARED_KEY = "model_last"          # the last model picked on any page (not a widget key)
+SHARED_CUSTOM_KEY = "model_last_dir"
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
+
+
+def plain(text: str) -> str:
+    """Text a user supplied (file names, paths, CSV cells inside error messages), escaped so that
+    Streamlit's markdown shows it as typed: no links, images or formatting from user input."""
+    return _MARKDOWN.sub(r"\\\1", str(text))
+
+
+LOCAL = "local folder…"  # the picker's entry for a typed folder (offered only with an allow-list)
+
+
+@st.cache_resource(max_entries=LIMITS.model_cache_entries, show_spinner=False)
+def _shared_model(key: str, _typed: str = "") -> attnviz.Model:
+    """One shared, never-mutated model per key for every browser session of this process. `key` is
+    a catalogue key or "folder:" + a RESOLVED allowed folder, so every spelling of one folder
+    (`/m/big`, `/m/big/`, `/m/./big`, a symlink to it) is one cache entry and one copy of the
+    weights. `_typed` (not part of the key) is what the user typed, for messages."""
+    if key.startswith("folder:"):
+        resolved = Path(key[len("folder:"):])
+        model = loading.load_dir(resolved, key=loading.local_folder_name(resolved, LIMITS), name=_typed,
+                                 limits=LIMITS)
+    else:
+        model = attnviz.load_model(key)
+    settle_heap()
+    return model
+
+
+def settle_heap():
+    """Streamlit runs a full garbage collection after every script run, and with torch,
+    transformers and a model loaded that walks ~400,000 objects: ~250 ms, holding the GIL, so the
+    run's last messages wait for it (a quarter of a head toggle's 1 s, bench/toggle_latency.py).
+    Freezing what is alive now (modules, loaded models) takes those objects out of every later
+    collection; they are still freed by reference counting when dropped (a loaded, dropped SmolLM2
+    gives its memory back), only cyclic garbage among them would stay."""
+    gc.collect()
+    gc.freeze()
+
+
+def load_model(key: str) -> attnviz.Model:
+    """A model of the catalogue (bundled or toy), shared by every session. Never a path: typed
+    folders go through `load_folder`, which applies the deployment's allow-list."""
+    from attnviz.toys.tasks import TOYS
+    if key not in BUNDLED and key not in TOYS:
+        raise ValueError(f"unknown model {key!r}")
+    return _shared_model(key)
+
+
+def load_folder(typed: str) -> attnviz.Model:
+    """A typed local folder, only inside ATTNVIZ_ALLOWED_MODEL_DIRS (none without one), cached on
+    its resolved path. Refusals say the same for a folder outside the list, a missing one and an
+    unreadable one, and never show where a path resolves."""
+    resolved, _ = loading.allowed_folder(typed, LIMITS)
+    return _shared_model(f"folder:{resolved}", typed)
+
+
+def local_folders_allowed() -> bool:
+    return bool(LIMITS.allowed_model_dirs.strip())
+
+
+def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: str | None = None):
+    """Sidebar: bundled models of the given tasks, plus a typed local HF folder when the deployment
+    allows some (ATTNVIZ_ALLOWED_MODEL_DIRS). Returns Model or None."""
+    infos = [m for m in attnviz.list_models() if m.task in tasks]
+    keys = [m.key for m in infos] + ([LOCAL] if local_folders_allowed() else [])
+    default = default or (DEFAULT_MODEL if DEFAULT_MODEL in keys else keys[0])
+    page_key = f"{MODEL_KEY}:{'/'.join(tasks)}"
+    # Streamlit forgets a widget's state when a page that lacks it runs, so the last choice is
+    # also kept under plain keys: every page's picker opens on the model picked elsewhere.
+    if st.session_state.get(SHARED_KEY) in keys and page_key not in st.session_state:
+        default = st.session_state[SHARED_KEY]
+    st.session_state.setdefault(page_key, default)
+    if CUSTOM_KEY not in st.session_state and st.session_state.get(SHARED_CUSTOM_KEY):
+        st.session_state[CUSTOM_KEY] = st.session_state[SHARED_CUSTOM_KEY]
+    if st.session_state[page_key] not in keys:
+        st.session_state[page_key] = default
+    with st.sidebar:
+        choice = st.selectbox("Model", keys, key=page_key,
+                              format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})")
+        st.session_state[SHARED_KEY] = choice
+        typed = None
+        if choice == LOCAL:
+            roots = ", ".join(e.strip() for e in LIMITS.allowed_model_dirs.split(os.pathsep) if e.strip())
+            typed = st.text_input("Hugging Face model folder", key=CUSTOM_KEY,
+                                  placeholder="config.json + model.safetensors",
+                                  help=f"a folder under {roots} (a name relative to it works too)").strip()
+            st.session_state[SHARED_CUSTOM_KEY] = typed
+            if not typed:
+                st.info(plain(f"Type the name of a model folder under {roots}."))
+                return None
+            choice = typed
+        try:
+            with st.spinner(plain(f"Loading {choice} (the first start converts and caches the weights)…")):
+                model = load_folder(typed) if typed is not None else load_model(choice)
+        except ValueError as err:
+            st.error(plain(err))
+            return None
+        if model.cfg.task not in tasks:
+            st.error(plain(f"{choice} is a {model.cfg.task} model; this page needs one of: {', '.join(tasks)}."))
+            return None
+        show_shape(model)
+    return model
+
+
+@st.cache_data(max_entries=8, show_spinner=False, ttl=60)
+def _fingerprint(key: str, _model: attnviz.Model) -> str:
+    return _model.fingerprint()
+
+
+def fingerprint(model: attnviz.Model) -> str:
+    return _fingerprint(f"{model.info.key}@{id(model)}", model)
+
+
+def show_shape(model: attnviz.Model):
+    c = model.cfg
+    st.caption(f"**{plain(model.info.key)}** · {c.family} · {c.n_layers} layers × {c.n_heads} heads"
+               f" ({c.n_kv_heads} K/V) · d_model {c.d_model} · "
+               f"{'image ' + str(model.image_size) + ' px' if c.is_vision else str(c.max_positions) + ' positions'}"
+               f" · {model.num_params() / 1e6:.1f} M params")
+
+
+def picked_cell(chart_key: str, n_columns: int = 0) -> tuple[int, int] | None:
+    """(row, column) of the point clicked in a plotly chart drawn with on_select="rerun" and
+    customdata [row, column, ...] (e.g. viz.overview_figure: [layer, head, ...]); None if none."""
+    state = st.session_state.get(chart_key)
+    try:
+        points = state["selection"]["points"]
+    except (KeyError, TypeError):
+        return None
+    if not points:
+        return None
+    data = points[0].get("customdata")
+    try:
+        if data is not None and len(data) >= 2:
+            return int(data[0]), int(data[1])
+        if n_columns:   # some Streamlit versions omit customdata: points are laid out row-major
+            index = int(points[0].get("point_index", points[0].get("point_number")))
+            return divmod(index, n_columns)
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
+def clickable_overview(figure):
+    """Make `viz.overview_figure` clickable in Streamlit: its transparent hover heatmap gets a
+    twin of invisible scatter markers (Streamlit's on_select reports scatter points, but not
+    heatmap cells), with the same [layer, head, text] customdata, row-major."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    cells = figure.data[1]
+    xs, ys = np.asarray(cells.x), np.asarray(cells.y)
+    custom = np.asarray(cells.customdata, dtype=object)                # (L, H, 3)
+    grid_x, grid_y = np.meshgrid(xs, ys)                               # (L, H) each
+    pitch = float(ys[1] - ys[0]) if len(ys) > 1 else float(xs[1] - xs[0]) if len(xs) > 1 else 40.0
+    # Marker sizes are screen pixels: the image is drawn height-first (scaleanchor), so one image
+    # pixel is about plot height / image height screen pixels. Squares cover ~95 % of a cell.
+    margin = figure.layout.margin
+    plot_height = (figure.layout.height or 450) - (margin.t or 0) - (margin.b or 0)
+    screen_per_pixel = plot_height / (pitch * len(ys))
+    figure.add_trace(go.Scatter(
+        x=grid_x.ravel(), y=grid_y.ravel(), customdata=custom.reshape(-1, custom.shape[-1]),
+        mode="markers", marker=dict(symbol="square", size=max(6.0, 0.95 * pitch * screen_per_pixel),
+                                    color="rgba(0,0,0,0)"),
+        hovertemplate=cells.hovertemplate, showlegend=False))
+    figure.data[1].hoverinfo = "skip"
+    figure.update_layout(clickmode="event+select")
+    return figure
+
+
+def figure_downloads(name: str, matrix, xlabels: list[str], ylabels: list[str], title: str,
+                     key: str):
+    """PNG and SVG download buttons of a heatmap; the bytes are made only when clicked."""
+    from attnviz.figures import attention as viz
+
+    left, right = st.columns(2)
+    left.download_button(f"{name} PNG", lambda: viz.figure_png(matrix, xlabels, ylabels, title),
+                         file_name=f"{key}.png", mime="image/png", key=f"{key}_png")
+    right.download_button(f"{name} SVG", lambda: viz.figure_svg(matrix, xlabels, ylabels, title),
+                          file_name=f"{key}.svg", mime="image/svg+xml", key=f"{key}_svg")
