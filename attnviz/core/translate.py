@@ -1,0 +1,366 @@
+"""The public objects of encoder-decoder models: `Seq2SeqModel` and its `Translation`.
+
+`m.translate(text)` runs the encoder once, then decodes incrementally (each step feeds only the
+new position; the encoder K/V of every layer and the SSRU cell or self-attention K/V live in a
+per-call `DecoderState`), greedy or beam search with Marian's length normalisation. `m.trace(source,
+target)` runs the same network teacher-forced on a given target. Both return a `Translation`:
+
+    cross_attentions    [L_dec, H, n_tgt, n_src]  row t: where the decoder looked choosing target t
+    encoder_attentions  [L_enc, H, n_src, n_src]
+    self_attentions     [L_dec, H, n_tgt, n_tgt]  HF Marian / BART decoders (None for an SSRU decoder)
+    logprobs            [n_tgt]                   log-probability of each target token when chosen
+
+Every row sums to 1. Target tokens include the end of sentence; the decoder's input at step t is
+the start symbol (t = 0) or target token t - 1.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from attnviz.base.jobs import Deadline, heavy_job
+from attnviz.base.limits import LIMITS
+from attnviz.core.model import ModelInfo
+from attnviz.core.seq2seq import DecoderState, Seq2Seq, Seq2SeqConfig
+
+MAX_BEAM = 5
+TOP_K = 10                  # next-token candidates kept per step (the page's step-through)
+LENGTH_FACTOR = 2.5         # decoding stops at 2.5 x source + 5 tokens (Marian's max-length-factor)
+LENGTH_SLACK = 5
+LENGTH_NORMALISE = 1.0      # beam: score / length^1.0, as Marian's --normalize 1.0 (eos counted)
+
+
+class Pieces:
+    """What translation needs from a tokenizer, over a `tokenizers.Tokenizer` (Bergamot's
+    tokenizer.json: no end of sentence added, so we add it) or a transformers tokenizer (which
+    adds its own)."""
+
+    def __init__(self, tokenizer, eos_id: int, unk_id: int | None = None):
+        self.tokenizer, self.eos_id = tokenizer, eos_id
+        self.native = hasattr(tokenizer, "id_to_token")  # tokenizers.Tokenizer, not transformers'
+        if unk_id is None:
+            unk_id = tokenizer.token_to_id("<unk>") if self.native else getattr(tokenizer, "unk_token_id", None)
+        self.unk_id = unk_id
+
+    def encode(self, text: str) -> tuple[list[int], list[str]]:
+        """(ids ending with the end of sentence, labels); an unknown piece is labelled with the
+        text it stands for, marked ⟨unk⟩."""
+        if self.native:
+            enc = self.tokenizer.encode(text)
+            ids, labels = list(enc.ids), list(enc.tokens)
+            ids.append(self.eos_id)
+            labels.append(self.label(self.eos_id))
+        else:
+            ids = list(self.tokenizer(text)["input_ids"])
+            labels = [self.label(i) for i in ids]
+            if not ids or ids[-1] != self.eos_id:
+                ids.append(self.eos_id)
+                labels.append(self.label(self.eos_id))
+        labels = [f"{lab}⟨unk⟩" if i == self.unk_id else lab for i, lab in zip(ids, labels)]
+        return ids, labels
+
+    def label(self, i: int) -> str:
+        if self.native:
+            return self.tokenizer.id_to_token(int(i)) or f"<{i}>"
+        return self.tokenizer.convert_ids_to_tokens(int(i)) or f"<{i}>"
+
+    def decode(self, ids: list[int]) -> str:
+        ids = [int(i) for i in ids if int(i) != self.eos_id]
+        if self.native:
+            return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class Translation:
+    text: str
+    source_tokens: list[str]
+    target_tokens: list[str]
+    source_ids: torch.Tensor                    # [n_src], the end of sentence included
+    target_ids: torch.Tensor                    # [n_tgt]
+    cross_attentions: torch.Tensor | None       # [L_dec, H, n_tgt, n_src]
+    encoder_attentions: torch.Tensor | None     # [L_enc, H, n_src, n_src]
+    logprobs: torch.Tensor                      # [n_tgt]
+    top_ids: torch.Tensor | None = None         # [n_tgt, TOP_K] the likeliest next tokens at each step
+    top_logprobs: torch.Tensor | None = None    # [n_tgt, TOP_K]
+    self_attentions: torch.Tensor | None = None  # [L_dec, H, n_tgt, n_tgt] (attention decoders)
+    stopped: str = "eos"                        # eos | max_tokens | deadline | given (teacher-forced)
+    truncated: int = 0                          # source tokens cut to fit LIMITS.max_source_tokens
+    max_tokens: int = 0                         # the target-token bound this decoding ran under
+    beam: int = 1
+
+    @property
+    def logprob(self) -> float:
+        return float(self.logprobs.sum())
+
+    @property
+    def n_src(self) -> int:
+        return len(self.source_tokens)
+
+    @property
+    def n_tgt(self) -> int:
+        return len(self.target_tokens)
+
+    @property
+    def unknown(self) -> list[str]:
+        """Source pieces outside the vocabulary (shown, not dropped)."""
+        return [t for t in self.source_tokens if t.endswith("⟨unk⟩")]
+
+
+class Seq2SeqModel:
+    """An encoder-decoder of ours plus its tokenizer. Shared, never mutated by a call."""
+
+    def __init__(self, net: Seq2Seq, info: ModelInfo, tokenizer=None):
+        self.net = net.eval()
+        self.info = info
+        self.pieces = None if tokenizer is None else Pieces(tokenizer, net.cfg.eos_id)
+        for p in self.net.parameters():
+            p.requires_grad_(False)
+        if LIMITS.packed_linear:
+            self.net.pack()
+
+    @property
+    def cfg(self) -> Seq2SeqConfig:
+        return self.net.cfg
+
+    def __repr__(self):
+        c = self.cfg
+        return (f"Seq2SeqModel({self.info.key!r}, {c.family}, {c.n_enc_layers}+{c.n_dec_layers} layers "
+                f"x {c.n_heads} heads, {c.decoder} decoder)")
+
+    # ---------------------------------------------------------------- input
+    def source(self, x) -> tuple[torch.Tensor, list[str], int]:
+        """(ids [n_src] ending with the end of sentence, labels, tokens cut)."""
+        limit = LIMITS.max_source_tokens
+        if isinstance(x, str):
+            if not x.strip():
+                raise ValueError("the text is empty; type or paste a sentence")
+            if len(x) > LIMITS.max_text_chars:
+                raise ValueError(f"the text has {len(x):,} characters; the limit is {LIMITS.max_text_chars:,}. "
+                                 "Paste a shorter passage.")
+            if self.pieces is None:
+                raise ValueError(f"model {self.info.key!r} has no tokenizer; pass token ids instead of text")
+            ids, labels = self.pieces.encode(x)
+        else:
+            ids = self._ids(x, "source")
+            if ids[-1] != self.cfg.eos_id:
+                ids.append(self.cfg.eos_id)
+            labels = [self.pieces.label(i) for i in ids] if self.pieces else [str(i) for i in ids]
+        cut = max(0, len(ids) - limit)
+        if cut:  # keep the first limit - 1 pieces and the end of sentence
+            ids, labels = ids[:limit - 1] + ids[-1:], labels[:limit - 1] + labels[-1:]
+        return torch.tensor(ids, dtype=torch.long), labels, cut
+
+    def _ids(self, x, what: str) -> list[int]:
+        try:
+            ids = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"the {what} must be text or a 1-D list of token ids") from None
+        if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
+            raise ValueError(f"the {what} must be text or a non-empty 1-D list of token ids")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
+            raise ValueError(f"{what} token ids must lie in [0, {self.cfg.vocab_size})")
+        return ids.tolist()
+
+    def check_mask(self, mask, n_layers: int, what: str) -> torch.Tensor | None:
+        if mask is None:
+            return None
+        m = torch.as_tensor(mask, dtype=torch.float32)
+        if tuple(m.shape) != (n_layers, self.cfg.n_heads):
+            raise ValueError(f"{what} must have shape [{n_layers}, {self.cfg.n_heads}] (layers x heads); "
+                             f"got {list(m.shape)}")
+        if torch.isnan(m).any() or m.min() < 0 or m.max() > 1:
+            raise ValueError(f"{what} values must lie in [0, 1] (1 keeps a head, 0 removes it)")
+        return m
+
+    def _masks(self, head_mask, encoder_head_mask, self_head_mask) -> dict:
+        c = self.cfg
+        if self_head_mask is not None and c.decoder == "ssru":
+            raise ValueError("this decoder has no self-attention (an SSRU instead): there is no self_head_mask")
+        return dict(cross=self.check_mask(head_mask, c.n_dec_layers, "head_mask (cross-attention)"),
+                    encoder=self.check_mask(encoder_head_mask, c.n_enc_layers, "encoder_head_mask"),
+                    self=self.check_mask(self_head_mask, c.n_dec_layers, "self_head_mask"))
+
+    def target_limit(self, n_src: int, max_tokens=None) -> int:
+        bound = min(LIMITS.max_target_tokens, int(LENGTH_FACTOR * n_src) + LENGTH_SLACK)
+        if max_tokens is None:
+            return bound
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
+        return min(max_tokens, bound)
+
+    # ---------------------------------------------------------------- running
+    def _encode(self, src: torch.Tensor, masks: dict, attentions: bool):
+        c, S = self.cfg, len(src)
+        buf = torch.empty(c.n_enc_layers, c.n_heads, S, S) if attentions else None
+        memory, _ = self.net.encode(src[None], head_mask=masks["encoder"],
+                                    weights_out=None if buf is None else {i: buf[i:i + 1] for i in range(len(buf))})
+        return memory, buf
+
+    def _start_ids(self, n: int = 1) -> torch.Tensor:
+        return torch.full((n, 1), self.cfg.decoder_start_id, dtype=torch.long)
+
+    def translate(self, text, beam: int = 1, max_tokens: int | None = None, head_mask=None,
+                  encoder_head_mask=None, self_head_mask=None, *, attentions: bool = True,
+                  cache: bool = True) -> Translation:
+        """Translate `text` (or source token ids). `head_mask` [L_dec, H] masks cross-attention heads;
+        `encoder_head_mask` [L_enc, H] the encoder's; `cache=False` recomputes every prefix (tests)."""
+        if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
+            raise ValueError(f"beam must be a whole number from 1 to {MAX_BEAM}, got {beam!r}")
+        masks = self._masks(head_mask, encoder_head_mask, self_head_mask)
+        src, labels, cut = self.source(text)
+        n_max = self.target_limit(len(src), max_tokens)
+        heavy = beam > 1 and len(src) > LIMITS.heavy_beam_tokens
+        deadline = Deadline(LIMITS.max_translate_seconds, "the translation")
+        with heavy_job("a long beam search") if heavy else contextlib.nullcontext(), torch.inference_mode():
+            memory, enc_att = self._encode(src, masks, attentions)
+            if beam == 1:
+                out = self._greedy(memory, masks, n_max, deadline, attentions, cache)
+            else:
+                ids, stopped = self._beam(memory, masks, beam, n_max, deadline)
+                out = self._teacher(memory, masks, ids, attentions) + (stopped,)
+        target, logprobs, tops, cross, self_att, stopped = out
+        return self._result(src, labels, cut, target, logprobs, tops, cross, enc_att, self_att,
+                            stopped, n_max, beam)
+
+    def trace(self, source, target=None, head_mask=None, encoder_head_mask=None,
+              self_head_mask=None) -> Translation:
+        """The same tensors, teacher-forced on `target` (text or ids; the end of sentence is added
+        when missing). Without a target, the greedy translation is traced."""
+        if target is None:
+            target = self.translate(source, head_mask=head_mask, encoder_head_mask=encoder_head_mask,
+                                    self_head_mask=self_head_mask, attentions=False).target_ids.tolist()
+        masks = self._masks(head_mask, encoder_head_mask, self_head_mask)
+        src, labels, cut = self.source(source)
+        if isinstance(target, str):
+            if not target.strip() or self.pieces is None:
+                raise ValueError("the target is empty (or this model has no tokenizer: give token ids)")
+            ids = self.pieces.encode(target)[0]
+        else:
+            ids = self._ids(target, "target")
+            if ids[-1] != self.cfg.eos_id:
+                ids.append(self.cfg.eos_id)
+        if len(ids) > LIMITS.max_target_tokens:
+            raise ValueError(f"the target has {len(ids)} tokens; the limit is {LIMITS.max_target_tokens}")
+        with torch.inference_mode():
+            memory, enc_att = self._encode(src, masks, True)
+            target, logprobs, tops, cross, self_att = self._teacher(memory, masks, ids, True)
+        return self._result(src, labels, cut, target, logprobs, tops, cross, enc_att, self_att,
+                            "given", len(ids), 1)
+
+    def _result(self, src, labels, cut, target, logprobs, tops, cross, enc_att, self_att,
+                stopped, n_max, beam) -> Translation:
+        ids = target.tolist()
+        label = self.pieces.label if self.pieces else str
+        text = self.pieces.decode(ids) if self.pieces else " ".join(map(str, ids))
+        return Translation(text=text, source_tokens=labels, target_tokens=[label(i) for i in ids],
+                           source_ids=src, target_ids=target, cross_attentions=cross,
+                           encoder_attentions=enc_att, logprobs=logprobs, top_ids=tops[1],
+                           top_logprobs=tops[0], self_attentions=self_att, stopped=stopped,
+                           truncated=cut, max_tokens=n_max, beam=beam)
+
+    def _greedy(self, memory, masks, n_max, deadline, attentions, cache):
+        net, eos = self.net, self.cfg.eos_id
+        state = net.start(memory)
+        feed = self._start_ids()
+        ids, logps, top_v, top_i, rows, self_rows = [], [], [], [], [], []
+        stopped = "max_tokens"
+        for _ in range(n_max):
+            if not cache:  # recompute every position from a fresh state: the reference for the cache
+                state = net.start(memory)
+                feed = torch.cat([self._start_ids(), torch.tensor([ids], dtype=torch.long)], 1) if ids \
+                    else self._start_ids()
+            out = net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
+                           need_weights=attentions, need_self=attentions)
+            logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            nxt = int(logp.argmax())
+            ids.append(nxt)
+            logps.append(logp[nxt])
+            v, i = logp.topk(TOP_K)
+            top_v.append(v)
+            top_i.append(i)
+            if attentions:
+                rows.append(torch.stack([out.cross[j][0, :, -1] for j in range(len(net.decoder))]))
+                if out.self_att:
+                    self_rows.append([out.self_att[j][0, :, -1] for j in range(len(net.decoder))])
+            if nxt == eos:
+                stopped = "eos"
+                break
+            if deadline.expired():
+                stopped = "deadline"
+                break
+            feed = torch.tensor([[nxt]])
+        cross = torch.stack(rows, dim=2) if rows else None            # [L, H, n_tgt, S]
+        return (torch.tensor(ids), torch.stack(logps), (torch.stack(top_v), torch.stack(top_i)),
+                cross, _self_matrix(self_rows), stopped)
+
+    def _beam(self, memory, masks, beam: int, n_max: int, deadline) -> tuple[list[int], str]:
+        """Marian's beam search: the beam shrinks by one for every hypothesis that ends; the best
+        finished hypothesis by score / length^LENGTH_NORMALISE wins."""
+        net, eos, V = self.net, self.cfg.eos_id, self.cfg.vocab_size
+        state: DecoderState = net.start(memory)
+        hyps, scores, feed = [[]], torch.zeros(1), self._start_ids()
+        finished, live, stopped = [], beam, "eos"
+        for t in range(n_max):
+            logits = net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"]).logits
+            total = (scores[:, None] + torch.log_softmax(logits[:, -1].float(), dim=-1)).flatten()  # (B*V,)
+            best = total.topk(live)
+            last = t == n_max - 1 or deadline.expired()
+            keep = []
+            for score, flat in zip(best.values.tolist(), best.indices.tolist()):
+                row, tok = divmod(flat, V)
+                seq = hyps[row] + [tok]
+                if tok == eos or last:
+                    finished.append((score / len(seq) ** LENGTH_NORMALISE, seq))
+                    if tok != eos:
+                        stopped = "deadline" if t < n_max - 1 else "max_tokens"
+                else:
+                    keep.append((row, tok, score, seq))
+            live = beam - len(finished)
+            if live <= 0 or not keep:
+                break
+            keep = keep[:live]
+            state = state.select(torch.tensor([k[0] for k in keep]))
+            hyps = [k[3] for k in keep]
+            scores = torch.tensor([k[2] for k in keep])
+            feed = torch.tensor([[k[1]] for k in keep])
+        return max(finished, key=lambda f: f[0])[1], stopped
+
+    def _teacher(self, memory, masks, ids: list[int], attentions: bool):
+        """Feed [start] + ids[:-1] at once; score ids. -> (ids, logprobs, tops, cross, self)."""
+        target = torch.tensor(ids, dtype=torch.long)
+        feed = torch.cat([self._start_ids(), target[None, :-1]], dim=1)
+        out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"],
+                            self_head_mask=masks["self"], need_weights=attentions, need_self=attentions)
+        logp = torch.log_softmax(out.logits[0].float(), dim=-1)       # (n_tgt, vocab)
+        tops = logp.topk(TOP_K, dim=-1)
+        cross = torch.cat([out.cross[j] for j in range(len(self.net.decoder))]) if attentions else None
+        self_att = torch.cat([out.self_att[j] for j in range(len(self.net.decoder))]) if out.self_att else None
+        return target, logp.gather(1, target[:, None])[:, 0], (tops.values, tops.indices), cross, self_att
+
+    # ---------------------------------------------------------------- bookkeeping
+    def fingerprint(self) -> str:
+        """SHA-256 of every parameter and buffer: shows a shared model was never changed."""
+        import hashlib
+        h = hashlib.sha256()
+        for name, t in self.net.state_dict().items():
+            h.update(name.encode())
+            h.update(t.detach().contiguous().cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.net.parameters())
+
+
+def _self_matrix(rows: list[list[torch.Tensor]]) -> torch.Tensor | None:
+    """Per-step self-attention rows (each [H, t+1]) -> [L, H, n, n], zero above the diagonal."""
+    if not rows:
+        return None
+    n, L, H = len(rows), len(rows[0]), rows[0][0].shape[0]
+    out = torch.zeros(L, H, n, n)
+    for t, per_layer in enumerate(rows):
+        for j, r in enumerate(per_layer):
+            out[j, :, t, :t + 1] = r
+    return out
