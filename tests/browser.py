@@ -1,4 +1,4 @@
-"""A real Streamlit server and Debian's Chromium driven by Playwright (see shared TESTING.md)."""
+"""A real Streamlit server and Debian's Chromium driven by Playwright (Debian's package: Playwright never downloads a browser)."""
 from __future__ import annotations
 
 import contextlib

@@ -59,7 +59,7 @@ def inputs(model, size=None):
 
 def reference(model, x, head_mask=None):
     """transformers eager with output_attentions; head masks through a pre-hook on the output
-    projection that scales each head's slice, the reference DESIGN.md names."""
+    projection that scales each head's slice (transformers 5 has no head_mask argument)."""
     hooks = []
     if head_mask is not None:
         for layer, proj in enumerate(out_projections(model)):
