@@ -12,8 +12,6 @@ positions, and 30 x 9 x 8192^2 float32 weights are 72 GB. `capture_text` therefo
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,6 +20,7 @@ import torch.nn.functional as F
 
 from attnviz.analysis.stats import downsample_attention
 from attnviz.core.attention import softmax_weights
+from attnviz.base.cache import LRU  # noqa: F401  (pages keep their capture store here)
 from attnviz.base.jobs import Cancel, Deadline, JobTimeout, heavy_job
 from attnviz.base.limits import LIMITS
 from attnviz.core.positional import apply_rope
@@ -153,38 +152,6 @@ def truncation_message(capture: TextCapture, max_positions: int) -> str | None:
     else:
         why = f"the text was cut to the model's {max_positions:,} positions"
     return f"The text is too long: {why}; the last {capture.truncated:,} tokens were dropped."
-
-
-class LRU:
-    """A small thread-safe least-recently-used map: one shared store of captures for every
-    session of a server (get / put), bounded by ``max_entries``."""
-
-    def __init__(self, max_entries: int):
-        self.max_entries = max(1, int(max_entries))
-        self._items: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key, default=None):
-        with self._lock:
-            if key not in self._items:
-                return default
-            self._items.move_to_end(key)
-            return self._items[key]
-
-    def put(self, key, value):
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
-
-    def __contains__(self, key) -> bool:
-        with self._lock:
-            return key in self._items
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
 
 
 def _queries_keys(attn_module, x, rope):
