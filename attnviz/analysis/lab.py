@@ -7,7 +7,6 @@ Everything here reads a loaded `Model` and never changes it: models are shared b
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from attnviz.core.model import Model, Trace
 from attnviz.core.attention import parse_variant
 from attnviz.base.limits import LIMITS
+from attnviz.base.timing import Timing, measure
 from attnviz.core.transformer import Transformer
 from attnviz.core.positional import alibi_bias, apply_rope, rope_cos_sin, sinusoidal
 
@@ -310,15 +310,6 @@ class Fidelity:
         return self.reference_seconds / self.seconds
 
 
-def _time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
 def variant_fidelity(model: Model, text: str, variants, label: str = "", repeats: int = 3) -> Fidelity:
     """Swap attention variants into the chosen layers (`variants`: a spec for every layer or
     {layer: spec}) and compare with the unchanged model on `text`."""
@@ -343,9 +334,9 @@ def variant_fidelity(model: Model, text: str, variants, label: str = "", repeats
         ref, var = run_ref(), run_var()                         # also the warm-up
         t_ref, t_var = [], []
         for _ in range(repeats):  # alternate, so both see the same machine load
-            t_ref.append(_time(run_ref, 1))
-            t_var.append(_time(run_var, 1))
-    out = Fidelity(label or str(variants), sorted(t_var)[len(t_var) // 2], sorted(t_ref)[len(t_ref) // 2])
+            t_ref += measure(run_ref, 1, 0).times
+            t_var += measure(run_var, 1, 0).times
+    out = Fidelity(label or str(variants), Timing.of(t_var).median, Timing.of(t_ref).median)
     if ref.logits is not None and model.cfg.causal:
         logp_ref = ref.logits[0].float().log_softmax(-1)       # (n, vocab)
         logp_var = var.logits[0].float().log_softmax(-1)

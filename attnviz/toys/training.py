@@ -29,6 +29,7 @@ from attnviz.core.model import ModelInfo
 from attnviz.core.attention import parse_variant
 from attnviz.core.transformer import Transformer
 from attnviz.base.limits import LIMITS
+from attnviz.base.timing import measure
 from attnviz.toys.tasks import Score, Task, ToyModel, evaluate, score, toy_config
 
 # Training runs on one OpenMP thread of its own calling thread (`one_thread_here`); torch's
@@ -297,11 +298,5 @@ def _nothing():
 def latency(model: ToyModel, batch: int = 1, repeats: int = 30) -> float:
     """Median seconds of one forward pass over `batch` held-out examples."""
     inputs, _, _ = model.task.sample(batch, torch.Generator().manual_seed(0))
-    times = []
-    with torch.inference_mode():
-        for i in range(repeats + 3):
-            t0 = time.perf_counter()
-            model.net(input_ids=inputs, variants=model.variant)
-            if i >= 3:  # the first calls warm up the allocator and kernels
-                times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    with torch.inference_mode():  # three warm-up calls settle the allocator and kernels
+        return measure(lambda: model.net(input_ids=inputs, variants=model.variant), repeats, warmup=3).median
