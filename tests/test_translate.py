@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import attnviz
+from attnviz.analysis import alignment
 from attnviz.base import jobs
 from attnviz.weights.catalogue import bundled_path
 
@@ -266,3 +267,22 @@ def test_catalogue_lists_both_directions():
     for key in ("en-pt", "pt-en"):
         assert infos[key].task == "translation" and infos[key].n_heads == 8
         assert "MPL-2.0" in infos[key].licence
+
+
+def test_word_alignment_crosses_where_the_order_changes(en_pt):
+    tr = en_pt.translate("The red sofa is in the living room.")
+    tgt, src, m = alignment.word_alignment(tr.cross_attentions[-1].mean(0), tr.source_tokens, tr.target_tokens)
+    assert src[:3] == ["The", "red", "sofa"] and tgt[:3] == ["O", "sofá", "vermelho"] and src[-1] == "</s>"
+    torch.testing.assert_close(m.sum(-1), torch.ones(len(tgt)), atol=1e-5, rtol=0)
+    peak = {tgt[t]: src[int(m[t].argmax())] for t in range(len(tgt))}
+    assert peak["sofá"] == "sofa" and peak["vermelho"] == "red"   # target order 1, 2 -> source 2, 1: a crossing
+    words, groups = alignment.word_groups(["▁Eu", "▁te", "▁a", "mo", ".", "</s>"])
+    assert words == ["Eu", "te", "amo", ".", "</s>"] and groups[2] == [2, 3]
+
+
+def test_first_difference_and_word_diff():
+    assert alignment.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert alignment.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert alignment.first_difference([1, 2], [1, 2, 0]) == 2
+    assert alignment.word_diff("Eu te amo.", "Eu amo você.") == [
+        ("same", "Eu"), ("removed", "te amo."), ("added", "amo você.")]

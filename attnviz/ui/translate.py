@@ -1,0 +1,240 @@
+"""The Translate page's views: a sentence through a real encoder-decoder, its cross-attention per
+layer and head, alignment lines, decoding step by step, the encoder's self-attention, and
+cross-attention heads switched off. The page itself is a title plus calls to these functions."""
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+import torch
+
+from attnviz.analysis import alignment
+from attnviz.base import names
+from attnviz.base.limits import LIMITS
+from attnviz.figures import attention as viz
+from attnviz.figures import translate as tfig
+from attnviz.ui.common import load_model, plain
+from attnviz.weights.catalogue import list_models
+
+PAGE = "translate"
+DEFAULT_TEXT = "I love you."
+AVERAGE = "average of heads"
+
+
+def key(name: str) -> str:
+    return names.session_key(PAGE, name)
+
+
+def directions() -> list[str]:
+    return [m.key for m in list_models() if m.task == "translation"]
+
+
+# ---------------------------------------------------------------- inputs
+def inputs():
+    """Sidebar and text box -> (model, text, beam), or None after showing why."""
+    keys = directions()
+    with st.sidebar:
+        direction = st.radio("Direction", keys, key=key("direction"), horizontal=True,
+                             format_func=lambda k: k.replace("-", " → "))
+        beam = st.select_slider("Beam size", options=[1, 2, 3, 4, 5], value=1, key=key("beam"),
+                                help="1 is greedy decoding. Beams are ranked by log-probability per "
+                                     "token (Marian's length normalisation).")
+        st.caption(f"Limits: {LIMITS.max_source_tokens} source tokens (longer text is cut), at most "
+                   f"2.5 × source + 5 target tokens (≤ {LIMITS.max_target_tokens}), "
+                   f"{LIMITS.max_translate_seconds:g} s per translation. A beam search over more than "
+                   f"{LIMITS.heavy_beam_tokens} source tokens takes one of the server's heavy-job slots.")
+    text = st.text_area("Sentence", value=DEFAULT_TEXT, key=key("text"), height=90)
+    if not text.strip():
+        st.error("The text is empty: type or paste a sentence to translate.")
+        return None
+    try:
+        with st.spinner(f"Loading {direction}…"):
+            model = load_model(direction)
+    except ValueError as err:
+        st.error(plain(str(err)))
+        return None
+    return model, text, beam
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _translated(model_key: str, text: str, beam: int, mask_key: bytes, _model, _mask):
+    # cache_resource: one result per input and mask, shared, never changed by a view
+    return _model.translate(text, beam=beam, head_mask=_mask)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _traced(model_key: str, text: str, target: tuple, mask_key: bytes, _model, _mask):
+    return _model.trace(text, target=list(target), head_mask=_mask)
+
+
+def _mask_key(mask) -> bytes:
+    return b"" if mask is None else mask.numpy().tobytes()
+
+
+def translation(model, text: str, beam: int, mask=None):
+    """The (cached) translation, or None after showing the error."""
+    try:
+        with st.spinner("Translating…"):
+            return _translated(model.info.key, text, beam, _mask_key(mask), model, mask)
+    except ValueError as err:
+        st.error(plain(str(err)))
+        return None
+
+
+# ---------------------------------------------------------------- explanation and summary
+def explain(model):
+    c = model.cfg
+    with st.expander("Where Q, K and V come from", expanded=False):
+        st.markdown(
+            f"The **encoder** ({c.n_enc_layers} layers) reads the whole source sentence once; each of its "
+            f"layers is self-attention (queries, keys and values all from the source) and a feed-forward "
+            f"network. The **decoder** ({c.n_dec_layers} layers) writes the translation one piece at a time. "
+            "In its **cross-attention** the **query** comes from the decoder's current position (what it "
+            "is about to write) and the **keys and values** come from the encoder's output (the source "
+            "words): row *t* of a cross-attention map says where the decoder looked while choosing "
+            "target piece *t*.\n\n"
+            + ("This decoder has **no self-attention**: each layer starts with an **SSRU**, a tiny "
+               "recurrent cell (c = f·c_prev + (1−f)·xW, then ReLU) that carries what was written so far. "
+               "Only cross-attention looks anywhere, so every attention map here is decoder → source."
+               if c.decoder == "ssru" else
+               "Each decoder layer also has causal self-attention over the pieces written so far."))
+
+
+def summary(model, tr):
+    st.subheader(tr.text or "(empty translation)")
+    c1, c2, c3 = st.columns(3)
+    c1.metric("log-probability", f"{tr.logprob:.3f}")
+    c2.metric("per token", f"{tr.logprob / max(1, tr.n_tgt):.3f}")
+    c3.metric("tokens", f"{tr.n_src} → {tr.n_tgt}")
+    if tr.truncated:
+        st.warning(f"The text was cut: {tr.truncated:,} source tokens past the limit of "
+                   f"{LIMITS.max_source_tokens} were dropped (ATTNVIZ_MAX_SOURCE_TOKENS).")
+    if tr.stopped == "max_tokens":
+        st.warning(f"Decoding stopped at the target-token limit ({tr.max_tokens} tokens) before the "
+                   "end of sentence.")
+    elif tr.stopped == "deadline":
+        st.warning(f"Decoding stopped at the time limit ({LIMITS.max_translate_seconds:g} s); "
+                   "the translation is what was written until then.")
+    if tr.unknown:
+        st.info("Pieces outside the vocabulary (the model sees them as ⟨unk⟩): "
+                + ", ".join(plain(t.replace("⟨unk⟩", "")) for t in tr.unknown))
+    if tr.text.strip() == " ".join(tr.source_tokens).strip() or _same_words(tr):
+        st.info("The translation repeats the source: it may already be in the target language.")
+
+
+def _same_words(tr) -> bool:
+    src = [w.lower() for w in alignment.word_groups(tr.source_tokens)[0] if w != "</s>"]
+    tgt = [w.lower() for w in alignment.word_groups(tr.target_tokens)[0] if w != "</s>"]
+    return len(src) > 1 and src == tgt
+
+
+# ---------------------------------------------------------------- views
+def _layer_head(tr, name: str, n_layers: int, n_heads: int, default_layer: int):
+    c1, c2 = st.columns(2)
+    layer = c1.selectbox("Layer", list(range(n_layers)), index=default_layer, key=key(f"{name}_layer"))
+    head = c2.selectbox("Head", [AVERAGE] + list(range(n_heads)), key=key(f"{name}_head"))
+    return layer, head
+
+
+def cross_attention(model, tr):
+    c = model.cfg
+    st.caption("Rows: target pieces as they were written; columns: source pieces. Each row sums to 1.")
+    layer, head = _layer_head(tr, "cross", c.n_dec_layers, c.n_heads, c.n_dec_layers - 1)
+    att = tr.cross_attentions[layer]
+    matrix = att.mean(0) if head == AVERAGE else att[head]
+    title = f"Layer {layer}, " + ("average of heads" if head == AVERAGE else names.head_name(layer, head))
+    st.plotly_chart(viz.head_heatmap(matrix, tr.target_tokens, tr.source_tokens, title=title, zmax=1),
+                    key=key("cross_heatmap"))
+    st.plotly_chart(tfig.cross_grid_figure(tr.cross_attentions, tr.source_tokens, tr.target_tokens),
+                    key=key("cross_grid"))
+
+
+def alignment_lines(model, tr):
+    c = model.cfg
+    layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, key=key("align_layer"))
+    tgt_words, src_words, m = alignment.word_alignment(tr.cross_attentions[layer].mean(0),
+                                                       tr.source_tokens, tr.target_tokens)
+    st.caption("Source words on top, target words below; a line per head-averaged weight ≥ "
+               f"{tfig.ALIGN_THRESHOLD:g}, the strongest of each target word in red. Lines cross where "
+               "the word order changes.")
+    st.plotly_chart(tfig.alignment_figure(m, src_words, tgt_words, title=f"Layer {layer}, average of heads"),
+                    key=key("align_fig"))
+
+
+def steps(model, tr):
+    c = model.cfg
+    if tr.n_tgt > 1:
+        step = st.slider("Step", 0, tr.n_tgt - 1, 0, key=key("step"))
+    else:
+        step = 0
+    layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, key=key("step_layer"))
+    written = "".join(tr.target_tokens[:step]).replace("▁", " ").strip() or "(nothing yet)"
+    st.markdown(f"Written so far: **{plain(written)}** — now choosing **{plain(tr.target_tokens[step])}** "
+                f"(log-probability {float(tr.logprobs[step]):.3f})")
+    left, right = st.columns(2)
+    row = tr.cross_attentions[layer, :, step].mean(0)
+    left.plotly_chart(tfig.source_row_figure(row, tr.source_tokens,
+                                             title=f"Cross-attention at step {step} (layer {layer}, head average)"),
+                      key=key("step_row"))
+    label = model.pieces.label if model.pieces else str
+    tokens = [label(int(i)) for i in tr.top_ids[step]]
+    right.plotly_chart(viz.bar_topk(tokens, tr.top_logprobs[step].exp(), title="Top-10 next pieces"),
+                       key=key("step_top"))
+
+
+def encoder(model, tr):
+    c = model.cfg
+    st.caption("The encoder's self-attention over the source, with the Attention page's views.")
+    st.plotly_chart(viz.overview_figure(tr.encoder_attentions), key=key("enc_overview"))
+    c1, c2 = st.columns(2)
+    layer = c1.selectbox("Layer", list(range(c.n_enc_layers)), index=c.n_enc_layers - 1, key=key("enc_layer"))
+    head = c2.selectbox("Head", list(range(c.n_heads)), key=key("enc_head"))
+    st.plotly_chart(viz.head_heatmap(tr.encoder_attentions[layer, head], tr.source_tokens,
+                                     title=names.head_name(layer, head)), key=key("enc_heatmap"))
+    st.plotly_chart(viz.lines_figure(tr.encoder_attentions[layer], tr.source_tokens, [head],
+                                     title=viz.lines_title(layer, [head])), key=key("enc_lines"))
+
+
+def heads_off(model, text: str, beam: int, tr):
+    """Switch cross-attention heads off; show what changes."""
+    c = model.cfg
+    every = names.head_names(c.n_dec_layers, c.n_heads)
+    st.caption("Switch cross-attention heads off (their output is zeroed before the output projection) "
+               "and translate again.")
+    off = st.multiselect("Cross-attention heads off", every, key=key("off"))
+    if not off:
+        st.info("Pick heads to switch off, e.g. every head of the last layer.")
+        return
+    mask = torch.ones(c.n_dec_layers, c.n_heads)
+    for name in off:
+        layer, head = names.parse_head_name(name)
+        mask[layer, head] = 0.0
+    masked = translation(model, text, beam, mask)
+    if masked is None:
+        return
+    try:
+        same_text = _traced(model.info.key, text, tuple(tr.target_ids.tolist()), _mask_key(mask), model, mask)
+    except ValueError as err:
+        st.error(plain(str(err)))
+        return
+    st.markdown("**With those heads off:** " + plain(masked.text or "(empty)"))
+    st.markdown(diff_markdown(tr.text, masked.text))
+    first = alignment.first_difference(tr.target_ids.tolist(), masked.target_ids.tolist())
+    c1, c2, c3 = st.columns(3)
+    c1.metric("log-probability", f"{masked.logprob:.3f}", f"{masked.logprob - tr.logprob:+.3f}")
+    c2.metric("original translation's log-probability", f"{same_text.logprob:.3f}",
+              f"{same_text.logprob - tr.logprob:+.3f}")
+    c3.metric("first differing step", "none" if first is None else str(first))
+    off_grid = np.asarray(mask.numpy() == 0)
+    st.plotly_chart(tfig.cross_grid_figure(masked.cross_attentions, masked.source_tokens,
+                                           masked.target_tokens, off=off_grid), key=key("off_grid"))
+
+
+def diff_markdown(before: str, after: str) -> str:
+    """Removed words struck through, added words in bold."""
+    if before == after:
+        return "The translation did not change."
+    parts = []
+    for kind, words in alignment.word_diff(before, after):
+        text = plain(words)
+        parts.append(f"~~{text}~~" if kind == "removed" else f"**{text}**" if kind == "added" else text)
+    return "Change: " + " ".join(parts)

@@ -1,0 +1,80 @@
+"""AppTest of pages/6_Translate.py with the bundled en-pt / pt-en students: the default sentence,
+every tab, heads switched off, and bad input (empty, spaces, unknown pieces, a long paste)."""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "6_Translate.py")
+
+
+def run_page(text: str | None = None, direction: str | None = None) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    if direction:
+        at.session_state["translate.direction"] = direction
+    at.run()
+    assert not at.exception, at.exception
+    if text is not None:
+        at.text_area(key="translate.text").input(text).run()
+        assert not at.exception, at.exception
+    return at
+
+
+def charts(at) -> set[str]:
+    return {c.proto.id for c in at.get("plotly_chart")}
+
+
+def test_default_sentence_is_translated_with_every_view():
+    at = run_page()
+    assert at.subheader[0].value == "Eu te amo."
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["log-probability"]) < 0 and metrics["tokens"] == "5 → 6"
+    assert len(at.get("plotly_chart")) >= 8   # heatmap, grid, alignment, step row, top-10, encoder x3
+    assert any("SSRU" in m.value for m in at.markdown)
+    at.slider(key="translate.step").set_value(3).run()
+    assert not at.exception
+    assert any("now choosing **mo**" in m.value for m in at.markdown)
+
+
+def test_switching_cross_attention_heads_off_changes_the_translation():
+    at = run_page()
+    editor = at.multiselect(key="translate.off")
+    for head in range(8):
+        editor = editor.select(f"L1H{head}")
+    editor.run()
+    assert not at.exception, at.exception
+    assert any(m.value.startswith("Change: ~~") for m in at.markdown)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["first differing step"] != "none"
+    assert float(metrics["original translation's log-probability"]) < -0.147
+
+
+def test_other_direction():
+    at = run_page("O gato está dormindo.", direction="pt-en")
+    assert at.subheader[0].value == "The cat is sleeping."
+
+
+@pytest.mark.parametrize("text", ["", "    "])
+def test_empty_text_gets_a_message(text):
+    at = run_page(text)
+    assert any("empty" in e.value for e in at.error)
+    assert not at.get("plotly_chart")
+
+
+def test_emoji_and_cjk_show_unknown_pieces():
+    at = run_page("I love 😀 you 我爱你.")
+    assert at.subheader[0].value == "Eu amo você."
+    assert any("outside the vocabulary" in i.value and "😀" in i.value for i in at.info)
+
+
+def test_a_long_paste_is_cut_with_a_message(set_limits):
+    set_limits(max_source_tokens=24)
+    at = run_page(" ".join(["The children are playing football in the park."] * 250))  # 2,000 words
+    assert any("was cut" in w.value for w in at.warning)
+    assert at.subheader[0].value
+
+
+def test_portuguese_into_en_pt_still_translates():
+    at = run_page("Eu te amo muito.")
+    assert at.subheader[0].value
+    assert not at.error
