@@ -185,20 +185,21 @@ def repeated_tokens(model, seq_len: int = 50, n_seqs: int = 4, seed: int = 0,
 
 # ---------------------------------------------------------------- the table
 def _layer_weights(model, ids: torch.Tensor, head_mask, checks):
-    """Yield (layer, heads, weights [B, h, n, n]) block by block: one pass through the model,
-    the weights of one layer alive at a time (the same blocks and arguments as Model.trace)."""
-    net, cfg = model.net, model.cfg
+    """Yield (layer, heads, weights [B, h, n, n]) block by block: one pass through the model's
+    block runner, the weights of one layer alive at a time."""
+    net = model.net
+
+    def check():
+        for stop in checks:
+            stop.check()
+
     with torch.inference_mode():
-        x = net.embed_text(ids)
-        rope = net.rope(ids.shape[1]) if cfg.positional == "rotary" else None
-        for i, block in enumerate(net.blocks):
-            for stop in checks:
-                stop.check()
-            x, att = block(x, rope=rope, causal=cfg.causal, need_weights=True,
-                           head_mask=None if head_mask is None else head_mask[i])
-            if att is not None:
-                yield i, block.attn.heads, att
-            del att
+        steps = net.iter_blocks(net.embed_text(ids), head_mask=head_mask, capture=range(model.cfg.n_layers),
+                                check=check)
+        for step in steps:
+            if step.weights is not None:
+                yield step.layer, net.blocks[step.layer].attn.heads, step.weights
+            del step
 
 
 def head_scores(model, seq_len: int = 50, n_seqs: int = 4, seed: int = 0, *, prepend_bos: bool | None = None,

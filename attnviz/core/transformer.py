@@ -188,6 +188,38 @@ class Output:
     states: list[torch.Tensor] | None = None   # input of every block, then the final hidden
 
 
+@dataclass
+class BlockStep:
+    """One step of the forward loop (`Transformer.iter_blocks`)."""
+    layer: int
+    x: torch.Tensor                            # (B, n, d_model) the block's input
+    out: torch.Tensor                          # (B, n, d_model) its output
+    weights: torch.Tensor | None               # (B, h_layer, n, n) when this layer was captured
+
+
+@dataclass
+class Blocks:
+    """What `Transformer.run_blocks` returns."""
+    x: torch.Tensor                            # (B, n, d_model) output of the last block run (not normed)
+    weights: dict[int, torch.Tensor]           # layer -> (B, h_layer, n, n), captured layers only
+    states: list[torch.Tensor] | None = None   # (B, n, d_model) input of every block run, when asked
+
+
+def sentence_embedding(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The one pooling (sentence-transformers'): mean over the real tokens, then L2-normalised.
+    hidden [..., n, d] -> [..., d]; attention_mask [..., n] (1 = real token) leaves out padding.
+    Without a mask every token counts, special tokens included, as MiniLM is pooled."""
+    if hidden.dim() < 2 or hidden.shape[-2] == 0:
+        raise ValueError(f"hidden must be [..., n_tokens, d_model] with n >= 1, got {tuple(hidden.shape)}")
+    h = hidden if hidden.dtype in (torch.float32, torch.float64) else hidden.float()
+    if attention_mask is None:
+        pooled = h.mean(-2)
+    else:
+        w = attention_mask.to(h.dtype)[..., None]                        # (..., n, 1)
+        pooled = (h * w).sum(-2) / w.sum(-2).clamp_min(1)
+    return F.normalize(pooled, dim=-1)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: Config, heads: list[list[int]] | None = None,
                  kv_heads: list[list[int]] | None = None):
@@ -273,39 +305,78 @@ class Transformer(nn.Module):
             return self.rope_cos[:T], self.rope_sin[:T]
         return rope_cos_sin(T, self.cfg.d_head, self.cfg.rope_theta)
 
-    # ---------------------------------------------------------------- forward
+    # ---------------------------------------------------------------- the forward loop
+    def iter_blocks(self, x, start: int = 0, stop: int | None = None, *, head_mask=None, capture=(),
+                    weights_out=None, variants=None, attention_mask=None, check=None):
+        """THE forward loop: blocks start..stop-1 from x = the input of block `start` (B, n, d),
+        yielding a `BlockStep` per block (callers that look at one layer at a time, such as long
+        captures and head scores, never hold every layer's weights).
+        `head_mask` [L, H] (1 keeps a head); `capture`: layers whose weights to return;
+        `weights_out`: {layer: (B, h, n, n) tensor} to write those layers' weights into;
+        `variants`: a Variant for every layer, or {layer: Variant} for some; `attention_mask`
+        (B, n): 1 for real tokens; `check()` runs before every block (a deadline or a cancel)."""
+        cfg = self.cfg
+        stop = cfg.n_layers if stop is None else int(stop)
+        if not 0 <= start <= stop <= cfg.n_layers:
+            raise ValueError(f"blocks {start}..{stop} are outside 0..{cfg.n_layers}")
+        allowed = padding_mask(attention_mask) if attention_mask is not None else None
+        rope = self.rope(x.shape[1]) if cfg.positional == "rotary" else None  # absolute positions 0..n-1
+        capture = set(capture)
+        per_layer = variants if isinstance(variants, dict) else {}
+        default_variant = variants if isinstance(variants, Variant) else SOFTMAX
+        for i in range(start, stop):
+            if check is not None:
+                check()
+            out, att = self.blocks[i](x, rope=rope, allowed=allowed, causal=cfg.causal,
+                                      head_mask=None if head_mask is None else head_mask[i],
+                                      need_weights=weights_out[i] if weights_out and i in weights_out
+                                      else i in capture, variant=per_layer.get(i, default_variant))
+            yield BlockStep(i, x, out, att)
+            x = out
+            del att
+
+    def run_blocks(self, x, start: int = 0, stop: int | None = None, *, states: bool = False, **kw) -> Blocks:
+        """`iter_blocks` run to the end: the last output, the captured weights and (`states`) every
+        block's input. Masked reruns start at the first changed layer from a kept state."""
+        weights, collected = {}, [] if states else None
+        for step in self.iter_blocks(x, start, stop, **kw):
+            if states:
+                collected.append(step.x)
+            if step.weights is not None:
+                weights[step.layer] = step.weights
+            x = step.out
+        return Blocks(x, weights, collected)
+
+    def finish(self, x, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last block's output (B, n, d) -> (final hidden, logits or None): final norm and LM head."""
+        if self.norm is not None:
+            x = self.norm(x)
+        if not logits or self.lm_head is None:
+            return x, None
+        h = self.mlm_norm(F.gelu(self.mlm_transform(x))) if self.cfg.mlm_head else x
+        return x, self.lm_head(h)
+
+    def stack_weights(self, weights: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
+        """Captured weights of one input ({layer: (1, h_layer, n, n)}) -> [len(layers), H, n, n];
+        heads pruned away read as zero rows."""
+        H = self.cfg.n_heads
+        if all(self.blocks[i].attn.n_heads == H for i in layers):
+            return torch.stack([weights[i][0] for i in layers])
+        n = next(iter(weights.values())).shape[-1] if weights else 0
+        att = torch.zeros(len(layers), H, n, n)
+        for j, i in enumerate(layers):
+            if i in weights:
+                att[j, self.blocks[i].attn.heads] = weights[i][0]
+        return att
+
     def forward(self, input_ids=None, pixel_values=None, *, token_type_ids=None, attention_mask=None,
                 head_mask=None, need_weights=False, layers=None, variants=None, states=False, weights_out=None,
                 logits=True) -> Output:
-        """`layers`: which layers' weights to capture (default all, when need_weights).
-        `weights_out`: {layer: (B, h, n, n) tensor} to write those layers' weights into.
-        `variants`: a Variant for every layer, or {layer: Variant} for some."""
-        cfg = self.cfg
-        x = self.embed_image(pixel_values) if cfg.is_vision else self.embed_text(input_ids, token_type_ids)
-        T = x.shape[1]
-        allowed = padding_mask(attention_mask) if attention_mask is not None else None
-        rope = self.rope(T) if cfg.positional == "rotary" else None
-        capture = set(range(cfg.n_layers) if layers is None else layers) if need_weights else set()
-        per_layer = variants if isinstance(variants, dict) else {}
-        default_variant = variants if isinstance(variants, Variant) else SOFTMAX
-        attentions, collected = {}, [] if states else None
-        for i, block in enumerate(self.blocks):
-            if states:
-                collected.append(x)
-            x, att = block(x, rope=rope, allowed=allowed, causal=cfg.causal,
-                           head_mask=None if head_mask is None else head_mask[i],
-                           need_weights=weights_out[i] if weights_out and i in weights_out else i in capture,
-                           variant=per_layer.get(i, default_variant))
-            if att is not None:
-                attentions[i] = att
-        if self.norm is not None:
-            x = self.norm(x)
-        if states:
-            collected.append(x)
-        out_logits = None
-        if logits and self.lm_head is not None:
-            h = x
-            if cfg.mlm_head:
-                h = self.mlm_norm(F.gelu(self.mlm_transform(x)))
-            out_logits = self.lm_head(h)
-        return Output(x, out_logits, attentions, collected)
+        """`layers`: which layers' weights to capture (default all, when need_weights); the rest as
+        in `iter_blocks`."""
+        x = self.embed_image(pixel_values) if self.cfg.is_vision else self.embed_text(input_ids, token_type_ids)
+        capture = (range(self.cfg.n_layers) if layers is None else layers) if need_weights else ()
+        run = self.run_blocks(x, head_mask=head_mask, capture=capture, weights_out=weights_out,
+                              variants=variants, attention_mask=attention_mask, states=states)
+        hidden, out_logits = self.finish(run.x, logits)
+        return Output(hidden, out_logits, run.weights, run.states + [hidden] if states else None)
