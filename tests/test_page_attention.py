@@ -44,7 +44,7 @@ def _stats_table(at):
 
 def _rank_table(at):
     for frame in at.dataframe:
-        if frame.proto.id.endswith("-att_rank_table"):
+        if frame.proto.id.endswith("-attention.rank_table"):
             return frame.value
     raise AssertionError("no head ranking table")
 
@@ -55,8 +55,14 @@ def _run(at):
     return at
 
 
+def _view(at, name: str):
+    """Choose one of the page's views (only the chosen view is drawn and computed)."""
+    at.radio(key="attention.view").set_value(name)
+    return _run(at)
+
+
 def _submit(at, text: str):
-    at.text_area(key="att_text_input").input(text)
+    at.text_area(key="attention.text_input").input(text)
     at.button[0].click()          # the form's Run button
     return _run(at)
 
@@ -76,7 +82,7 @@ def test_home_page_describes_and_shows_shape():
 
 def _check_detail_matches_trace(at, model_key: str, text: str, layer: int, head: int):
     model = ui.load_model(model_key)
-    spec = _chart(at, "att_detail")
+    spec = _chart(at, "attention.detail")
     z = _array(spec["data"][0]["z"])
     expected = model.trace(text).attentions[layer, head].numpy()
     assert z.shape == expected.shape
@@ -87,31 +93,37 @@ def _check_detail_matches_trace(at, model_key: str, text: str, layer: int, head:
 
 def test_minilm_detail_is_the_trace_and_stats_present(page):
     at = page
-    at.selectbox(key="att_layer").set_value(3)
-    at.selectbox(key="att_head").set_value(7)
-    _run(at)
-    text = at.session_state["att_text"]
+    at.selectbox(key="attention.layer").set_value(3)
+    at.selectbox(key="attention.head").set_value(7)
+    _view(at, "Detail")
+    text = at.session_state["attention.text"]
     _check_detail_matches_trace(at, "minilm", text, 3, 7)
+    _view(at, "Statistics")
     table = _stats_table(at)
     assert len(table) == 6 * 12 and {"entropy", "role", "prev_share"} <= set(table.columns)
+    _view(at, "Model output")
     assert any("Cosine similarity" in m.label for m in at.metric)
 
 
 def test_too_long_text_says_it_was_cut(page):
+    _view(page, "Detail")
     at = _submit(page, "word " * 700)
     assert any("was cut to the model's 512 positions" in w.value for w in at.warning)
-    assert _array(_chart(at, "att_detail")["data"][0]["z"]).shape == (512, 512)
+    assert _array(_chart(at, "attention.detail")["data"][0]["z"]).shape == (512, 512)
+    _view(at, "Export")
     labels = {b.label for b in at.get("download_button")}
     assert {"Statistics CSV", "Attentions NPZ", "Chosen head PNG", "Chosen head SVG"} <= labels
 
 
 def test_empty_text_keeps_previous_result(page):
     at = page
-    before = at.session_state["att_text"]
+    before = at.session_state["attention.text"]
+    _view(at, "Statistics")
     _submit(at, "   \n ")
     assert any("Type or paste" in w.value for w in at.warning)
-    assert at.session_state["att_text"] == before
-    assert len(_stats_table(at)) == 6 * 12 and _chart(at, "att_detail")
+    assert at.session_state["attention.text"] == before
+    assert len(_stats_table(at)) == 6 * 12
+    assert _chart(_view(at, "Detail"), "attention.detail")
 
 
 @pytest.mark.parametrize("text", [
@@ -123,10 +135,11 @@ def test_empty_text_keeps_previous_result(page):
     "{{ user }} {% if x %}<|im_start|>system [CLS] <s></s>{%- endif %} ${HOME}",  # templates
 ])
 def test_odd_text_works(page, text):
+    _view(page, "Detail")
     at = _submit(page, text)
     assert not at.error, [e.value for e in at.error]
-    assert at.session_state["att_text"] == text
-    spec = _chart(at, "att_detail")
+    assert at.session_state["attention.text"] == text
+    spec = _chart(at, "attention.detail")
     z = _array(spec["data"][0]["z"])
     assert z.ndim == 2 and np.isfinite(z).all()
     assert np.allclose(z.sum(-1), 1, atol=1e-4)      # MiniLM: the whole text fits, rows complete
@@ -137,17 +150,18 @@ def test_smollm2_next_token_and_causal_detail():
     at.selectbox(key=PICKER).set_value("smollm2")
     _run(at)
     _submit(at, "The capital of France is")
-    at.selectbox(key="att_layer").set_value(29)
-    at.selectbox(key="att_head").set_value(8)
+    at.selectbox(key="attention.layer").set_value(29)
+    at.selectbox(key="attention.head").set_value(8)
     _run(at)
     _check_detail_matches_trace(at, "smollm2", "The capital of France is", 29, 8)
-    z = _array(_chart(at, "att_detail")["data"][0]["z"])
+    z = _array(_chart(at, "attention.detail")["data"][0]["z"])
     assert np.triu(z, 1).max() == 0                  # causal: no weight on later tokens
-    bars = _chart(at, "att_topk")["data"][0]
+    _view(at, "Model output")
+    bars = _chart(at, "attention.topk")["data"][0]
     probs = _array(bars["x"])
     assert len(probs) == 10 and np.all(np.diff(probs) <= 0)
     assert any("Paris" in str(t) for t in bars["customdata"])
-    assert len(_stats_table(at)) == 30 * 9
+    assert len(_stats_table(_view(at, "Statistics"))) == 30 * 9
 
 
 def test_long_text_is_bounded_and_says_so():
@@ -157,7 +171,7 @@ def test_long_text_is_bounded_and_says_so():
     text = "The quick brown fox jumps over the lazy dog. " * 60          # ~600 tokens
     _submit(at, text)
     assert any("overview pools the whole text" in i.value for i in at.info)
-    z = _array(_chart(at, "att_detail")["data"][0]["z"])
+    z = _array(_chart(at, "attention.detail")["data"][0]["z"])
     model = ui.load_model("smollm2")
     n_window = z.shape[0]
     assert n_window < 600
@@ -175,10 +189,10 @@ def test_model_picked_on_home_carries_to_the_page_and_a_click_picks_a_head():
     _run(at)
     assert at.selectbox(key=PICKER).value == "smollm2"
     # What Streamlit stores after a click on the overview (the points' customdata is [layer, head, role]).
-    at.session_state["att_overview"] = {"selection": {"points": [{"customdata": [4, 5, "sink"]}]}}
+    at.session_state["attention.overview"] = {"selection": {"points": [{"customdata": [4, 5, "sink"]}]}}
     _run(at)
-    assert (at.selectbox(key="att_layer").value, at.selectbox(key="att_head").value) == (4, 5)
-    assert _chart(at, "att_detail")["layout"]["title"]["text"] == "Layer 4, head 5"
+    assert (at.selectbox(key="attention.layer").value, at.selectbox(key="attention.head").value) == (4, 5)
+    assert _chart(at, "attention.detail")["layout"]["title"]["text"] == "Layer 4, head 5"
 
 
 def _shown(selectbox, before: str) -> str:
@@ -197,66 +211,71 @@ def test_next_token_position_follows_a_new_text():
     """Issue 12.1: after a second, shorter text the selector read "After position 50: ." while
     the bars showed the last token. The position is reset to the new text's last token and the
     browser is told; the bars name the position they are for."""
-    at = _smollm2_page()
+    at = _view(_smollm2_page(), "Model output")
     _submit(at, "One two three four five six seven eight nine ten. " * 6)    # 66 tokens
-    at.selectbox(key="att_pos").set_value(50)
+    at.selectbox(key="attention.pos").set_value(50)
     _run(at)
-    position = at.selectbox(key="att_pos")
+    position = at.selectbox(key="attention.pos")
     shown = position.options[50]
-    assert _chart(at, "att_topk")["layout"]["title"]["text"] == f"Next token after {shown}, top 10"
+    assert _chart(at, "attention.topk")["layout"]["title"]["text"] == f"Next token after {shown}, top 10"
     _submit(at, "The capital of France is Paris, and the capital of Italy is")
-    position = at.selectbox(key="att_pos")
+    position = at.selectbox(key="attention.pos")
     assert len(position.options) < 50
     shown = _shown(position, shown)
     assert shown == position.options[-1] and position.value == len(position.options) - 1
-    assert _chart(at, "att_topk")["layout"]["title"]["text"] == f"Next token after {shown}, top 10"
+    assert _chart(at, "attention.topk")["layout"]["title"]["text"] == f"Next token after {shown}, top 10"
 
 
 def test_find_heads_ranks_every_head_and_a_selected_row_opens_it():
-    at = _run(AppTest.from_file(PAGE, default_timeout=180))
-    text = at.session_state["att_text"]
-    labels = [o.split(": ", 1)[1] for o in at.selectbox(key="att_rank_q").options]
+    at = _view(_run(AppTest.from_file(PAGE, default_timeout=180)), "Find heads")
+    text = at.session_state["attention.text"]
+    labels = [o.split(": ", 1)[1] for o in at.selectbox(key="attention.rank_q").options]
     query, key = labels.index("it"), labels.index("animal")
-    at.selectbox(key="att_rank_q").set_value(query)
-    at.selectbox(key="att_rank_k").set_value(key)
+    at.selectbox(key="attention.rank_q").set_value(query)
+    at.selectbox(key="attention.rank_k").set_value(key)
     _run(at)
     table = _rank_table(at)
     expected = analysis.rank_heads(ui.load_model("minilm").trace(text).attentions, query, key)
     assert len(table) == 6 * 12 and table["rank"].tolist() == list(range(1, 73))
     assert table[["layer", "head"]].values.tolist() == expected[["layer", "head"]].values.tolist()
     np.testing.assert_allclose(table["weight"], expected["weight"], atol=1e-6)
-    bars = _chart(at, "att_rank_bars")
+    bars = _chart(at, "attention.rank_bars")
     assert bars["layout"]["title"]["text"] == "Top heads: it → animal"
     # Selecting a row opens that head in the selectors and the detail heatmap.
-    at.session_state["att_rank_table"] = {"selection": {"rows": [2], "columns": [], "cells": []}}
+    at.session_state["attention.rank_table"] = {"selection": {"rows": [2], "columns": [], "cells": []}}
     _run(at)
     layer, head = (int(v) for v in table.loc[2, ["layer", "head"]])
-    assert (at.selectbox(key="att_layer").value, at.selectbox(key="att_head").value) == (layer, head)
-    assert _chart(at, "att_detail")["layout"]["title"]["text"] == f"Layer {layer}, head {head}"
-    # Another pair clears the stale selection and leaves the head where it is.
-    at.selectbox(key="att_rank_k").set_value(0)
+    assert (at.selectbox(key="attention.layer").value, at.selectbox(key="attention.head").value) == (layer, head)
+    assert _chart(_view(at, "Detail"), "attention.detail")["layout"]["title"]["text"] == \
+        f"Layer {layer}, head {head}"
+    # Back on the ranking its pair is remembered; another pair clears the stale selection and
+    # leaves the head where it is.
+    _view(at, "Find heads")
+    assert (at.selectbox(key="attention.rank_q").value, at.selectbox(key="attention.rank_k").value) \
+        == (query, key)
+    at.selectbox(key="attention.rank_k").set_value(0)
     _run(at)
-    assert list(at.session_state["att_rank_table"]["selection"]["rows"]) == []
-    assert (at.selectbox(key="att_layer").value, at.selectbox(key="att_head").value) == (layer, head)
+    assert list(at.session_state["attention.rank_table"]["selection"]["rows"]) == []
+    assert (at.selectbox(key="attention.layer").value, at.selectbox(key="attention.head").value) == (layer, head)
 
 
 def test_lines_follow_the_chosen_head_and_name_its_layer(page):
-    at = page
-    at.selectbox(key="att_layer").set_value(2)
-    at.selectbox(key="att_head").set_value(5)
+    at = _view(page, "Lines")
+    at.selectbox(key="attention.layer").set_value(2)
+    at.selectbox(key="attention.head").set_value(5)
     _run(at)
 
     def lines():
-        spec = _chart(at, "att_lines")
+        spec = _chart(at, "attention.lines")
         legend = [t["name"] for t in spec["data"] if t.get("mode") == "lines"
                   and t.get("hoverinfo") != "skip"]
         return spec["layout"]["title"]["text"], legend
 
     assert lines() == ("Layer 2, head 5", ["head 5"])
-    at.multiselect(key="att_line_extra").select(3)
+    at.multiselect(key="attention.line_extra").select(3)
     _run(at)
     assert lines() == ("Layer 2, heads 5, 3", ["head 5", "head 3"])
-    at.selectbox(key="att_head").set_value(7)
+    at.selectbox(key="attention.head").set_value(7)
     _run(at)
     assert lines() == ("Layer 2, head 7", ["head 7"])            # extra heads belong to the old one
 
@@ -279,7 +298,7 @@ def test_long_capture_over_its_time_limit_or_on_a_busy_server_keeps_the_previous
     from attnviz.base import jobs
     from attnviz.analysis import capture as outputs
 
-    at = _smollm2_page()
+    at = _view(_smollm2_page(), "Detail")
     short = "The capital of France is"
     _submit(at, short)
     set_limits(max_capture_seconds=0.0)
@@ -287,8 +306,8 @@ def test_long_capture_over_its_time_limit_or_on_a_busy_server_keeps_the_previous
     _submit(at, long_text)
     errors = [e.value for e in at.error]
     assert any("time limit of 0 s" in e and "shorter text" in e for e in errors), errors
-    assert at.session_state["att_text"] == short                  # the previous result stays
-    assert at.text_area(key="att_text_input").value == long_text  # and so does what was typed
+    assert at.session_state["attention.text"] == short                  # the previous result stays
+    assert at.text_area(key="attention.text_input").value == long_text  # and so does what was typed
     _check_detail_matches_trace(at, "smollm2", short, 0, 0)
     monkeypatch.undo()
     with contextlib.ExitStack() as stack:                          # every heavy-job slot taken
@@ -298,7 +317,7 @@ def test_long_capture_over_its_time_limit_or_on_a_busy_server_keeps_the_previous
         _run(at)
     errors = [e.value for e in at.error]
     assert any("at most" in e and "again in a moment" in e for e in errors), errors
-    assert at.session_state["att_text"] == short
+    assert at.session_state["attention.text"] == short
     assert jobs.running_jobs() == []
 
 
@@ -312,6 +331,8 @@ def test_statistics_csv_is_spreadsheet_safe_and_token_text_is_plain(monkeypatch)
                         or real(df, **kw))
     at = _run(AppTest.from_file(PAGE, default_timeout=180))
     _submit(at, "**bold** [link](javascript:alert(1)) =cmd")
+    _view(at, "Statistics")
+    _view(at, "Export")
     assert sum("entropy" in columns for columns in made) >= 2    # both Statistics CSV buttons
     caption = next(c.value for c in at.caption if " tokens: " in c.value)
     assert "\\*" in caption and "\\[" in caption and "\\(" in caption
@@ -322,14 +343,14 @@ def test_head_scores_table_is_the_library_table_and_a_row_opens_its_head():
     sortable table whose selected row opens the head; encoders are told why there is none."""
     from attnviz.analysis import head_scores
 
-    at = _run(AppTest.from_file(PAGE, default_timeout=180))          # MiniLM: no scores
+    at = _view(_run(AppTest.from_file(PAGE, default_timeout=180)), "Head scores")   # MiniLM: no scores
     assert any("causal language models" in i.value for i in at.info)
-    at = _smollm2_page()
-    at.number_input(key="att_hs_T").set_value(20)
-    at.number_input(key="att_hs_n").set_value(2)
+    at = _view(_smollm2_page(), "Head scores")
+    at.number_input(key="attention.hs_T").set_value(20)
+    at.number_input(key="attention.hs_n").set_value(2)
     next(b for b in at.button if b.proto.label == "Compute head scores").click()
     _run(at)
-    table = next(d.value for d in at.dataframe if d.proto.id.endswith("-att_hs_table"))
+    table = next(d.value for d in at.dataframe if d.proto.id.endswith("-attention.hs_table"))
     expected = head_scores.head_scores(ui.load_model("smollm2"), 20, 2, 0)
     assert list(table.columns) == ["layer", "head", "previous_token", "induction", "duplicate_token"]
     assert len(table) == 30 * 9
@@ -338,7 +359,39 @@ def test_head_scores_table_is_the_library_table_and_a_row_opens_its_head():
                                atol=1e-6)
     assert table["induction"].max() > 0.5            # SmolLM2 has real induction heads
     best = int(table["induction"].idxmax())
-    at.session_state["att_hs_table"] = {"selection": {"rows": [best], "columns": [], "cells": []}}
+    at.session_state["attention.hs_table"] = {"selection": {"rows": [best], "columns": [], "cells": []}}
     _run(at)
     layer, head = (int(v) for v in table.loc[best, ["layer", "head"]])
-    assert (at.selectbox(key="att_layer").value, at.selectbox(key="att_head").value) == (layer, head)
+    assert (at.selectbox(key="attention.layer").value, at.selectbox(key="attention.head").value) == (layer, head)
+    assert at.radio(key="attention.view").value == "Head scores"    # the view stays where it was
+
+
+def test_only_the_chosen_view_computes_and_the_choice_outlives_buttons(monkeypatch):
+    """Issue 16.4: every rerun computed all eight tabs (the whole statistics table, rollout,
+    ranking) whatever was shown. Now the Detail view computes one head's statistics only, the
+    rollout only when its view is chosen, and the chosen view survives other widgets' reruns."""
+    calls = {"stats": [], "rollout": 0}
+    real_stats, real_rollout = analysis.head_stats, analysis.rollout
+
+    def counting_stats(attn, *args, **kwargs):
+        calls["stats"].append(tuple(attn.shape[:2]))
+        return real_stats(attn, *args, **kwargs)
+
+    def counting_rollout(*args, **kwargs):
+        calls["rollout"] += 1
+        return real_rollout(*args, **kwargs)
+
+    monkeypatch.setattr(analysis, "head_stats", counting_stats)
+    monkeypatch.setattr(analysis, "rollout", counting_rollout)
+    at = _run(AppTest.from_file(PAGE, default_timeout=180))
+    _submit(at, "A sentence nobody else in these tests types, about seven blue herons.")
+    assert at.radio(key="attention.view").value == "Detail"
+    assert calls["stats"] and set(calls["stats"]) == {(1, 1)}       # one head, never all 72
+    assert calls["rollout"] == 0
+    _view(at, "Rollout & flow")
+    assert calls["rollout"] == 1 and _chart(at, "attention.rollout")
+    at.selectbox(key="attention.head").set_value(4)                # another widget's rerun
+    _run(at)
+    assert at.radio(key="attention.view").value == "Rollout & flow" and _chart(at, "attention.flow")
+    assert calls["rollout"] == 1                                   # kept in the shared cache
+    assert (6, 12) not in calls["stats"]

@@ -56,6 +56,7 @@ class Limits:
     max_sweep_seconds: float = 600.0    # latency page: the most a sweep may be estimated to take
     max_sweep_memory_mb: float = 4096.0  # latency page: the most a sweep may be estimated to need
     max_train_seconds: float = 60.0     # lab: one toy training run
+    max_lab_seconds: float = 120.0      # lab: one permutation test or variants measurement
     max_importance_seconds: float = 300.0  # heads page: the most one importance / curve run may take
                                         # (the page's budget box cannot go above it)
     max_capture_tokens: int = 2048      # attention page: a longer text is cut to this many tokens (said on the page)
@@ -67,6 +68,10 @@ class Limits:
     max_target_tokens: int = 512        # decoding also stops at 2.5 x source + 5 tokens, whichever is less
     max_translate_seconds: float = 30.0  # one translation stops (keeping what it has) after this
     heavy_beam_tokens: int = 64         # a beam search over a longer source holds a heavy-job slot
+    # speech (whisper-tiny-en): refused from the header, before anything is decoded
+    max_audio_bytes: int = 20 * 10**6   # one uploaded WAV / FLAC (= the browser's upload cap)
+    max_audio_seconds: float = 120.0    # longer is refused; beyond Whisper's 30 s window the page keeps 30 s
+    max_transcribe_seconds: float = 60.0  # one transcription stops (keeping what it has) after this
     # images: refused beyond this aspect ratio; every rendered picture is capped at this many pixels
     max_image_aspect: float = 20.0
     max_render_pixels: int = 16_000_000
@@ -76,6 +81,7 @@ class Limits:
     # caches (st.cache_resource max_entries): models, and large per-input results (traces, captures)
     model_cache_entries: int = 4
     trace_cache_entries: int = 4
+    result_cache_mb: int = 768          # app: each server-wide cache of per-text results (all sessions)
     # torch threads per server process (0: torch's default, one per core). On a shared server
     # with many sessions, 1 avoids oversubscribing the cores with every rerun's thread pool.
     torch_threads: int = 0

@@ -1,4 +1,5 @@
-"""The only module that imports streamlit: cached loaders, the shared sidebar, session keys."""
+"""The shared part of every page: cached loaders, the sidebar model picker, the remembered view
+choice, byte-bounded result caches, downloads and small session-state helpers."""
 from __future__ import annotations
 
 import gc
@@ -8,9 +9,14 @@ from pathlib import Path
 
 import streamlit as st
 
-import attnviz
+from attnviz.base import names
+from attnviz.base.cache import LRU
 from attnviz.base.limits import LIMITS
+from attnviz.core.model import Model
+from attnviz.figures import attention as viz
+from attnviz.toys.tasks import TOYS
 from attnviz.weights import catalogue as loading
+from attnviz.weights import folders
 from attnviz.weights.catalogue import BUNDLED, DEFAULT_MODEL
 
 if LIMITS.torch_threads > 0:  # once per server process, before any model runs
@@ -36,17 +42,17 @@ LOCAL = "local folder…"  # the picker's entry for a typed folder (offered only
 
 
 @st.cache_resource(max_entries=LIMITS.model_cache_entries, show_spinner=False)
-def _shared_model(key: str, _typed: str = "") -> attnviz.Model:
+def _shared_model(key: str, _typed: str = "") -> Model:
     """One shared, never-mutated model per key for every browser session of this process. `key` is
     a catalogue key or "folder:" + a RESOLVED allowed folder, so every spelling of one folder
     (`/m/big`, `/m/big/`, `/m/./big`, a symlink to it) is one cache entry and one copy of the
     weights. `_typed` (not part of the key) is what the user typed, for messages."""
     if key.startswith("folder:"):
         resolved = Path(key[len("folder:"):])
-        model = loading.load_dir(resolved, key=loading.local_folder_name(resolved, LIMITS), name=_typed,
+        model = folders.load_dir(resolved, key=folders.local_folder_name(resolved, LIMITS), name=_typed,
                                  limits=LIMITS)
     else:
-        model = attnviz.load_model(key)
+        model = loading.load_model(key)
     settle_heap()
     return model
 
@@ -62,20 +68,19 @@ def settle_heap():
     gc.freeze()
 
 
-def load_model(key: str) -> attnviz.Model:
+def load_model(key: str) -> Model:
     """A model of the catalogue (bundled or toy), shared by every session. Never a path: typed
     folders go through `load_folder`, which applies the deployment's allow-list."""
-    from attnviz.toys.tasks import TOYS
     if key not in BUNDLED and key not in TOYS:
         raise ValueError(f"unknown model {key!r}")
     return _shared_model(key)
 
 
-def load_folder(typed: str) -> attnviz.Model:
+def load_folder(typed: str) -> Model:
     """A typed local folder, only inside ATTNVIZ_ALLOWED_MODEL_DIRS (none without one), cached on
     its resolved path. Refusals say the same for a folder outside the list, a missing one and an
     unreadable one, and never show where a path resolves."""
-    resolved, _ = loading.allowed_folder(typed, LIMITS)
+    resolved, _ = folders.allowed_folder(typed, LIMITS)
     return _shared_model(f"folder:{resolved}", typed)
 
 
@@ -86,7 +91,7 @@ def local_folders_allowed() -> bool:
 def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: str | None = None):
     """Sidebar: bundled models of the given tasks, plus a typed local HF folder when the deployment
     allows some (ATTNVIZ_ALLOWED_MODEL_DIRS). Returns Model or None."""
-    infos = [m for m in attnviz.list_models() if m.task in tasks]
+    infos = [m for m in loading.list_models() if m.task in tasks]
     keys = [m.key for m in infos] + ([LOCAL] if local_folders_allowed() else [])
     default = default or (DEFAULT_MODEL if DEFAULT_MODEL in keys else keys[0])
     page_key = f"{MODEL_KEY}:{'/'.join(tasks)}"
@@ -128,15 +133,15 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
 
 
 @st.cache_data(max_entries=8, show_spinner=False, ttl=60)
-def _fingerprint(key: str, _model: attnviz.Model) -> str:
+def _fingerprint(key: str, _model: Model) -> str:
     return _model.fingerprint()
 
 
-def fingerprint(model: attnviz.Model) -> str:
+def fingerprint(model: Model) -> str:
     return _fingerprint(f"{model.info.key}@{id(model)}", model)
 
 
-def show_shape(model: attnviz.Model):
+def show_shape(model: Model):
     c = model.cfg
     st.caption(f"**{plain(model.info.key)}** · {c.family} · {c.n_layers} layers × {c.n_heads} heads"
                f" ({c.n_kv_heads} K/V) · d_model {c.d_model} · "
@@ -195,11 +200,69 @@ def clickable_overview(figure):
 
 def figure_downloads(name: str, matrix, xlabels: list[str], ylabels: list[str], title: str,
                      key: str):
-    """PNG and SVG download buttons of a heatmap; the bytes are made only when clicked."""
-    from attnviz.figures import attention as viz
-
+    """PNG and SVG download buttons of a heatmap; the bytes are made only when clicked, and the
+    click does not rerun the page (on_click="ignore"), so the view stays as it is. ``matrix``
+    may be a function that makes it (then it, too, is made only on a click)."""
+    made = matrix if callable(matrix) else (lambda: matrix)
     left, right = st.columns(2)
-    left.download_button(f"{name} PNG", lambda: viz.figure_png(matrix, xlabels, ylabels, title),
-                         file_name=f"{key}.png", mime="image/png", key=f"{key}_png")
-    right.download_button(f"{name} SVG", lambda: viz.figure_svg(matrix, xlabels, ylabels, title),
-                          file_name=f"{key}.svg", mime="image/svg+xml", key=f"{key}_svg")
+    left.download_button(f"{name} PNG", lambda: viz.figure_png(made(), xlabels, ylabels, title),
+                         file_name=f"{key}.png", mime="image/png", key=f"{key}_png",
+                         on_click="ignore")
+    right.download_button(f"{name} SVG", lambda: viz.figure_svg(made(), xlabels, ylabels, title),
+                          file_name=f"{key}.svg", mime="image/svg+xml", key=f"{key}_svg",
+                          on_click="ignore")
+
+
+# ---------------------------------------------------------------- views, caches, session state
+def view_choice(page: str, views: list[str], label: str = "View") -> str:
+    """The one view of a page that is drawn and computed (st.tabs would run every tab's work on
+    every rerun). A keyed radio whose value persists for the session: buttons, downloads, a page
+    switch and back all keep it, where a tab jumped back to the first one."""
+    key = names.session_key(page, "view")
+    if st.session_state.get(key) not in views:
+        st.session_state[key] = views[0]
+    return st.radio(label, views, key=key, horizontal=True, label_visibility="collapsed",
+                    persist_state="session")
+
+
+@st.cache_resource(show_spinner=False)
+def shared_cache(name: str, max_entries: int, max_mb: float) -> LRU:
+    """One LRU per `name` for the whole server: every session's per-input results of one kind,
+    bounded in entries and in bytes together (not per user)."""
+    return LRU(max_entries, int(max_mb * 2**20))
+
+
+def cached(cache: LRU, key, make):
+    """`cache[key]`, made (and kept if it fits the byte bound) on a miss."""
+    value = cache.get(key)
+    if value is None:
+        value = make()
+        cache.put(key, value)
+    return value
+
+
+def follow_owner(owner_key: str, owner, defaults: dict):
+    """Widget values that belong to ``owner`` (a text, a head) are set to ``defaults`` when the
+    owner changes. Assigned, never popped: the browser is told the new value."""
+    if st.session_state.get(owner_key) != owner:
+        st.session_state.update(defaults)
+        st.session_state[owner_key] = owner
+
+
+def keep_in_options(choices: dict):
+    """{key: (options, default)}: a value that is not among the options is set to the default."""
+    for state_key, (options, default) in choices.items():
+        if st.session_state.get(state_key) not in options:
+            st.session_state[state_key] = default
+
+
+def selected_rows(table_key: str) -> list[int]:
+    """Rows selected in an st.dataframe drawn with on_select="rerun" (none when unreadable)."""
+    try:
+        return [int(r) for r in st.session_state[table_key]["selection"]["rows"]]
+    except (KeyError, TypeError, ValueError):
+        return []
+
+
+def clear_selection(table_key: str):
+    st.session_state[table_key] = {"selection": {"rows": [], "columns": [], "cells": []}}

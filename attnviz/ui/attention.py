@@ -1,0 +1,213 @@
+"""The Attention page: paste text, see every layer x head at once, pick a head, then one chosen
+view of it (`attention_views.VIEWS`). The capture of the text and the overview are drawn on every
+run; a view's own work (statistics, rollout, ranking, figures) runs only while it is chosen."""
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz.analysis import capture as outputs
+from attnviz.base import texts
+from attnviz.base.limits import LIMITS
+from attnviz.core import tokens as token_text
+from attnviz.figures import attention as viz
+from attnviz.ui import attention_views as views
+from attnviz.ui import common as ui
+from attnviz.ui.attention_views import PAGE, Shown, key
+
+DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
+OWN = "(your own text)"
+
+
+def capture(model, model_id: str, text: str, start: int) -> outputs.TextCapture:
+    """The capture of ``text``: from the shared store, or made now under a progress bar. The work
+    runs outside any st.cache_* function, so the bar is live and never replayed from a cache;
+    each bar update is also where Streamlit's Stop (or a new Run) interrupts a long scan.
+    Tensors are shared as they are (cache_data would pickle up to 128 MB on every rerun); nothing
+    downstream mutates a capture."""
+    store = ui.shared_cache("attention.captures", LIMITS.trace_cache_entries, LIMITS.result_cache_mb)
+    cache_key = (model_id, text, start)
+    cap = store.get(cache_key)
+    if cap is None:
+        window = outputs.window_size(model.cfg.n_layers, model.cfg.n_heads)
+        bar = st.progress(0.0, text="Running the model…")
+        note = (" A long text is scanned layer by layer to keep memory bounded; press Stop, or "
+                "Run another text, to cancel." if len(text) > 4 * window else "")
+
+        def report(done: int, total: int):
+            bar.progress(done / total, text=f"Running the model: layer {done} of {total}.{note}")
+
+        try:
+            cap = outputs.capture_text(model, text, start=start, progress=report)
+        finally:
+            bar.empty()
+        store.put(cache_key, cap)
+    return cap
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def vocabulary_warning(model_id: str, text: str, _model) -> str | None:
+    return token_text.vocabulary_warning(_model.tokenizer, text, _model.info.key)
+
+
+def use_sample():
+    ss = st.session_state
+    if ss[key("sample")] != OWN:     # a picked sample runs at once
+        ss[key("text_input")] = ss[key("text")] = ss[key("sample")]
+
+
+def text_input(cfg):
+    """The sample picker and the text form; a Run with an empty box keeps the previous text."""
+    ss = st.session_state
+    st.selectbox("Sample sentences", [OWN] + texts.seed_sentences(), key=key("sample"),
+                 on_change=use_sample)
+    with st.form(key("form")):
+        st.text_area("Text", key=key("text_input"), height=100,
+                     help=f"Up to {min(cfg.max_positions, LIMITS.max_capture_tokens):,} tokens; "
+                          "longer text is cut to fit.")
+        submitted = st.form_submit_button("Run", type="primary")
+    if submitted:
+        if ss[key("text_input")].strip():
+            ss[key("text")] = ss[key("text_input")]
+        else:
+            st.warning("Type or paste some text, then press Run. "
+                       "The result below is for the previous text.")
+
+
+def captured(model, model_id: str) -> outputs.TextCapture:
+    """The capture of the current text; on an error (too long for the time limit, server busy,
+    bad input) the message and the last text that worked."""
+    ss = st.session_state
+    try:
+        cap = capture(model, model_id, ss[key("text")], ss.get(key("start"), 0))
+        ss[key("good")], ss[key("good_start")] = ss[key("text")], ss.get(key("start"), 0)
+    except ValueError as err:
+        st.error(ui.plain(f"{err} (showing the previous text instead)"))
+        ss[key("text")] = ss[key("good")]
+        try:
+            cap = capture(model, model_id, ss[key("good")], ss[key("good_start")])
+        except ValueError:
+            st.stop()
+    return cap
+
+
+def notes(model, model_id: str, cap: outputs.TextCapture):
+    """Truncation, vocabulary and window notes, the window start, and the text's tokens."""
+    ss = st.session_state
+    if (cut := outputs.truncation_message(cap, model.cfg.max_positions)):
+        st.warning(cut)
+    if model.tokenizer is not None and (oov := vocabulary_warning(model_id, ss[key("text")], model)):
+        st.warning(ui.plain(oov))
+    if not cap.full:
+        st.info(f"{cap.n:,} tokens. The overview pools the whole text; the detail views, "
+                f"statistics and rollout use the {cap.size} tokens from position {cap.start} (rows "
+                "renormalised inside the window), so memory stays bounded.")
+        ss[key("start")] = cap.start     # the clipped start the capture actually used
+        st.number_input("Window start (token)", 0, cap.n - cap.size, step=max(1, cap.size // 2),
+                        key=key("start"))
+    st.caption(f"{cap.n:,} tokens: "
+               + ui.plain(" · ".join(viz.token_label(t) for t in cap.tokens[:200]))
+               + (" …" if cap.n > 200 else ""))
+
+
+def follow_text(model_id: str, cap: outputs.TextCapture) -> list[int]:
+    """Token choices belong to one text (and window). On a new one they are SET to their defaults,
+    never popped: a popped key leaves the browser showing the old label ("After position 50: .")
+    while the page uses the default; an assigned value is sent to the browser. Returns the
+    window's content (non-special) positions."""
+    text = st.session_state[key("text")]
+    content = [i for i, special in enumerate(cap.special[cap.start: cap.start + cap.size].tolist())
+               if not special] or list(range(cap.size))
+    ui.follow_owner(key("pos_for"), (model_id, text), {key("pos"): cap.n - 1})
+    ui.follow_owner(key("window_for"), (model_id, text, cap.start),
+                    {key("flow_token"): cap.size - 1, key("line_q"): None,
+                     key("rank_q"): content[-1], key("rank_k"): content[0]})
+    ui.keep_in_options({key("pos"): (range(cap.n), cap.n - 1),
+                        key("flow_token"): (range(cap.size), cap.size - 1),
+                        key("line_q"): ([None, *range(cap.size)], None),
+                        key("rank_q"): (range(cap.size), content[-1]),
+                        key("rank_k"): (range(cap.size), content[0])})
+    return content
+
+
+def pick_head(picked_key: str, picked: tuple[int, int] | None):
+    """Only a new pick (a click, a selected row) moves the head selectors: the pick stays in its
+    widget's state across reruns."""
+    ss = st.session_state
+    if picked is not None and picked != ss.get(picked_key):
+        ss[key("layer")], ss[key("head")] = picked
+    ss[picked_key] = picked
+
+
+def picked_row(table_key: str, heads: list[tuple[int, int]] | None) -> tuple[int, int] | None:
+    """The (layer, head) of the row selected in a table whose rows are ``heads``."""
+    rows = ui.selected_rows(table_key) if heads else []
+    return heads[rows[0]] if rows and rows[0] < len(heads) else None
+
+
+def head_picks(model_id: str, cap: outputs.TextCapture, n_heads: int):
+    """A selected row of the ranking or of the head scores, or a click on the overview, opens
+    that head. The rows' heads were stored when their view drew them, so picking needs no
+    recomputation here."""
+    ss = st.session_state
+    text = ss[key("text")]
+    pair = (model_id, text, cap.start, ss[key("rank_q")], ss[key("rank_k")])
+    if ss.get(key("rank_for")) != pair:     # another text or pair: the old selection is stale
+        ss[key("rank_for")] = pair
+        ui.clear_selection(key("rank_table"))
+        ss[key("rank_picked")] = None
+        ss[key("rank_heads")] = None
+    pick_head(key("rank_picked"), picked_row(key("rank_table"), ss.get(key("rank_heads"))))
+    scores = ss.get(key("hs")) if ss.get(key("hs_for")) == model_id else None
+    hs_heads = [tuple(int(v) for v in r) for r in scores[["layer", "head"]].to_numpy()] \
+        if scores is not None else None
+    pick_head(key("hs_picked"), picked_row(key("hs_table"), hs_heads))
+    pick_head(key("picked"), ui.picked_cell(key("overview"), n_heads))
+
+
+def overview(s: Shown):
+    """Every layer x head as one image; a click or the selectors choose the head."""
+    cfg = s.cfg
+    st.plotly_chart(ui.clickable_overview(viz.overview_figure(
+                        s.cap.overview, per_head=s.per_head, selected=(s.layer, s.head),
+                        hover_text=views.known_roles(s))),
+                    key=key("overview"), on_select="rerun", selection_mode="points")
+    st.caption(f"{cfg.n_layers} layers × {cfg.n_heads} heads. Click a head, or choose it above; "
+               "hover shows its role once the statistics are computed.")
+
+
+def head_selectors(cfg) -> tuple[int, int, bool]:
+    ss = st.session_state
+    for state_key, count in ((key("layer"), cfg.n_layers), (key("head"), cfg.n_heads)):
+        if ss.get(state_key) not in range(count):
+            ss[state_key] = 0
+    st.subheader(f"Every head: {cfg.n_layers} layers × {cfg.n_heads} heads")
+    col_l, col_h, col_scale = st.columns(3)
+    layer = col_l.selectbox("Layer", range(cfg.n_layers), key=key("layer"))
+    head = col_h.selectbox("Head", range(cfg.n_heads), key=key("head"))
+    per_head = col_scale.toggle("Scale each head to its own maximum", True, key=key("per_head"))
+    return layer, head, per_head
+
+
+def page():
+    """The whole Attention page below its title."""
+    ss = st.session_state
+    ss.setdefault(key("text"), DEFAULT_TEXT)     # the text the results below belong to
+    ss.setdefault(key("good"), DEFAULT_TEXT)     # the last text that ran without an error
+    ss.setdefault(key("good_start"), 0)          # ... and its window start
+    ss.setdefault(key("text_input"), ss[key("text")])
+    model = ui.model_picker(tasks=("encoder", "lm"))
+    if model is None:
+        st.stop()
+    model_id = f"{model.info.key}@{id(model)}"
+    text_input(model.cfg)
+    cap = captured(model, model_id)
+    notes(model, model_id, cap)
+    content = follow_text(model_id, cap)
+    head_picks(model_id, cap, model.cfg.n_heads)
+    layer, head, per_head = head_selectors(model.cfg)
+    s = Shown(model=model, model_id=model_id, text=ss[key("text")], cap=cap, layer=layer,
+              head=head, per_head=per_head, content=content)
+    overview(s)
+    st.subheader(f"Layer {layer}, head {head}")
+    choice = ui.view_choice(PAGE, list(views.VIEWS))
+    views.VIEWS[choice](s)

@@ -1,0 +1,280 @@
+"""The Attention page's views of the chosen head, one function each (`VIEWS`); the page runs only
+the chosen one. What several views share (the window's attention, head statistics, rollout) is
+made on first use and kept in server-wide caches bounded in bytes (`ui.shared_cache`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+import torch
+
+from attnviz.analysis import capture as outputs
+from attnviz.analysis import head_scores
+from attnviz.analysis import stats as analysis
+from attnviz.base import exports, jobs, names
+from attnviz.base.limits import LIMITS
+from attnviz.core.model import Model
+from attnviz.figures import attention as viz
+from attnviz.ui import common as ui
+
+PAGE = "attention"
+COMPARE_TEXT = "The creature stayed on the pavement because it was exhausted."
+SCORE_COLUMNS = ("previous_token", "induction", "duplicate_token")
+
+
+def key(name: str) -> str:
+    """This page's session-state and widget keys: "attention.<name>"."""
+    return names.session_key(PAGE, name)
+
+
+@dataclass
+class Shown:
+    """What every view of one run reads: the model, the captured text and the chosen head."""
+    model: Model
+    model_id: str
+    text: str
+    cap: outputs.TextCapture
+    layer: int
+    head: int
+    per_head: bool
+    content: list[int]   # the window's non-special positions
+
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.cap.window_tokens
+
+    @property
+    def owner(self) -> tuple:
+        """The cache key of everything derived from this capture's window."""
+        return (self.model_id, self.text, self.cap.start)
+
+
+def window_attention(s: Shown) -> torch.Tensor:
+    """[L, H, w, w] attention of the window: the capture's own when the whole text fits, else its
+    rows renormalised inside the window (exact for a decoder window starting at token 0)."""
+    if s.cap.full:
+        return s.cap.attentions
+    store = ui.shared_cache("attention.window", 2, LIMITS.result_cache_mb)
+    return ui.cached(store, s.owner, lambda: outputs.renormalise_rows(s.cap.attentions))
+
+
+def window_special(s: Shown) -> torch.Tensor:
+    return s.cap.special[s.cap.start: s.cap.start + s.cap.size]
+
+
+def stats_of(s: Shown):
+    """Head statistics of every head of the window (seconds for a long text: made on first use)."""
+    store = ui.shared_cache("attention.stats", 16, 64)
+    return ui.cached(store, s.owner, lambda: analysis.head_stats(
+        window_attention(s), window_special(s), causal=s.cfg.causal))
+
+
+def known_roles(s: Shown):
+    """[L][H] roles for the overview's hover when the statistics exist already, else None: the
+    overview never waits for them."""
+    stats = ui.shared_cache("attention.stats", 16, 64).get(s.owner)
+    if stats is None:
+        return None
+    return stats.sort_values(["layer", "head"])["role"].to_numpy().reshape(s.cfg.n_layers,
+                                                                           s.cfg.n_heads)
+
+
+def rollout_of(s: Shown) -> torch.Tensor:
+    store = ui.shared_cache("attention.rollout", 8, 64)
+    return ui.cached(store, s.owner, lambda: analysis.rollout(window_attention(s)))
+
+
+def token_name(tokens: list[str]):
+    """format_func of a token selector: "3: it" (None reads as every token)."""
+    return lambda i: "all tokens" if i is None else f"{i}: {viz.token_label(tokens[i])}"
+
+
+def title(s: Shown) -> str:
+    return f"Layer {s.layer}, head {s.head}"
+
+
+# ---------------------------------------------------------------- the views
+def detail(s: Shown):
+    cfg = s.cfg
+    matrix = s.cap.attentions[s.layer, s.head]
+    st.plotly_chart(viz.head_heatmap(matrix, s.tokens, title=title(s), causal=cfg.causal),
+                    key=key("detail"))
+    # this head's statistics only: the whole table takes seconds on a long text
+    one = s.cap.attentions[s.layer: s.layer + 1, s.head: s.head + 1]
+    if not s.cap.full:
+        one = outputs.renormalise_rows(one)
+    row = analysis.head_stats(one, window_special(s), causal=cfg.causal).iloc[0]
+    st.caption(f"Role: **{row['role']}** · entropy {row['entropy']:.2f} nats · mean distance "
+               f"{row['mean_distance']:.1f} tokens · max weight {row['max_weight']:.2f}"
+               + (" · collapsed" if row["collapsed"] else "")
+               + (" · uniform" if row["uniform"] else ""))
+
+
+def lines(s: Shown):
+    # The lines follow the chosen head; other heads of its layer can be added (reset on a new head).
+    ui.follow_owner(key("line_for"), (s.layer, s.head), {key("line_extra"): []})
+    extra = st.multiselect(f"Also draw heads of layer {s.layer}",
+                           [h for h in range(s.cfg.n_heads) if h != s.head], key=key("line_extra"))
+    query = st.selectbox("Only from query", [None] + list(range(len(s.tokens))), key=key("line_q"),
+                         format_func=token_name(s.tokens), persist_state="page")
+    line_heads = [s.head, *sorted(h for h in extra if h != s.head)]
+    st.plotly_chart(viz.lines_figure(s.cap.attentions[s.layer], s.tokens, line_heads, query,
+                                     title=viz.lines_title(s.layer, line_heads)), key=key("lines"))
+
+
+def find_heads(s: Shown):
+    ss = st.session_state
+    st.caption("Which heads send one token's attention to another? Pick the query (the token "
+               "that looks) and the key (the token looked at): every head is ranked by that "
+               "weight. Select a row to open its head above.")
+    col_q, col_k = st.columns(2)
+    rank_q = col_q.selectbox("Query token", range(len(s.tokens)), key=key("rank_q"),
+                             format_func=token_name(s.tokens), persist_state="page")
+    rank_k = col_k.selectbox("Key token", range(len(s.tokens)), key=key("rank_k"),
+                             format_func=token_name(s.tokens), persist_state="page")
+    try:
+        ranking = analysis.rank_heads(window_attention(s), rank_q, rank_k, causal=s.cfg.causal)
+    except ValueError as err:
+        st.info(ui.plain(str(err)))
+        return
+    stats = stats_of(s)
+    ranking = ranking.merge(stats[["layer", "head", "role"]], on=["layer", "head"], how="left")
+    # what a selected row opens, for the next run (which then needs no ranking to pick)
+    ss[key("rank_heads")] = [tuple(int(v) for v in r) for r in ranking[["layer", "head"]].to_numpy()]
+    pair = f"{viz.token_label(s.tokens[rank_q])} → {viz.token_label(s.tokens[rank_k])}"
+    st.dataframe(ranking, hide_index=True, key=key("rank_table"), on_select="rerun",
+                 selection_mode="single-row",
+                 column_config={"weight": st.column_config.ProgressColumn(
+                     "weight", format="%.3f", min_value=0.0, max_value=1.0)})
+    st.plotly_chart(viz.head_rank_figure(ranking, top=20, title=f"Top heads: {pair}"),
+                    key=key("rank_bars"))
+    st.download_button("Ranking CSV", exports.csv_text(ranking), "head_ranking.csv",
+                       "text/csv", key=key("rank_csv"), on_click="ignore")
+
+
+def statistics(s: Shown):
+    stats = stats_of(s)
+    st.plotly_chart(viz.role_map_figure(stats), key=key("roles"))
+    st.dataframe(stats, hide_index=True, key=key("table"),
+                 column_config={c: st.column_config.NumberColumn(format="%.3f")
+                                for c in stats.columns if stats[c].dtype.kind == "f"})
+    st.download_button("Statistics CSV", exports.csv_text(stats), "head_stats.csv", "text/csv",
+                       key=key("csv"), on_click="ignore")
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def head_score_table(model_id: str, seq_len: int, n_seqs: int, seed: int, _model):
+    """Previous-token / induction / duplicate-token scores of every head (model-wide, not of the
+    text): one server-wide heavy-job slot and the importance time limit while computing."""
+    with jobs.heavy_job("head scores"):
+        return head_scores.head_scores(
+            _model, seq_len, n_seqs, seed,
+            deadline=jobs.Deadline(LIMITS.max_importance_seconds, "head scores"))
+
+
+def scores_view(s: Shown):
+    ss, cfg = st.session_state, s.cfg
+    st.caption("Previous-token, induction and duplicate-token scores of every head, measured as "
+               "TransformerLens does: on repeated random-token sequences R + R (not on your text). "
+               "Induction: attention from the copy to the token after the earlier copy; duplicate: "
+               "to the earlier copy itself; previous-token: to the position before. Sort by a "
+               "column; select a row to open its head above.")
+    if cfg.task != "lm" or not cfg.causal:
+        st.info("These scores are defined for causal language models: pick smollm2 in the sidebar.")
+        return
+    with st.form(key("hs_form")):
+        c_t, c_n, c_s = st.columns(3)
+        longest = head_scores.max_seq_len(s.model)
+        seq_len = c_t.number_input("Length T of the random block", 4, longest, min(50, longest),
+                                   key=key("hs_T"), help=f"4 to {longest} tokens; the sequence is R + R.")
+        n_seqs = c_n.number_input("Sequences averaged", 1, 32, 4, key=key("hs_n"))
+        seed = c_s.number_input("Seed", 0, 2**31 - 1, 0, key=key("hs_seed"))
+        go = st.form_submit_button("Compute head scores")
+    if go:
+        try:
+            with st.spinner(f"Scoring {cfg.n_layers * cfg.n_heads} heads on {int(n_seqs)} "
+                            f"sequences of {2 * int(seq_len)} tokens…"):
+                ss[key("hs")] = head_score_table(s.model_id, int(seq_len), int(n_seqs), int(seed),
+                                                 s.model)
+            ss[key("hs_for")] = s.model_id
+            ui.clear_selection(key("hs_table"))
+        except ValueError as err:
+            st.error(ui.plain(err))
+    scores = ss.get(key("hs")) if ss.get(key("hs_for")) == s.model_id else None
+    if scores is None:
+        st.info("Press Compute head scores (about 2 s for SmolLM2 at the defaults).")
+        return
+    st.dataframe(scores, hide_index=True, key=key("hs_table"), on_select="rerun",
+                 selection_mode="single-row",
+                 column_config={c: st.column_config.ProgressColumn(
+                     c, format="%.3f", min_value=0.0, max_value=1.0) for c in SCORE_COLUMNS})
+    st.download_button("Head scores CSV", exports.csv_text(scores), "head_scores.csv",
+                       "text/csv", key=key("hs_csv"), on_click="ignore")
+
+
+def rollout(s: Shown):
+    st.plotly_chart(viz.head_heatmap(rollout_of(s), s.tokens,
+                                     title="Attention rollout through all layers",
+                                     causal=s.cfg.causal), key=key("rollout"))
+    flow_token = st.selectbox("Follow token", range(len(s.tokens)), key=key("flow_token"),
+                              format_func=token_name(s.tokens), persist_state="page")
+    st.plotly_chart(viz.token_flow_figure(analysis.token_flow(window_attention(s), flow_token),
+                                          s.tokens,
+                                          title="Where it looks in each layer (heads averaged)"),
+                    key=key("flow"))
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def embedding(model_id: str, text: str, _model) -> torch.Tensor:
+    return outputs.sentence_embedding(_model.trace(text, attentions=False).hidden)
+
+
+def model_output(s: Shown):
+    cap = s.cap
+    if s.cfg.task == "lm":
+        position = st.selectbox("After position", range(cap.n), key=key("pos"),
+                                format_func=token_name(cap.tokens), persist_state="page")
+        ids, probs = outputs.next_token_topk(s.model, cap.hidden[position], k=10)
+        st.plotly_chart(viz.bar_topk(outputs.token_names(s.model, ids), probs,
+                                     title=f"Next token after {token_name(cap.tokens)(position)}"
+                                           ", top 10"), key=key("topk"))
+        return
+    other = st.text_input("Compare with", COMPARE_TEXT, key=key("compare"))
+    if not other.strip():
+        st.info("Type a second sentence to compare.")
+        return
+    try:
+        mine = outputs.sentence_embedding(cap.hidden)
+        score = float(mine @ embedding(s.model_id, other, s.model))
+        st.metric("Cosine similarity (mean-pooled, normalised embeddings)", f"{score:.3f}")
+    except ValueError as err:
+        st.error(ui.plain(err))
+
+
+def export(s: Shown):
+    """Downloads (the figures and the NPZ are made only when clicked); a click keeps the page as it is."""
+    cap, cfg = s.cap, s.cfg
+    ui.figure_downloads("Chosen head", cap.attentions[s.layer, s.head], s.tokens, s.tokens,
+                        title(s), key=key("head_fig"))
+    ui.figure_downloads("Rollout", lambda: rollout_of(s), s.tokens, s.tokens, "Attention rollout",
+                        key=key("rollout_fig"))
+    overview_title = (f"{s.model.info.key}: {cfg.n_layers} layers × {cfg.n_heads} heads, "
+                      f"{cap.n:,} tokens" + (", each head scaled to its maximum" if s.per_head else ""))
+    st.download_button("Overview PNG", lambda: viz.overview_png(cap.overview, per_head=s.per_head,
+                                                                 title=overview_title),
+                       "overview.png", "image/png", key=key("ov_png"), on_click="ignore")
+    st.download_button("Attentions NPZ", lambda: outputs.attention_npz(cap), "attentions.npz",
+                       "application/octet-stream", key=key("npz"), on_click="ignore")
+    st.download_button("Statistics CSV", exports.csv_text(stats_of(s)), "head_stats.csv",
+                       "text/csv", key=key("csv2"), on_click="ignore")
+    st.caption("The NPZ holds the window's attentions [layers, heads, n, n], the pooled overview, "
+               "tokens and ids; load it with numpy.load(..., allow_pickle=False).")
+
+
+VIEWS = {"Detail": detail, "Lines": lines, "Find heads": find_heads, "Statistics": statistics,
+         "Head scores": scores_view, "Rollout & flow": rollout, "Model output": model_output,
+         "Export": export}
