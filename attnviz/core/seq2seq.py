@@ -23,7 +23,7 @@ from attnviz.core.attention import attend
 from attnviz.core.config import Config
 from attnviz.core.transformer import MLP, Block, Linear
 
-FAMILIES = ("bergamot", "marian", "bart")
+FAMILIES = ("bergamot", "marian", "bart", "whisper")
 DECODERS = ("ssru", "attention")
 POSITIONALS = ("marian", "hf_marian", "learned")
 
@@ -51,6 +51,7 @@ class Seq2SeqConfig:
     pad_id: int = 0
     max_positions: int = 1024
     bias: bool = True            # attention projections carry biases (all three families do)
+    pre_norm: bool = False       # Whisper: LayerNorm before each sublayer and after the last layer
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -74,7 +75,7 @@ class Seq2SeqConfig:
         return Config(family="bert", n_layers=self.n_enc_layers, n_heads=self.n_heads,
                       n_kv_heads=self.n_heads, d_model=self.d_model, d_head=self.d_head, d_ff=self.d_ff,
                       vocab_size=self.vocab_size, norm_eps=self.norm_eps, activation=self.activation,
-                      qkv_bias=self.bias, out_bias=self.bias, positional="none")
+                      qkv_bias=self.bias, out_bias=self.bias, positional="none", pre_norm=self.pre_norm)
 
 
 def sinusoid_halves(n: int, d: int, offset: int = 0, marian: bool = True) -> torch.Tensor:
@@ -149,8 +150,14 @@ class CrossAndFeedForward(nn.Module):
         self.norm_cross = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = MLP(cfg.block_config())
         self.norm_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.pre_norm = cfg.pre_norm
 
     def cross_and_ffn(self, x, memory_kv, allowed, head_mask, need_weights):
+        if self.pre_norm:  # Whisper: x + sublayer(norm(x))
+            a, att = self.cross(self.norm_cross(x), *memory_kv, allowed=allowed, head_mask=head_mask,
+                                need_weights=need_weights)
+            x = x + a
+            return x + self.mlp(self.norm_ffn(x)), att
         a, att = self.cross(x, *memory_kv, allowed=allowed, head_mask=head_mask, need_weights=need_weights)
         x = self.norm_cross(x + a)
         return self.norm_ffn(x + self.mlp(x)), att
@@ -182,11 +189,12 @@ class AttentionDecoderLayer(CrossAndFeedForward):
 
     def forward(self, x, carry, memory_kv, *, allowed=None, head_mask=None, self_head_mask=None,
                 need_weights=False, need_self=False):
-        k, v = self.self_attn.keys_values(x)
+        h = self.norm_self(x) if self.pre_norm else x
+        k, v = self.self_attn.keys_values(h)
         if carry is not None:                       # earlier positions' K/V: (B, h, t, dh) each
             k, v = torch.cat([carry[0], k], dim=2), torch.cat([carry[1], v], dim=2)
-        a, self_att = self.self_attn(x, k, v, causal=True, head_mask=self_head_mask, need_weights=need_self)
-        x = self.norm_self(x + a)
+        a, self_att = self.self_attn(h, k, v, causal=True, head_mask=self_head_mask, need_weights=need_self)
+        x = x + a if self.pre_norm else self.norm_self(x + a)
         x, att = self.cross_and_ffn(x, memory_kv, allowed, head_mask, need_weights)
         return x, (k, v), att, self_att
 
@@ -241,6 +249,9 @@ class Seq2Seq(nn.Module):
         self.encoder = nn.ModuleList(Block(cfg.block_config()) for _ in range(cfg.n_enc_layers))
         layer = SSRUDecoderLayer if cfg.decoder == "ssru" else AttentionDecoderLayer
         self.decoder = nn.ModuleList(layer(cfg) for _ in range(cfg.n_dec_layers))
+        if cfg.pre_norm:  # a pre-norm stack ends with one more LayerNorm on each side
+            self.enc_final_norm = nn.LayerNorm(d, eps=cfg.norm_eps)
+            self.dec_final_norm = nn.LayerNorm(d, eps=cfg.norm_eps)
         self.lm_head = Linear(d, cfg.vocab_size)     # weight tied to `tok`; the bias is the model's own
         self.lm_head.weight = self.tok.weight
 
@@ -293,7 +304,7 @@ class Seq2Seq(nn.Module):
                            need_weights=want)
             if att is not None:
                 attentions[i] = att
-        return x, attentions
+        return (self.enc_final_norm(x) if self.cfg.pre_norm else x), attentions
 
     def start(self, memory, allowed=None) -> DecoderState:
         """A fresh decoding over `memory` (B, S, d): each layer's encoder K/V, computed once."""
@@ -318,4 +329,6 @@ class Seq2Seq(nn.Module):
             if s_att is not None:
                 self_att[i] = s_att
         state.position += ids.shape[1]
+        if self.cfg.pre_norm:
+            x = self.dec_final_norm(x)
         return StepOutput(self.lm_head(x) if logits else x, cross, self_att)

@@ -121,6 +121,16 @@ class Seq2SeqModel:
         if LIMITS.packed_linear:
             self.net.pack()
 
+    @classmethod
+    def build(cls, cfg: Seq2SeqConfig, state: dict, key: str, source: str, tokenizer=None,
+              **info) -> "Seq2SeqModel":
+        """Adopt converted tensors (a family's weights half, or the cache) as a shared model."""
+        net = Seq2Seq.from_state(cfg, state)
+        info = ModelInfo(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_enc_layers + cfg.n_dec_layers,
+                         n_heads=cfg.n_heads, source=source, n_kv_heads=cfg.n_heads,
+                         max_positions=cfg.max_positions, params=sum(p.numel() for p in net.parameters()), **info)
+        return cls(net, info, tokenizer)
+
     @property
     def cfg(self) -> Seq2SeqConfig:
         return self.net.cfg
@@ -202,6 +212,10 @@ class Seq2SeqModel:
     def _start_ids(self, n: int = 1) -> torch.Tensor:
         return torch.full((n, 1), self.cfg.decoder_start_id, dtype=torch.long)
 
+    def adjust_logits(self, logits: torch.Tensor, step: int) -> torch.Tensor:
+        """Greedy decoding's hook on step `step`'s logits (vocab,): speech models suppress tokens."""
+        return logits
+
     def translate(self, text, beam: int = 1, max_tokens: int | None = None, head_mask=None,
                   encoder_head_mask=None, self_head_mask=None, *, attentions: bool = True,
                   cache: bool = True) -> Translation:
@@ -274,7 +288,7 @@ class Seq2SeqModel:
                     else self._start_ids()
             out = net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
                            need_weights=attentions, need_self=attentions)
-            logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            logp = torch.log_softmax(self.adjust_logits(out.logits[0, -1].float(), len(ids)), dim=-1)
             nxt = int(logp.argmax())
             ids.append(nxt)
             logps.append(logp[nxt])
@@ -359,8 +373,8 @@ def _self_matrix(rows: list[list[torch.Tensor]]) -> torch.Tensor | None:
     if not rows:
         return None
     n, L, H = len(rows), len(rows[0]), rows[0][0].shape[0]
-    out = torch.zeros(L, H, n, n)
+    out = torch.zeros(L, H, n, rows[-1][0].shape[-1])  # keys: n, or n + prompt - 1 after a prompt
     for t, per_layer in enumerate(rows):
         for j, r in enumerate(per_layer):
-            out[j, :, t, :t + 1] = r
+            out[j, :, t, :r.shape[-1]] = r
     return out

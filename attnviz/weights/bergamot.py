@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnviz.core.model import ModelInfo
-from attnviz.core.seq2seq import Seq2Seq, Seq2SeqConfig
+from attnviz.core.seq2seq import Seq2SeqConfig
 from attnviz.core.translate import Seq2SeqModel
 
 FLOAT32, INT8, TEXT = 0x404, 0x4101, 0x101  # TEXT: `special:model.yml`, the training config
@@ -237,16 +236,12 @@ def for_cache(folder: str | Path, key: str) -> tuple[dict, dict[str, torch.Tenso
     return {"config": asdict(cfg)}, state
 
 
-def build(meta: dict, state: dict[str, torch.Tensor], folder: str | Path, key: str, **info) -> Seq2SeqModel:
+def build(meta: dict, state: dict[str, torch.Tensor], folder: str | Path, key: str, *, source: str,
+          **info) -> Seq2SeqModel:
     """A `Seq2SeqModel` from converted (possibly cached) tensors and the folder's tokenizer.json."""
     from tokenizers import Tokenizer
-    cfg = Seq2SeqConfig(**meta["config"])
-    net = Seq2Seq.from_state(cfg, state)
     path = Path(folder) / "tokenizer.json"
     if not path.is_file() or path.stat().st_size > MAX_TOKENIZER_BYTES:
         raise ValueError(f"{key}: tokenizer.json is missing or over {MAX_TOKENIZER_BYTES >> 20} MiB")
-    tokenizer = Tokenizer.from_file(str(path))
-    info = ModelInfo(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_enc_layers + cfg.n_dec_layers,
-                     n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads, max_positions=cfg.max_positions,
-                     params=sum(p.numel() for p in net.parameters()), **info)
-    return Seq2SeqModel(net, info, tokenizer)
+    return Seq2SeqModel.build(Seq2SeqConfig(**meta["config"]), state, key, source,
+                              Tokenizer.from_file(str(path)), **info)
