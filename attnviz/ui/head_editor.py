@@ -1,0 +1,261 @@
+"""The one head-mask editor: a layer x head grid the user clicks, then one Apply.
+
+    keep = head_editor(model.cfg, "heads", scores=imp, model_key=model.info.key, effect=live)
+
+Arguments:
+- `cfg`: the model's config (only `n_layers` and `n_heads` are read).
+- `page`: the page's namespace; every key the editor writes is `names.session_key(page, ...)`,
+  so two pages (Heads, Images, Lab, Translate) never share a mask.
+- `scores`: optional [L, H] tensor (importance, a head score; NaN = unknown). Heads are then
+  coloured by score in four bins (grey, blue, orange, red: lowest to highest quarter), and a
+  "keep the top k% by <score_label>" preset appears (`analysis.importance.keep_top`); without
+  scores, `score_hint` shows that preset disabled with this hint ("compute importance first").
+- `model_key`: the model's catalogue key; the mask is kept per model and shape (default: shape).
+- `effect`: optional callable `effect(keep)` drawn BESIDE the grid (editor left, effect right),
+  where `keep` is the applied mask. It may do its heavy work first and return a callable that
+  draws (then nothing of the effect is sent to the browser while the model runs); it may also
+  just draw and return None.
+- `link`: keep the applied mask in the page's link (`?heads=LxH-hex`, read once per session).
+
+Returns the applied mask: a fresh float tensor [L, H], 1 = on, 0 = off. The state is per browser
+session (st.session_state) and per model; the shared model is never touched.
+
+Speed (bench/toggle_latency.py: head click to painted result under 1 s on SmolLM2): a head click
+reruns only the grid (a fragment: one multi-select row per layer, 30 widgets for SmolLM2 rather
+than 270 checkboxes), edits pile up there; Apply reruns only the effect (the grid is neither sent
+nor painted again); a layer box or a preset changes the grid and the applied mask at once and
+reruns the page. Without `effect`, Apply sits under the grid and reruns the page.
+
+Keys (for tests and links): row `<page>.row:<model>:<layer>` (the list of heads on), layer box
+`<page>.layer:<model>:<layer>`, `<page>.apply`, `<page>.reset`, `<page>.top`, `<page>.random`,
+`<page>.only_btn`, `<page>.only:<model>` (layer), `<page>.k` (share kept, %), `<page>.seed`,
+applied mask `<page>.applied:<model>` (an `encode_mask` string).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import streamlit as st
+import torch
+
+from attnviz.analysis import importance
+from attnviz.analysis.pruning import decode_mask, encode_mask
+from attnviz.base import names
+from attnviz.ui.common import plain
+
+SCORE_COLOURS = ("gray", "blue", "orange", "red")  # lowest .. highest quarter of the known scores
+# Tighter rows than Streamlit's default (1 rem between elements): 30 layers fit one screen.
+_CSS = """<style>
+.st-key-{page}-head-grid {{gap: 0.1rem;}}
+.st-key-{page}-head-grid [data-testid="stHorizontalBlock"] {{gap: 0.3rem;}}
+.st-key-{page}-head-grid [data-testid="stButtonGroup"] > div {{gap: 0.15rem;}}
+.st-key-{page}-head-grid [data-testid="stButtonGroup"] button {{min-height: 1.35rem; height: 1.35rem;
+  padding: 0 0.4rem; font-size: 0.8rem;}}
+.st-key-{page}-head-grid [data-testid="stCheckbox"] label {{min-height: 1.35rem; font-size: 0.8rem;}}
+</style>"""
+
+
+class Editor:
+    """The keys and session state of one page's editor for one model."""
+
+    def __init__(self, cfg, page: str, model_key: str = ""):
+        self.L, self.H, self.page = int(cfg.n_layers), int(cfg.n_heads), page
+        self.model = f"{model_key}:{self.L}x{self.H}" if model_key else f"{self.L}x{self.H}"
+
+    def key(self, name: str) -> str:
+        return names.session_key(self.page, name)
+
+    def row_key(self, layer: int) -> str:
+        return self.key(f"row:{self.model}:{layer}")
+
+    def layer_key(self, layer: int) -> str:
+        return self.key(f"layer:{self.model}:{layer}")
+
+    @property
+    def applied_key(self) -> str:
+        return self.key(f"applied:{self.model}")
+
+    @property
+    def saved_key(self) -> str:
+        return self.key(f"saved:{self.model}")
+
+    def grid(self) -> torch.Tensor:
+        """BoolTensor [L, H]: the grid as it stands, edits not yet applied included."""
+        keep = torch.zeros(self.L, self.H, dtype=torch.bool)
+        for i in range(self.L):
+            keep[i, [int(h) for h in st.session_state[self.row_key(i)]]] = True
+        return keep
+
+    def applied(self) -> torch.Tensor:
+        return decode_mask(st.session_state[self.applied_key], self.L, self.H)
+
+    def apply(self):
+        st.session_state[self.applied_key] = encode_mask(self.grid())
+
+    def set_mask(self, keep):
+        """Presets, layer boxes and links: the grid and the applied mask at once."""
+        keep = torch.as_tensor(keep, dtype=torch.bool)
+        for i in range(self.L):
+            st.session_state[self.row_key(i)] = [h for h in range(self.H) if keep[i, h]]
+        st.session_state[self.applied_key] = encode_mask(keep)
+
+    def layer_changed(self, layer: int):
+        """A layer box sits in the grid, whose clicks rerun the grid alone: it asks for the page."""
+        st.session_state[self.row_key(layer)] = list(range(self.H)) if st.session_state[self.layer_key(layer)] else []
+        self.set_mask(self.grid())
+        st.session_state[self.key("rerun_page")] = True
+
+    def restore(self, link: bool):
+        """Defaults on a first draw; Streamlit drops a widget's state on runs that do not draw it
+        (another page, another model): a plain copy of the grid restores it when the user is back."""
+        ss = st.session_state
+        saved = None
+        if self.saved_key in ss:
+            try:
+                saved = decode_mask(ss[self.saved_key], self.L, self.H)
+            except ValueError:
+                saved = None
+        for i in range(self.L):
+            ss.setdefault(self.row_key(i), [h for h in range(self.H) if saved is None or saved[i, h]])
+        ss.setdefault(self.applied_key, encode_mask(self.grid()))
+        if link and not ss.get(self.key("link_read")):  # the mask in a shared link, read once
+            ss[self.key("link_read")] = True
+            if "heads" in st.query_params:
+                try:
+                    self.set_mask(decode_mask(st.query_params["heads"], self.L, self.H))
+                except ValueError as err:
+                    st.warning(plain(str(err)))
+
+
+def score_labels(scores, n_layers: int, n_heads: int) -> list[list[str]]:
+    """Per head, its pill label: `h3`, coloured by the quarter its score falls in (NaN: plain)."""
+    plain_labels = [[f"h{h}" for h in range(n_heads)] for _ in range(n_layers)]
+    if scores is None:
+        return plain_labels
+    scores = torch.as_tensor(scores, dtype=torch.float32)
+    if tuple(scores.shape) != (n_layers, n_heads):
+        raise ValueError(f"scores are {tuple(scores.shape)}, the model has {n_layers} x {n_heads} heads")
+    known = scores[~torch.isnan(scores)]
+    if known.numel() == 0:
+        return plain_labels
+    edges = torch.quantile(known, torch.tensor([0.25, 0.5, 0.75]))
+    out = []
+    for i in range(n_layers):
+        row = []
+        for h in range(n_heads):
+            value = scores[i, h]
+            if torch.isnan(value):
+                row.append(f"h{h}")
+            else:
+                row.append(f":{SCORE_COLOURS[int((value > edges).sum())]}[h{h}]")
+        out.append(row)
+    return out
+
+
+def presets(ed: Editor, scores, score_label: str, score_hint: str | None):
+    """Reset, top k% by score, random k%, one layer only: each changes grid and result at once."""
+    ss = st.session_state
+    with st.popover("Presets", help="set the whole mask at once (applied at once)"):
+        share = st.slider("k (% of heads kept)", 5, 100, 70, 5, key=ed.key("k"))
+        if scores is not None or score_hint:
+            st.button(f"Keep top k% by {score_label}", key=ed.key("top"), disabled=scores is None,
+                      help=score_hint if scores is None else None, on_click=lambda: ed.set_mask(
+                          importance.keep_top(torch.as_tensor(scores, dtype=torch.float32), share / 100)))
+        seed = st.number_input("seed", 0, 10_000, 0, key=ed.key("seed"))
+        n_keep = max(1, round(share / 100 * ed.L * ed.H))
+        st.button("Keep a random k%", key=ed.key("random"), on_click=lambda: ed.set_mask(
+            (torch.randperm(ed.L * ed.H, generator=torch.Generator().manual_seed(int(seed))) < n_keep)
+            .view(ed.L, ed.H)))
+        only_key = ed.key(f"only:{ed.model}")
+        if ss.get(only_key, 0) >= ed.L:
+            ss[only_key] = ed.L - 1
+        only = st.selectbox("layer", range(ed.L), index=ed.L - 1, key=only_key)
+        st.button("Keep this layer only", key=ed.key("only_btn"),
+                  on_click=lambda: ed.set_mask([[i == only] * ed.H for i in range(ed.L)]))
+
+
+def off_list(keep: torch.Tensor, limit: int = 12) -> str:
+    """The heads that are off, by name (`L1H2, L4H7`), at most `limit` of them."""
+    off = [names.head_name(i, h) for i, h in (~keep).nonzero().tolist()]
+    shown = ", ".join(off[:limit])
+    return shown + (f" and {len(off) - limit} more" if len(off) > limit else "")
+
+
+@st.fragment
+def grid_part(ed: Editor, labels, scores, score_label: str, with_apply: bool):
+    """The clickable grid; a head click reruns only this part."""
+    ss = st.session_state
+    if ss.pop(ed.key("rerun_page"), False):  # a layer box changed grid and result: the whole page
+        st.rerun()
+    st.html(_CSS.format(page=ed.page))
+    with st.container(key=f"{ed.page}-head-grid"):
+        current = ed.grid()
+        for i in range(ed.L):
+            ss[ed.layer_key(i)] = bool(current[i].all())
+            box, row = st.columns([2, 9], vertical_alignment="center")
+            box.checkbox(f"layer {i}", key=ed.layer_key(i), on_change=ed.layer_changed, args=(i,),
+                         help=None if i else "a layer box switches the whole layer, applied at once")
+            row.pills(f"heads on in layer {i}", range(ed.H), selection_mode="multi", key=ed.row_key(i),
+                      format_func=lambda h, r=labels[i]: r[h], label_visibility="collapsed")
+    grid = ed.grid()
+    ss[ed.saved_key] = encode_mask(grid)
+    legend = (f" Colour: {plain(score_label)}, lowest to highest quarter: grey, blue, orange, red."
+              if scores is not None else "")
+    # Apply does not rerun this part, so this line must stay true after it: a count, not a "pending" flag.
+    st.caption(f"The grid above has {int(grid.sum())} heads on; the result beside it is for the mask "
+               f"applied last. Highlighted = on.{legend}" + (f" Off: {off_list(grid)}." if not grid.all() else ""))
+    if with_apply and st.button("Apply", key=ed.key("apply"), type="primary", on_click=ed.apply,
+                                help="every head edit since the last Apply, in one run"):
+        st.rerun()
+
+
+@st.fragment
+def effect_part(ed: Editor, effect: Callable, link: bool):
+    """Apply and the live effect; Apply reruns only this part."""
+    keep = ed.applied()  # Apply's callback has run by now
+    draw = effect(keep.float())  # heavy work first, before anything of this part is drawn
+    st.button("Apply", key=ed.key("apply"), type="primary", on_click=ed.apply,
+              help="show the effect of the grid: every head edit since the last Apply, in one run")
+    if link:
+        if keep.all():
+            st.query_params.pop("heads", None)
+        else:
+            st.query_params["heads"] = encode_mask(keep)
+    st.caption(f"{int(keep.sum())} of {ed.L * ed.H} heads on · the mask is yours alone"
+               + (" and lives in this page's link" if link else ""))
+    if callable(draw):
+        draw()
+
+
+def head_editor(cfg, page: str, scores=None, *, model_key: str = "", effect: Callable | None = None,
+                link: bool = False, score_label: str = "score", score_hint: str | None = None,
+                split=(2, 3)) -> torch.Tensor:
+    """Draw the editor (and `effect` beside it); return the applied mask [L, H] float, 1 = on.
+    See the module docstring for the arguments and the keys."""
+    ed = Editor(cfg, page, model_key)
+    ed.restore(link)
+    labels = score_labels(scores, ed.L, ed.H)
+    if effect is None:
+        presets(ed, scores, score_label, score_hint)
+        grid_part(ed, labels, scores, score_label, True)
+        return ed.applied().float()
+    left, right = st.columns(list(split), gap="medium")
+    with left:
+        presets(ed, scores, score_label, score_hint)
+        grid_part(ed, labels, scores, score_label, False)
+    with right:
+        effect_part(ed, effect, link)
+    return ed.applied().float()
+
+
+def applied_mask(cfg, page: str, model_key: str = "") -> torch.Tensor:
+    """The mask last applied in this page's editor (all on before the editor is first drawn)."""
+    ed = Editor(cfg, page, model_key)
+    if ed.applied_key not in st.session_state:
+        return torch.ones(ed.L, ed.H)
+    return ed.applied().float()
+
+
+def set_applied(cfg, page: str, keep, model_key: str = ""):
+    """Set grid and applied mask at once (a preset computed by the page, e.g. from a file)."""
+    Editor(cfg, page, model_key).set_mask(keep)
