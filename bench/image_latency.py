@@ -42,8 +42,9 @@ def reference_model():
     """transformers' Dinov2Model with the bundled weights (the ONNX initializers)."""
     from transformers import Dinov2Config, Dinov2Model
 
-    from attnviz.weights import checkpoints
-    cfg, backbone, _ = checkpoints.read_onnx_dinov2(checkpoints.dinov2_onnx_path())
+    from attnviz.weights.catalogue import bundled_path
+    from attnviz.weights.onnx import read_onnx_dinov2
+    cfg, backbone, _ = read_onnx_dinov2(bundled_path("dinov2"))
     reference = Dinov2Model(Dinov2Config(**cfg, attn_implementation="eager")).eval()
     reference.load_state_dict(backbone, strict=False)    # mask_token is not in the ONNX graph
     return reference

@@ -21,11 +21,11 @@ import attnviz  # noqa: E402
 
 def reference(key: str, model: attnviz.Model, impl: str):
     import transformers as tf
-    from attnviz.weights import checkpoints
     from attnviz.weights import catalogue as loading
+    from attnviz.weights.gguf import read_gguf
     if key == "minilm":
         return tf.AutoModel.from_pretrained(str(loading.bundled_path("minilm")), attn_implementation=impl).eval()
-    cfg, state = checkpoints.read_gguf_llama(loading.bundled_path("smollm2"))
+    cfg, state = read_gguf(loading.bundled_path("smollm2"))
     ref = tf.LlamaForCausalLM(tf.LlamaConfig(**cfg, attn_implementation=impl)).eval()
     ref.load_state_dict(state, strict=False)
     ref.tie_weights()

@@ -14,14 +14,18 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.weights import checkpoints as ck
+from attnviz.core.saliency import PATCH_SIZE, SaliencyDecoder
+from attnviz.weights.catalogue import bundled_path
+from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
+from attnviz.weights.gguf import gguf_tokenizer, read_gguf
+from attnviz.weights.onnx import read_onnx_dinov2
 
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
 def gguf_read():
-    return ck.read_gguf_llama(ck.smollm2_gguf_path())
+    return read_gguf(bundled_path("smollm2"))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,7 @@ def smollm2_ours(gguf_read):
 def smollm2_reference():
     from transformers import AutoModelForCausalLM
 
-    path = ck.smollm2_gguf_path()
+    path = bundled_path("smollm2")
     # ~15-20 s: transformers dequantises the whole file itself; done once for this module.
     return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                 dtype=torch.float32).eval()
@@ -46,7 +50,7 @@ def smollm2_reference():
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    return ck.gguf_tokenizer(ck.smollm2_gguf_path(), tmp_path_factory.mktemp("tok") / "smollm2")
+    return gguf_tokenizer(bundled_path("smollm2"), tmp_path_factory.mktemp("tok") / "smollm2")
 
 
 def test_gguf_config_matches_transformers_gguf_config(gguf_read, smollm2_reference):
@@ -113,7 +117,7 @@ def test_tokenizer_second_load_comes_from_cache(tokenizer, monkeypatch):
         raise AssertionError("the cached tokenizer must not read the GGUF file")
 
     monkeypatch.setattr(gguf, "GGUFReader", no_gguf)
-    again = ck.gguf_tokenizer(ck.smollm2_gguf_path(), cache_dir)
+    again = gguf_tokenizer(bundled_path("smollm2"), cache_dir)
     assert again.name_or_path == str(cache_dir)
     assert again(PROMPT).input_ids == tokenizer(PROMPT).input_ids
     assert again.chat_template == tokenizer.chat_template
@@ -122,16 +126,16 @@ def test_tokenizer_second_load_comes_from_cache(tokenizer, monkeypatch):
 def test_tokenizer_cache_refuses_a_folder_it_did_not_write(tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
     with pytest.raises(ValueError, match="dedicated folder"):
-        ck.gguf_tokenizer(ck.smollm2_gguf_path(), tmp_path)
+        gguf_tokenizer(bundled_path("smollm2"), tmp_path)
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
 
 def test_gguf_reader_rejects_wrong_paths(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
-        ck.read_gguf_llama(tmp_path / "missing.gguf")
+        read_gguf(tmp_path / "missing.gguf")
     (tmp_path / "weights.bin").write_bytes(b"\0")
     with pytest.raises(ValueError, match="not a .gguf file"):
-        ck.read_gguf_llama(tmp_path / "weights.bin")
+        read_gguf(tmp_path / "weights.bin")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,7 +145,7 @@ def test_gguf_reader_rejects_wrong_paths(tmp_path):
 
 @pytest.fixture(scope="module")
 def dinov2_read():
-    return ck.read_onnx_dinov2(ck.dinov2_onnx_path())
+    return read_onnx_dinov2(bundled_path("dinov2"))
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +163,7 @@ def test_dinov2_keys_match_transformers_model(dinov2_read, dinov2_hf):
         assert tensor.dtype == torch.float32 and tensor.shape == reference[name].shape, name
     assert backbone["embeddings.position_embeddings"].shape == (1, 1 + 37 * 37, 384)
     assert torch.count_nonzero(backbone["embeddings.mask_token"]) == 0  # filled: not in the graph
-    assert set(decoder) == set(ck.SaliencyDecoder().state_dict())
+    assert set(decoder) == set(SaliencyDecoder().state_dict())
 
 
 def test_dinov2_and_decoder_match_onnxruntime(dinov2_read, dinov2_hf):
@@ -168,16 +172,16 @@ def test_dinov2_and_decoder_match_onnxruntime(dinov2_read, dinov2_hf):
     _, backbone_state, decoder_state = dinov2_read
     backbone = dinov2_hf
     backbone.load_state_dict(backbone_state, strict=True)
-    decoder = ck.SaliencyDecoder.from_state_dict(decoder_state)
+    decoder = SaliencyDecoder.from_state_dict(decoder_state)
 
-    size = ck.DINOV2_INPUT_SIZE
+    size = ONNX_INPUT_SIZE
     pixels = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         hidden = backbone(pixel_values=pixels).last_hidden_state  # (2, 257, 384)
-        grid = (size // ck.DINOV2_PATCH_SIZE, size // ck.DINOV2_PATCH_SIZE)
+        grid = (size // PATCH_SIZE, size // PATCH_SIZE)
         ours = decoder(hidden[:, 1:], grid)
 
-    session = onnxruntime.InferenceSession(str(ck.dinov2_onnx_path()),
+    session = onnxruntime.InferenceSession(str(bundled_path("dinov2")),
                                            providers=["CPUExecutionProvider"])
     reference = session.run(["output_importance"], {"input_image": pixels.numpy()})[0]
     assert ours.shape == reference.shape == (2, 1, size, size)
@@ -186,7 +190,7 @@ def test_dinov2_and_decoder_match_onnxruntime(dinov2_read, dinov2_hf):
 
 
 def test_decoder_stays_in_inference_mode_and_checks_its_input(dinov2_read):
-    decoder = ck.SaliencyDecoder.from_state_dict(dinov2_read[2])
+    decoder = SaliencyDecoder.from_state_dict(dinov2_read[2])
     tokens = torch.randn(1, 256, 384, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = decoder(tokens, (16, 16))
@@ -238,7 +242,7 @@ def test_our_dinov2_matches_transformers_and_onnxruntime(dinov2_read, dinov2_hf,
         ref = dinov2_hf(pixel_values=pixels[None], output_attentions=True)
     assert (tr.hidden - ref.last_hidden_state[0]).abs().max() < 1e-4
     assert (tr.attentions - torch.stack([a[0] for a in ref.attentions])).abs().max() < 1e-4
-    session = onnxruntime.InferenceSession(str(ck.dinov2_onnx_path()), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(str(bundled_path("dinov2")), providers=["CPUExecutionProvider"])
     sal = session.run(["output_importance"], {"input_image": pixels[None].numpy()})[0][0, 0]
     assert np.abs(tr.saliency.numpy() - sal).max() < 1e-4
     assert torch.equal(again.trace(pixels, attentions=False).hidden, ours.trace(pixels, attentions=False).hidden)

@@ -9,7 +9,7 @@ import transformers as tf
 from safetensors.torch import save_file
 
 import attnviz
-from attnviz.weights.catalogue import load_dir
+from attnviz.weights.folders import load_dir
 from tests.test_parity import close, inputs, reference, tiny
 
 
@@ -144,7 +144,7 @@ def test_list_models_has_bundled_keys():
 # ---------------------------------------------------------------- hostile folders (issue 11.3)
 # Every failure is a ValueError, nothing is read before its size and kind are checked, nothing is
 # allocated before the config's sizes are bounded, and no message shows where a path resolves.
-from attnviz.weights import catalogue as loading  # noqa: E402
+from attnviz.weights import folders as loading  # noqa: E402
 from attnviz.base.limits import Limits  # noqa: E402
 
 

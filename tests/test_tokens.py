@@ -68,6 +68,42 @@ def test_truncation_is_reported(minilm):
     assert tr.n == 512 and tr.truncated > 0
 
 
+def test_a_long_text_is_tokenized_once_and_cut_as_the_tokenizer_cuts(minilm, monkeypatch):
+    """Issue 17.6: encode_text tokenized a text twice when it had to cut it (100k CJK: 3.8 s each)."""
+    text = "word " * 700
+    reference = minilm.tokenizer(text, truncation=True, max_length=512)["input_ids"]
+    full = len(minilm.tokenizer(text)["input_ids"])
+    calls = []
+    real = type(minilm.tokenizer).__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(minilm.tokenizer), "__call__", counted)
+    ids, dropped = minilm.encode_text(text)
+    assert len(calls) == 1
+    assert ids.tolist() == reference and dropped == full - 512 == 190
+    short, none = minilm.encode_text("word " * 10)
+    assert short.tolist() == real(minilm.tokenizer, "word " * 10)["input_ids"] and none == 0
+
+
+LONE_SURROGATE = "caf\ud83d latte"  # half of an emoji's UTF-16 pair, as a cut clipboard leaves it
+
+
+@pytest.mark.parametrize("call", ["trace", "encode_text", "capture_text", "single_token", "check_text"])
+def test_a_lone_surrogate_is_a_value_error_saying_what_to_do(minilm, call):
+    """Issue 17.7: the tokenizer's TypeError escaped from every text entry point."""
+    from attnviz.analysis import capture, effects
+    from attnviz.core.tokens import check_text
+    run = {"trace": minilm.trace, "encode_text": minilm.encode_text, "check_text": check_text,
+           "capture_text": lambda text: capture.capture_text(minilm, text),
+           "single_token": lambda text: effects.single_token(minilm.tokenizer, " \ud83d")}[call]
+    with pytest.raises(ValueError, match=r"lone surrogate, U\+D83D.*delete it or paste the text again"):
+        run(LONE_SURROGATE)
+    assert check_text("café 🐈 latte") == "café 🐈 latte"
+
+
 @pytest.mark.parametrize("text", ["", "   \n\t"])
 def test_empty_text_refused(minilm, text):
     with pytest.raises(ValueError, match="empty"):

@@ -43,12 +43,17 @@ def pad_mask():
 
 
 # ---------------------------------------------------------------- parsing
-@pytest.mark.parametrize("spec,label", [("softmax", "softmax"), ("fused", "softmax"), ("eager", "eager"),
-                                        ("chunked:128", "chunked:128"), ("local:64", "local:64"),
-                                        ("linear", "linear"), ("relu", "relu"), ("topk:8", "topk:8"),
-                                        ("temp:2", "softmax@T=2"), (" Local:5 ", "local:5")])
-def test_parse_variant_labels(spec, label):
-    assert parse_variant(spec).label == label
+@pytest.mark.parametrize("spec,name", [("softmax", "fused"), ("fused", "fused"), ("eager", "eager"),
+                                       ("chunked:128", "chunked:128"), ("local:64", "local:64"),
+                                       ("linear", "linear"), ("relu", "relu"), ("topk:8", "topk:8"),
+                                       ("temp:2", "fused@T=2"), (" Local:5 ", "local:5"),
+                                       ("local:8@T=0.5", "local:8@T=0.5")])
+def test_each_variant_has_one_name_that_parses_back(spec, name):
+    """One name per variant (the bench CSV's 'fused' included), and it reads back as the variant."""
+    v = parse_variant(spec)
+    assert v.name == v.label == name
+    assert parse_variant(v.name) == v
+    assert parse_variant(Variant("softmax", temperature=1 / 3).name).temperature == 1 / 3
 
 
 def test_eager_and_fused_are_distinct_variants():

@@ -14,7 +14,7 @@ attention); `allowed` a bool mask broadcastable to (B, h, T, S), True where a qu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -44,12 +44,21 @@ class Variant:
             raise ValueError("temperature must be positive")
 
     @property
-    def label(self) -> str:
-        extra = {"local": self.window, "chunked": self.chunk, "topk": self.top_k}.get(self.kind)
-        text = self.kind if extra is None else f"{self.kind}:{extra}"
-        if self.kind == "softmax" and not self.fused:
-            text = "eager"
-        return text if self.temperature == 1.0 else f"{text}@T={self.temperature:g}"
+    def name(self) -> str:
+        """The one name of this variant in the UI, CSVs and the cost model: 'fused' (the softmax
+        kernel), 'eager' (the written-out softmax), 'local:64', 'chunked:256', 'topk:8', 'linear',
+        'relu', with '@T=2' for a temperature. `parse_variant(v.name) == v`."""
+        if self.kind == "softmax":
+            text = "fused" if self.fused else "eager"
+        else:
+            extra = {"local": self.window, "chunked": self.chunk, "topk": self.top_k}.get(self.kind)
+            text = self.kind if extra is None else f"{self.kind}:{extra}"
+        if self.temperature == 1.0:
+            return text
+        t = f"{self.temperature:g}"
+        return f"{text}@T={t if float(t) == self.temperature else repr(self.temperature)}"
+
+    label = name  # the same name under its older spelling
 
 
 SOFTMAX = Variant()
@@ -62,7 +71,17 @@ def parse_variant(spec: "str | Variant | None") -> Variant:
         return SOFTMAX
     if isinstance(spec, Variant):
         return spec
-    name, _, arg = str(spec).strip().lower().partition(":")
+    text, _, temp = str(spec).strip().lower().partition("@t=")  # a name's temperature suffix
+    if temp:
+        try:
+            temperature = float(temp)
+        except ValueError:
+            raise ValueError(f"attention variant {spec!r}: {temp!r} is not a number") from None
+        from_name = parse_variant(text)
+        if from_name.temperature != 1.0:
+            raise ValueError(f"attention variant {spec!r} gives its temperature twice")
+        return replace(from_name, temperature=temperature)
+    name, _, arg = text.partition(":")
     try:
         if name == "eager":  # the explicit path: materialises the (T, S) weights, then drops them
             return EAGER
@@ -250,7 +269,11 @@ def _fast(q, k, v, causal, allowed, variant: Variant, scale):
             return local_attention(q, k, v, variant.window, causal, scale, variant.temperature)
         allowed, causal = combine(allowed, local_mask(T, variant.window, causal, q.device)), False
     if kind == "local" or (kind == "softmax" and variant.fused):
-        if causal and allowed is not None:  # is_causal ignores attn_mask's presence: join them here
+        if causal and T == 1:  # one new query after its cached prefix sees every key
+            causal = False
+        # is_causal ignores attn_mask's presence, and aligns top-left when T < S (a cached prefix):
+        # join the bottom-right causal mask here
+        if causal and (allowed is not None or T != S):
             allowed, causal = combine(allowed, causal_mask(T, S, q.device)), False
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=causal,
                                               scale=s, enable_gqa=group > 1)

@@ -1,15 +1,18 @@
 """The public objects: `Model` (a loaded network with its tokenizer or image settings) and `Trace`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from attnviz.base.limits import LIMITS
+from attnviz.core import surgery
 from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
-from attnviz.base.limits import LIMITS
+from attnviz.core.images import preprocess
+from attnviz.core.tokens import check_text, labels as token_labels
 from attnviz.core.transformer import Transformer
-from attnviz.core.tokens import labels as token_labels
 
 MAX_IMAGE_SIDE = 1036     # 74 DINOv2 patches: 5,477 tokens, about the most a trace should hold
 
@@ -27,6 +30,13 @@ class ModelInfo:
     params: int = 0
     licence: str = ""
     size_mb: float = 0.0
+
+    @classmethod
+    def of(cls, key: str, cfg: Config, source: str, net, **extra) -> "ModelInfo":
+        """The info of a built network: its shape from `cfg`, its parameter count from `net`."""
+        return cls(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                   source=source, n_kv_heads=cfg.n_kv_heads, max_positions=cfg.max_positions,
+                   params=sum(p.numel() for p in net.parameters()), **extra)
 
 
 @dataclass
@@ -90,13 +100,23 @@ class Model:
         if len(text) > LIMITS.max_text_chars:  # refused before tokenizing; positions cap the tokens
             raise ValueError(f"the text has {len(text):,} characters; the limit is {LIMITS.max_text_chars:,}. "
                              "Paste a shorter passage.")
-        ids = self.tokenizer(text)["input_ids"]
-        dropped = max(0, len(ids) - self.max_tokens)
-        if dropped:
-            ids = self.tokenizer(text, truncation=True, max_length=self.max_tokens)["input_ids"]
-        return torch.tensor(ids, dtype=torch.long), dropped
+        check_text(text)
+        if not getattr(self.tokenizer, "is_fast", False):  # the toys' few-symbol tokenizer
+            ids = self.tokenizer(text)["input_ids"]
+            dropped = max(0, len(ids) - self.max_tokens)
+            if dropped:
+                ids = self.tokenizer(text, truncation=True, max_length=self.max_tokens)["input_ids"]
+            return torch.tensor(ids, dtype=torch.long), dropped
+        # Tokenized once: the first window is what `truncation=True` gives; the rest (each with the
+        # same special tokens around it) counts what was dropped.
+        windows = self.tokenizer(text, truncation=True, max_length=self.max_tokens,
+                                 return_overflowing_tokens=True)["input_ids"]
+        special = self.tokenizer.num_special_tokens_to_add()
+        dropped = sum(len(w) - special for w in windows[1:])
+        return torch.tensor(windows[0], dtype=torch.long), dropped
 
-    def _ids(self, x) -> torch.Tensor:
+    def check_ids(self, x) -> torch.Tensor:
+        """Token ids given directly: a 1-D integer list or tensor within the vocabulary and positions."""
         try:
             ids = torch.as_tensor(x)
         except (TypeError, ValueError, RuntimeError):
@@ -122,7 +142,6 @@ class Model:
                 raise ValueError(f"image height and width must be multiples of the patch size {p}; "
                                  f"got {tuple(image.shape[1:])}")
             return image.float()
-        from attnviz.core.images import preprocess
         if not hasattr(image, "convert"):
             raise ValueError("give a PIL image, a float tensor [3, H, W], or bytes through attnviz.open_image")
         return preprocess(image, size or self.image_size, mean=self.image_mean, std=self.image_std,
@@ -166,7 +185,7 @@ class Model:
         if isinstance(x, str):
             ids, truncated = self.encode_text(x)
         else:
-            ids = self._ids(x)
+            ids = self.check_ids(x)
         if self.tokenizer is not None:
             toks, special = token_labels(self.tokenizer, ids.tolist())
         else:
@@ -177,7 +196,7 @@ class Model:
     # ---------------------------------------------------------------- trace
     def trace(self, x, head_mask=None, attentions: bool = True, *, layers=None, variants=None,
               states: bool = False, image_size: int | None = None, saliency: bool = True) -> Trace:
-        """Run the model once and capture what was asked. See DESIGN.md for the contract."""
+        """Run the model once and capture what was asked (the contract: README, "In Python")."""
         mask = self.check_head_mask(head_mask)
         layers = self.check_layers(layers)
         variants = _variants(variants, self.cfg.n_layers)
@@ -192,7 +211,7 @@ class Model:
                            head_mask=mask, need_weights=attentions, layers=layers, variants=variants,
                            states=states,
                            weights_out=None if buf is None else {i: buf[j:j + 1] for j, i in enumerate(layers)})
-            att = buf if buf is not None else self._assemble(out.attentions, layers) if attentions else None
+            att = buf if buf is not None else self.assemble(out.attentions, layers) if attentions else None
             sal = None
             if saliency and self.decoder is not None:
                 gh, gw = inp["grid"]
@@ -203,7 +222,7 @@ class Model:
                      truncated=inp["truncated"], grid=inp["grid"], n_prefix=inp["n_prefix"],
                      saliency=sal, states=[s[0] for s in out.states] if states else None)
 
-    def _assemble(self, captured: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
+    def assemble(self, captured: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
         """Stack captured layers into [len(layers), H, n, n]; pruned heads read as zero rows."""
         first = captured[layers[0]] if captured else None
         n = first.shape[-1] if first is not None else 0
@@ -218,13 +237,16 @@ class Model:
 
     # ---------------------------------------------------------------- pruning
     def prune(self, keep) -> "Model":
-        from attnviz.analysis.pruning import prune_model
-        return prune_model(self, keep)
+        """A NEW, smaller model without the heads `keep` (BoolTensor [n_layers, n_heads], the
+        ORIGINAL head numbering) switches off; this one is untouched (see `core.surgery`)."""
+        small, keep = surgery.prune(self.net, keep, self.kept)
+        info = replace(self.info, key=f"{self.info.key} (pruned {int((~keep).sum())}/{keep.numel()})")
+        return Model(small, info, self.tokenizer, image_mean=self.image_mean, image_std=self.image_std,
+                     image_size=self.image_size, decoder=self.decoder, kept=keep)
 
     def fingerprint(self) -> str:
         """SHA-256 of every parameter and buffer, in order: shows that a shared model was never
         changed by the sessions using it."""
-        import hashlib
         h = hashlib.sha256()
         modules = [self.net] + ([self.decoder] if self.decoder is not None else [])
         for module in modules:

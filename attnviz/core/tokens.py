@@ -14,7 +14,20 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 SPACE = "▁"  # leading-space marker (as SentencePiece shows it)
-VISIBLE = {"\n": "↵", "\r": "⏎", "\t": "⇥", " ": SPACE}
+# The one table of whitespace symbols: token labels, figure axes and exports all show these.
+WHITESPACE_SYMBOLS = {" ": SPACE, "\n": "↵", "\r": "⏎", "\t": "⇥"}
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(text: str) -> str:
+    """`text` if every character is valid Unicode; a ValueError saying what to do when it holds a
+    lone surrogate (half of a UTF-16 pair, e.g. from a cut emoji), which no tokenizer can encode."""
+    found = _SURROGATE.search(text)
+    if found:
+        raise ValueError(f"the text holds an invalid character (a lone surrogate, U+{ord(found.group()):04X}, "
+                         f"at character {found.start() + 1:,}), e.g. half of an emoji cut in two; "
+                         "delete it or paste the text again from its source")
+    return text
 
 
 @lru_cache(maxsize=1)
@@ -49,8 +62,8 @@ def show(text: str) -> str:
     """Make whitespace, control and invisible characters visible; leave every other character."""
     out = []
     for ch in text:
-        if ch in VISIBLE:
-            out.append(VISIBLE[ch])
+        if ch in WHITESPACE_SYMBOLS:
+            out.append(WHITESPACE_SYMBOLS[ch])
         elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
             out.append(f"⟨U+{ord(ch):04X}⟩")
         else:
@@ -58,7 +71,7 @@ def show(text: str) -> str:
     return "".join(out)
 
 
-def _piece_bytes(piece: str, kind: str) -> bytes:
+def piece_bytes(piece: str, kind: str) -> bytes:
     if kind == "bytelevel":
         table = _byte_decoder()
         if all(c in table for c in piece):
@@ -94,7 +107,7 @@ def labels(tokenizer, ids: list[int]) -> tuple[list[str], list[bool]]:
         if kind == "wordpiece":
             out[n] = show(piece)
             continue
-        text = decoder.decode(_piece_bytes(piece, kind))
+        text = decoder.decode(piece_bytes(piece, kind))
         if not text:
             pending.append(n)
             continue

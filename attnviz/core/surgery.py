@@ -1,0 +1,59 @@
+"""Physical pruning: a NEW, smaller transformer without the removed heads; the original is untouched.
+
+Pruning a head removes its rows from the fused QKV projection and its columns from the output
+projection. With grouped K/V heads a K/V head stays while any kept query head reads it.
+`Model.prune` wraps the result in a new `Model`.
+"""
+from __future__ import annotations
+
+import torch
+
+from attnviz.core.transformer import Transformer
+
+
+def check_keep(keep, n_layers: int, n_heads: int) -> torch.Tensor:
+    """`keep` as a BoolTensor [n_layers, n_heads] (True keeps a head); ValueError otherwise."""
+    keep = torch.as_tensor(keep)
+    if tuple(keep.shape) != (n_layers, n_heads):
+        raise ValueError(f"keep must have shape [{n_layers}, {n_heads}] (layers x heads); got {list(keep.shape)}")
+    if keep.dtype != torch.bool:
+        if not torch.all((keep == 0) | (keep == 1)):
+            raise ValueError("keep must be boolean (True keeps a head)")
+        keep = keep.bool()
+    return keep
+
+
+def prune(net: Transformer, keep, kept: torch.Tensor) -> tuple[Transformer, torch.Tensor]:
+    """(smaller transformer, heads it keeps). `keep` and `kept` (the heads `net` still has) are
+    BoolTensors [n_layers, n_heads] in the ORIGINAL head numbering; heads already pruned stay gone."""
+    cfg = net.cfg
+    keep = check_keep(keep, cfg.n_layers, cfg.n_heads) & kept
+    heads, kv_heads = [], []
+    for i in range(cfg.n_layers):
+        on = [h for h in range(cfg.n_heads) if keep[i, h]]
+        heads.append(on)
+        kv_heads.append(sorted({h // cfg.group for h in on}))
+    new_cfg = cfg.replace(head_dims=tuple(len(h) for h in heads), kv_dims=tuple(len(k) for k in kv_heads))
+    state = dict(net.state_dict())
+    dh = cfg.d_head
+
+    def rows(idx, base):  # the d_head rows of each listed head, in a projection starting at `base`
+        return [base + j * dh + r for j in idx for r in range(dh)]
+
+    for i, block in enumerate(net.blocks):
+        old = block.attn
+        old_heads = old.heads.tolist()
+        old_kv = sorted({h // cfg.group for h in old_heads})
+        q_idx = [old_heads.index(h) for h in heads[i]]
+        kv_idx = [old_kv.index(k) for k in kv_heads[i]]
+        hq, hkv = old.n_heads, old.n_kv
+        # fused qkv rows: [Q (hq * dh) | K (hkv * dh) | V (hkv * dh)]
+        sel = torch.tensor(rows(q_idx, 0) + rows(kv_idx, hq * dh) + rows(kv_idx, (hq + hkv) * dh),
+                           dtype=torch.long)
+        p = f"blocks.{i}.attn."
+        state[p + "qkv.weight"] = state[p + "qkv.weight"][sel]
+        if p + "qkv.bias" in state:
+            state[p + "qkv.bias"] = state[p + "qkv.bias"][sel]
+        state[p + "out.weight"] = state[p + "out.weight"][:, torch.tensor(rows(q_idx, 0), dtype=torch.long)]
+    # clone: the new model owns its tensors, so nothing done to it can reach the original
+    return Transformer.from_state(new_cfg, {k: v.clone() for k, v in state.items()}, heads, kv_heads), keep

@@ -1,0 +1,47 @@
+"""The on-disk conversion cache: a bundled checkpoint converted once into safetensors (never a
+pickle) under $ATTNVIZ_CACHE (default ~/.cache/attnviz), keyed on the source file's path, size
+and modification time. A damaged entry is rebuilt, never trusted; a new entry appears atomically."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def cache_root() -> Path:
+    root = os.environ.get("ATTNVIZ_CACHE") or Path.home() / ".cache" / "attnviz"
+    return Path(root)
+
+
+def fingerprint(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v1".encode()).hexdigest()[:16]
+
+
+def cached(key: str, source: Path, make):
+    """Return (config dict, state, folder) from the cache, or run `make(folder)` once and store it."""
+    from safetensors.torch import load_file, save_file
+    folder = cache_root() / f"{key}-{fingerprint(source)}"
+    done = folder / "config.json"
+    if done.exists():
+        try:
+            return json.loads(done.read_text()), load_file(str(folder / "weights.safetensors")), folder
+        except Exception as err:  # a damaged cache entry is rebuilt, never trusted
+            log.warning("conversion cache %s unreadable (%s); rebuilding", folder, err)
+            shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder.parent))
+    meta, state = make(tmp)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "weights.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(meta))
+    try:
+        tmp.rename(folder)  # atomic: a concurrent process either sees all of it or none
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+    return meta, state, folder

@@ -1,0 +1,62 @@
+"""BERT (BertModel, BertForMaskedLM, sentence encoders such as MiniLM): post-norm encoder,
+learned positions, optional token types and masked-LM head."""
+from __future__ import annotations
+
+import torch
+
+from attnviz.core.config import Config
+from attnviz.weights.mapper import Mapper, activation, get
+
+NAME = "bert"
+PREFIXES = ("bert.",)
+
+
+def has_mlm_head(sd: dict) -> bool:
+    return any(k.startswith("cls.predictions.transform") for k in sd)
+
+
+# ---------------------------------------------------------------- config half
+def config(hf, sd: dict) -> Config:
+    if get(hf, "position_embedding_type", "absolute") not in ("absolute", None):
+        raise ValueError("only absolute position embeddings are supported for BERT checkpoints")
+    d, h = get(hf, "hidden_size"), get(hf, "num_attention_heads")
+    mlm = has_mlm_head(sd)
+    return Config(family=NAME, n_layers=get(hf, "num_hidden_layers"), n_heads=h, n_kv_heads=h,
+                  d_model=d, d_head=d // h, d_ff=get(hf, "intermediate_size"),
+                  vocab_size=get(hf, "vocab_size"), max_positions=get(hf, "max_position_embeddings"),
+                  norm_eps=get(hf, "layer_norm_eps", 1e-12), positional="learned",
+                  activation=activation(get(hf, "hidden_act", "gelu")), pre_norm=False,
+                  type_vocab_size=get(hf, "type_vocab_size", 0), final_norm=False,
+                  mlm_head=mlm, tie_embeddings=mlm)
+
+
+def size(hf, b) -> int:
+    """Parameters the config implies, every size read through the folder's bounds `b`."""
+    d, h, L = b.width("hidden_size"), b.heads("num_attention_heads"), b.layers("num_hidden_layers")
+    params = b.blocks(L, d, h, h, None, b.ff("intermediate_size"), gated=False)
+    types = b.int("type_vocab_size", 0, b.MAX_TYPE_VOCAB, default=0)
+    return params + (b.vocab("vocab_size") + b.positions("max_position_embeddings") + types) * d
+
+
+# ---------------------------------------------------------------- weights half
+def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
+    m = Mapper(sd, PREFIXES)
+    m.put("tok.weight", m.take("embeddings.word_embeddings.weight"))
+    m.put("pos.weight", m.take("embeddings.position_embeddings.weight"))
+    if cfg.type_vocab_size:
+        m.put("types.weight", m.take("embeddings.token_type_embeddings.weight"))
+    m.norm("emb_norm", "embeddings.LayerNorm")
+    for i in range(cfg.n_layers):
+        p, o = f"encoder.layer.{i}.", f"blocks.{i}."
+        m.fused(o + "attn.qkv", [p + f"attention.self.{n}" for n in ("query", "key", "value")])
+        m.linear(o + "attn.out", p + "attention.output.dense")
+        m.norm(o + "norm1", p + "attention.output.LayerNorm")
+        m.linear(o + "mlp.fc_in", p + "intermediate.dense")
+        m.linear(o + "mlp.fc_out", p + "output.dense")
+        m.norm(o + "norm2", p + "output.LayerNorm")
+    if cfg.mlm_head:
+        m.prefix = ""  # the masked-LM head sits beside the base model, not inside it
+        m.linear("mlm_transform", "cls.predictions.transform.dense")
+        m.norm("mlm_norm", "cls.predictions.transform.LayerNorm")
+        m.put("lm_head.bias", m.take("cls.predictions.bias"))
+    return m.out
