@@ -3,6 +3,7 @@ import threading
 
 import pandas as pd
 import pytest
+import torch
 
 from attnviz.base import exports
 from attnviz.base import jobs
@@ -18,6 +19,17 @@ def test_heavy_job_refuses_one_more_than_the_limit_and_frees_slots():
     assert jobs.running_jobs() == []
     with jobs.heavy_job("importance", limit=2):   # slots are free again
         assert jobs.running_jobs() == ["importance"]
+
+
+def test_the_busy_message_says_only_that_the_server_is_busy():
+    """Issue 17.9: it named what other users were running."""
+    with jobs.heavy_job("someone's private-document sweep", limit=1):
+        with pytest.raises(jobs.ServerBusy) as err:
+            with jobs.heavy_job("head scores", limit=1):
+                pass
+    message = str(err.value)
+    assert "busy" in message and "try head scores again in a moment" in message.lower()
+    assert "private-document" not in message and "sweep" not in message and "1 heavy job(s)" not in message
 
 
 def test_heavy_job_frees_its_slot_when_the_job_fails():
@@ -62,6 +74,19 @@ def test_deadline_and_cancel():
     cancel.set()
     with pytest.raises(jobs.JobCancelled):
         cancel.check()
+
+
+def test_cancel_polls_its_conditions_latches_and_is_a_should_stop():
+    polls = []
+    gone = jobs.Cancel(lambda: polls.append(1) or len(polls) >= 3, reason="the tab was closed")
+    assert not gone() and not gone.is_set()          # a Cancel is also a should_stop()
+    with pytest.raises(jobs.JobCancelled, match="the tab was closed"):
+        gone.check()                                  # third poll: the condition holds
+    assert gone() and len(polls) == 3                 # latched: no more polling
+    check = jobs.checks(None, jobs.Deadline(60), jobs.Cancel())
+    check()                                           # nothing due
+    with pytest.raises(jobs.JobTimeout):
+        jobs.checks(jobs.Cancel(), jobs.Deadline(0))()
 
 
 def test_csv_export_neutralises_formula_cells_and_keeps_numbers():
@@ -163,3 +188,119 @@ def test_lru_holds_its_bounds_across_threads():
     for t in threads:
         t.join(60)
     assert 0 < len(store) <= 50 and store.nbytes <= 50 * 4096
+
+
+# ---------------------------------------------------------------- a job whose session goes away (17.2)
+def _session_goes_away_after_three_steps():
+    """An AppTest script: a heavy job through attnviz.ui.jobs; the browser session goes away during
+    step 3 (the runtime stops listing it), so the check before step 4 cancels the job."""
+    import streamlit as st
+    from streamlit import runtime
+
+    from attnviz.base import jobs
+    from attnviz.ui import jobs as ui_jobs
+
+    steps = []
+    try:
+        with ui_jobs.heavy_job("a long job", limit=1) as cancel:
+            assert jobs.running_jobs() == ["a long job"]
+            for step in range(1000):
+                cancel.check()
+                steps.append(step)
+                if step == 2:
+                    runtime.get_instance().is_active_session.return_value = False   # the tab closes
+    except jobs.JobCancelled as err:
+        st.write(f"cancelled after {len(steps)} steps: {err}")
+    st.write(f"slots held: {len(jobs.running_jobs())}")
+
+
+def test_a_heavy_job_whose_session_goes_away_frees_its_slot_within_one_step():
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_function(_session_goes_away_after_three_steps).run(timeout=60)
+    assert not at.exception
+    said = [m.value for m in at.markdown]
+    assert said == ["cancelled after 3 steps: the browser session that started this job has gone",
+                    "slots held: 0"], said
+    assert jobs.running_jobs() == []
+
+
+def _session_stays():
+    import streamlit as st
+
+    from attnviz.ui import jobs as ui_jobs
+    with ui_jobs.heavy_job("a job") as cancel:
+        st.write(f"session known: {ui_jobs.current_session_id() is not None}, cancelled: {cancel()}")
+
+
+def test_a_session_bound_cancel_reads_a_live_session_as_live_and_plain_python_as_nothing_to_watch():
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.ui import jobs as ui_jobs
+    at = AppTest.from_function(_session_stays).run(timeout=60)
+    assert [m.value for m in at.markdown] == ["session known: True, cancelled: False"]
+    assert ui_jobs.current_session_id() is None      # no script run here: nothing to watch
+    with ui_jobs.heavy_job("plain", limit=1) as cancel:
+        assert not cancel() and jobs.running_jobs() == ["plain"]
+    assert jobs.running_jobs() == []
+
+
+# ---------------------------------------------------------------- every heavy loop checks between steps
+def _gone_after(k: int) -> jobs.Cancel:
+    """A Cancel whose session is live for k polls, then gone."""
+    polls = []
+    return jobs.Cancel(lambda: polls.append(1) or len(polls) > k, reason="gone")
+
+
+def test_head_scores_stop_within_one_layer_of_the_session_going_away():
+    from attnviz.analysis import head_scores as hs
+    from attnviz.weights.catalogue import random_model
+    from tests.tiny import LLAMA
+    model = random_model(LLAMA, seed=3)
+    blocks = []
+    real = type(model.net.blocks[0]).forward
+    with pytest.raises(jobs.JobCancelled):
+        with jobs.heavy_job("head scores", limit=1):
+            for block in model.net.blocks:
+                block.forward = (lambda x, _b=block, **kw: blocks.append(1) or real(_b, x, **kw))
+            hs.head_scores(model, seq_len=8, n_seqs=2, cancel=_gone_after(2))
+    assert len(blocks) == 2 and jobs.running_jobs() == []     # two blocks ran, the third was never started
+
+
+def test_importance_curves_and_speedup_stop_within_one_step(monkeypatch):
+    from attnviz.analysis.importance import EvalSet, ablation_importance, gradient_importance
+    from attnviz.latency.speedup import measure_speedup
+    from attnviz.weights.catalogue import random_model
+    from tests.tiny import LLAMA
+    model = random_model(LLAMA, seed=3)
+    data = EvalSet(ids=torch.randint(0, LLAMA.vocab_size, (5, 12), generator=torch.Generator().manual_seed(0)),
+                   n_tokens=60, available=60)
+    grad = gradient_importance(model, data, should_stop=_gone_after(2))
+    assert grad.done == 2 and not grad.complete and grad.stopped == "stopped"
+    abl = ablation_importance(model, data, should_stop=_gone_after(3))
+    assert abl.done == 3 and not abl.complete
+    keep = torch.ones(LLAMA.n_layers, LLAMA.n_heads, dtype=torch.bool)
+    keep[0, 0] = False
+    runs = []
+    real = type(model.net).forward
+
+    def counting(self, *a, **kw):
+        runs.append(1)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(type(model.net), "forward", counting)       # the full, pruned and no-attention models
+    sp = measure_speedup(model, keep, lengths=(8, 16), repeats=5, warmup=1, should_stop=_gone_after(2))
+    # polls: before length 8 (1), before round 1 (2), before round 2: gone -> 3 warm-up + 3 timed runs
+    assert len(runs) == 3 + 3 and not sp.complete and sp.table.empty
+
+
+def test_training_and_its_memory_measurement_stop_within_one_step():
+    from attnviz.toys import tasks as toys
+    from attnviz.toys.training import TrainSettings, train, training_memory
+    s = TrainSettings(task=toys.Task("copy", length=3), n_layers=2, d_model=32, steps=50, batch_size=8)
+    result = train(s, should_stop=_gone_after(4))
+    assert result.stopped_early and result.steps_done == 4
+    polls = []
+    gone = jobs.Cancel(lambda: polls.append(1) or len(polls) > 1)
+    with pytest.raises(jobs.JobCancelled):
+        training_memory(s, check=gone.check)
+    assert len(polls) == 2    # polled before the warm-up step, then before its first block: gone

@@ -5,7 +5,12 @@
   `ServerBusy` (a ValueError, so pages show it like any other bad request) instead of queueing
   behind the others with no word said.
 - `Deadline(seconds)`: a hard stop checked between steps of a job (`check()` raises `JobTimeout`).
-- `Cancel`: a flag another rerun can set; `check()` raises `JobCancelled`.
+- `Cancel`: a flag another rerun can set, or conditions it polls (e.g. "the browser session that
+  started the job has gone": `attnviz.ui.jobs`); `check()` raises `JobCancelled`, and calling it
+  answers "should I stop?" for loops that end early with a partial result instead.
+
+Every heavy loop checks its Cancel (and Deadline) between steps, so a job whose user has gone
+gives its slot back within one step instead of at its deadline.
 
 Everything here is plain Python (no streamlit): the pages wrap it with messages.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from typing import Callable
 
 from attnviz.base.limits import LIMITS
 
@@ -47,9 +53,9 @@ def heavy_job(name: str, limit: int | None = None):
     limit = LIMITS.max_heavy_jobs if limit is None else limit
     with _lock:
         if limit > 0 and len(_running) >= limit:
-            names = ", ".join(sorted(_running.values()))
-            raise ServerBusy(f"the server is already running {len(_running)} heavy job(s) ({names}); "
-                             f"at most {limit} run at once. Try {name} again in a moment.")
+            # Only that the server is busy: what other users run is theirs.
+            raise ServerBusy(f"the server is busy: it is already running as many heavy jobs as it takes "
+                             f"(at most {limit} at once). Try {name} again in a moment.")
         _next_id += 1
         job_id = _next_id
         _running[job_id] = name
@@ -85,17 +91,37 @@ class Deadline:
 
 
 class Cancel:
-    """A cancellation flag: set() from anywhere, check() inside the job's loop."""
+    """A cancellation flag: set() from anywhere, check() inside the job's loop.
 
-    def __init__(self):
+    `Cancel(*stop_when)`: each `stop_when()` is polled by every check (cheap calls only: a dict
+    lookup); once one returns True the flag stays set. `reason` is the JobCancelled message.
+    A Cancel is also a `should_stop` (calling it returns whether the job should stop)."""
+
+    def __init__(self, *stop_when: Callable[[], bool], reason: str = "cancelled"):
         self._event = threading.Event()
+        self._stop_when = stop_when
+        self.reason = reason
 
     def set(self):
         self._event.set()
 
     def is_set(self) -> bool:
+        if not self._event.is_set() and any(stop() for stop in self._stop_when):
+            self._event.set()
         return self._event.is_set()
 
+    __call__ = is_set
+
     def check(self):
-        if self._event.is_set():
-            raise JobCancelled("cancelled")
+        if self.is_set():
+            raise JobCancelled(self.reason)
+
+
+def checks(*stops) -> Callable[[], None]:
+    """One `check()` for several Deadline / Cancel objects (None entries are skipped)."""
+    active = [s for s in stops if s is not None]
+
+    def check():
+        for stop in active:
+            stop.check()
+    return check

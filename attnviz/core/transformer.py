@@ -112,7 +112,11 @@ class Attention(nn.Module):
                                kv_of_head == [i // (self.n_heads // self.n_kv) for i in range(self.n_heads)])
 
     def forward(self, x, *, rope=None, allowed=None, causal=False, head_mask=None,
-                need_weights=False, variant: Variant = SOFTMAX):
+                need_weights=False, variant: Variant = SOFTMAX, heads_out=None, head_fill=None, past=None):
+        """`past`: this layer's K/V cache, a dict ("k", "v": (B, hkv, S, dh), rope applied) that is
+        extended in place (incremental decoding); `heads_out`: a list the per-head outputs
+        (B, h, T, dh), before the output projection, are appended to (logit attribution);
+        `head_fill` [H, dh]: added to each head's output after the mask (mean ablation)."""
         B, T, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv, self.d_head
         if h == 0:  # every head of this layer pruned: the layer adds only the output bias
@@ -123,11 +127,19 @@ class Attention(nn.Module):
         v = v.view(B, T, hkv, dh).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if past is not None:  # the keys and values of the tokens before these, then these
+            if "k" in past:
+                k, v = torch.cat([past["k"], k], 2), torch.cat([past["v"], v], 2)  # (B, hkv, S, dh)
+            past["k"], past["v"] = k, v
         if not self.uniform_groups:
             k, v = k[:, self.kv_of_head], v[:, self.kv_of_head]
         y, att = attend(q, k, v, causal=causal, allowed=allowed, variant=variant, need_weights=need_weights)
         if head_mask is not None:  # multiplies each head's output before the output projection
             y = y * head_mask[self.heads].to(y.dtype)[None, :, None, None]
+        if head_fill is not None:
+            y = y + head_fill[self.heads].to(y.dtype)[:, None, :][None]          # (1, h, 1, dh)
+        if heads_out is not None:
+            heads_out.append(y)
         y = y.transpose(1, 2).reshape(B, T, h * dh)  # (B, T, h*dh)
         return self.out(y), att
 
@@ -195,6 +207,7 @@ class BlockStep:
     x: torch.Tensor                            # (B, n, d_model) the block's input
     out: torch.Tensor                          # (B, n, d_model) its output
     weights: torch.Tensor | None               # (B, h_layer, n, n) when this layer was captured
+    heads: torch.Tensor | None = None          # (B, h_layer, n, d_head) per-head outputs, when asked
 
 
 @dataclass
@@ -277,13 +290,14 @@ class Transformer(nn.Module):
         return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
 
     # ---------------------------------------------------------------- embeddings
-    def embed_text(self, ids, token_type_ids=None):
+    def embed_text(self, ids, token_type_ids=None, offset: int = 0):
+        """`offset`: the position of the first id (tokens after a cached prefix)."""
         T = ids.shape[1]
         x = self.tok(ids)
         if self.pos is not None:
-            x = x + self.pos.weight[:T]
+            x = x + self.pos.weight[offset:offset + T]
         elif self.cfg.positional == "sinusoidal":
-            x = x + sinusoidal(T, self.cfg.d_model).to(x.dtype)
+            x = x + sinusoidal(offset + T, self.cfg.d_model)[offset:].to(x.dtype)
         if self.types is not None:
             types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids
             x = x + self.types(types)
@@ -307,31 +321,43 @@ class Transformer(nn.Module):
 
     # ---------------------------------------------------------------- the forward loop
     def iter_blocks(self, x, start: int = 0, stop: int | None = None, *, head_mask=None, capture=(),
-                    weights_out=None, variants=None, attention_mask=None, check=None):
+                    weights_out=None, variants=None, attention_mask=None, check=None,
+                    head_outputs=(), head_fill=None, cache=None, offset: int = 0):
         """THE forward loop: blocks start..stop-1 from x = the input of block `start` (B, n, d),
         yielding a `BlockStep` per block (callers that look at one layer at a time, such as long
         captures and head scores, never hold every layer's weights).
         `head_mask` [L, H] (1 keeps a head); `capture`: layers whose weights to return;
         `weights_out`: {layer: (B, h, n, n) tensor} to write those layers' weights into;
         `variants`: a Variant for every layer, or {layer: Variant} for some; `attention_mask`
-        (B, n): 1 for real tokens; `check()` runs before every block (a deadline or a cancel)."""
+        (B, n): 1 for real tokens; `check()` runs before every block (a deadline or a cancel).
+        `head_outputs`: layers whose per-head outputs to return (`BlockStep.heads`); `head_fill`
+        [L, H, d_head]: added to the heads' outputs after the mask (mean ablation); `cache`: one
+        dict per layer holding its keys and values (incremental decoding, see `Attention`), and
+        `offset` the position of x's first token after what the cache holds."""
         cfg = self.cfg
         stop = cfg.n_layers if stop is None else int(stop)
         if not 0 <= start <= stop <= cfg.n_layers:
             raise ValueError(f"blocks {start}..{stop} are outside 0..{cfg.n_layers}")
         allowed = padding_mask(attention_mask) if attention_mask is not None else None
-        rope = self.rope(x.shape[1]) if cfg.positional == "rotary" else None  # absolute positions 0..n-1
+        rope = None
+        if cfg.positional == "rotary":  # absolute positions offset..offset+n-1
+            cos, sin = self.rope(offset + x.shape[1])
+            rope = (cos[offset:], sin[offset:])
+        head_outputs = set(head_outputs)
         capture = set(capture)
         per_layer = variants if isinstance(variants, dict) else {}
         default_variant = variants if isinstance(variants, Variant) else SOFTMAX
         for i in range(start, stop):
             if check is not None:
                 check()
+            z = [] if i in head_outputs else None
             out, att = self.blocks[i](x, rope=rope, allowed=allowed, causal=cfg.causal,
                                       head_mask=None if head_mask is None else head_mask[i],
                                       need_weights=weights_out[i] if weights_out and i in weights_out
-                                      else i in capture, variant=per_layer.get(i, default_variant))
-            yield BlockStep(i, x, out, att)
+                                      else i in capture, variant=per_layer.get(i, default_variant),
+                                      heads_out=z, head_fill=None if head_fill is None else head_fill[i],
+                                      past=None if cache is None else cache[i])
+            yield BlockStep(i, x, out, att, z[0] if z else None)
             x = out
             del att
 
@@ -371,12 +397,12 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids=None, pixel_values=None, *, token_type_ids=None, attention_mask=None,
                 head_mask=None, need_weights=False, layers=None, variants=None, states=False, weights_out=None,
-                logits=True) -> Output:
+                logits=True, check=None) -> Output:
         """`layers`: which layers' weights to capture (default all, when need_weights); the rest as
         in `iter_blocks`."""
         x = self.embed_image(pixel_values) if self.cfg.is_vision else self.embed_text(input_ids, token_type_ids)
         capture = (range(self.cfg.n_layers) if layers is None else layers) if need_weights else ()
         run = self.run_blocks(x, head_mask=head_mask, capture=capture, weights_out=weights_out,
-                              variants=variants, attention_mask=attention_mask, states=states)
+                              variants=variants, attention_mask=attention_mask, states=states, check=check)
         hidden, out_logits = self.finish(run.x, logits)
         return Output(hidden, out_logits, run.weights, run.states + [hidden] if states else None)

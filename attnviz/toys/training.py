@@ -159,12 +159,12 @@ def checkpointed(net: Transformer):
             del block.forward  # back to the class's forward
 
 
-def _loss(net: Transformer, task: Task, inputs, answers, variant, use_checkpoint: bool):
+def _loss(net: Transformer, task: Task, inputs, answers, variant, use_checkpoint: bool, check=None):
     if use_checkpoint:
         with checkpointed(net):
-            logits = net(input_ids=inputs, variants=variant).logits
+            logits = net(input_ids=inputs, variants=variant, check=check).logits
     else:
-        logits = net(input_ids=inputs, variants=variant).logits
+        logits = net(input_ids=inputs, variants=variant, check=check).logits
     logits = logits[:, task.answer_positions]                       # (B, A, vocab)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), answers.reshape(-1))
 
@@ -181,17 +181,20 @@ def _optimizer(net):
 
 
 def train(s: TrainSettings, progress: Callable[[int, int, float], None] | None = None,
-          key: str = "trained toy", eval_every: int = 0, stop_at_budget: bool = True) -> TrainResult:
+          key: str = "trained toy", eval_every: int = 0, stop_at_budget: bool = True,
+          should_stop: Callable[[], bool] | None = None) -> TrainResult:
     """Train a fresh toy model; `progress(step, steps, loss)` after every step; every
     `eval_every` steps the exact accuracy on 500 held-out examples goes into `history`.
     Training stops when `s.budget_s` has passed (a busy machine) unless `stop_at_budget` is
-    False, as when reproducing the shipped checkpoints."""
+    False, as when reproducing the shipped checkpoints, and before any step at which
+    `should_stop()` (e.g. a `jobs.Cancel`: the user has gone) is true; `stopped_early` says so."""
     check_settings(s)
     with one_thread_here():
-        return _train(s, progress, key, eval_every, stop_at_budget)
+        return _train(s, progress, key, eval_every, stop_at_budget, should_stop)
 
 
-def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget: bool) -> TrainResult:
+def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget: bool,
+           should_stop=None) -> TrainResult:
     torch.manual_seed(s.seed)
     net = Transformer(s.config()).train()
     variant = parse_variant(s.variant)
@@ -199,7 +202,8 @@ def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget
     opt = _optimizer(net)
     losses, history, start, stopped = [], [], time.perf_counter(), False
     for step in range(s.steps):
-        if stop_at_budget and time.perf_counter() - start > s.budget_s:
+        if (stop_at_budget and time.perf_counter() - start > s.budget_s) or (
+                should_stop is not None and should_stop()):
             stopped = True
             break
         for group in opt.param_groups:
@@ -268,9 +272,10 @@ class MemoryReport:
         return self.step_peak + self.resident
 
 
-def training_memory(s: TrainSettings, use_checkpoint: bool | None = None) -> MemoryReport:
+def training_memory(s: TrainSettings, use_checkpoint: bool | None = None, check=None) -> MemoryReport:
     """Measure one training step of a fresh model of these settings (after a warm-up step that
-    creates the optimizer state)."""
+    creates the optimizer state). `check()` (a Deadline's or Cancel's) runs before each step and
+    each block of the forward passes, and raises to stop."""
     use_checkpoint = s.checkpoint if use_checkpoint is None else use_checkpoint
     torch.manual_seed(s.seed)
     net = Transformer(s.config()).train()
@@ -278,11 +283,13 @@ def training_memory(s: TrainSettings, use_checkpoint: bool | None = None) -> Mem
     generator = torch.Generator().manual_seed(s.seed)
     with one_thread_here():
         for measured in (False, True):
+            if check is not None:
+                check()
             inputs, answers, _ = s.task.sample(s.batch_size, generator)
             opt.zero_grad(set_to_none=True)
             meter = TensorMeter()
             with meter if measured else _nothing():
-                _loss(net, s.task, inputs, answers, variant, use_checkpoint).backward()
+                _loss(net, s.task, inputs, answers, variant, use_checkpoint, check).backward()
                 opt.step()
     resident = sum(p.numel() * p.element_size() for p in net.parameters())
     resident += sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
