@@ -18,12 +18,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from attnviz.analysis import effects
 from attnviz.analysis.stats import downsample_attention
 from attnviz.core.attention import softmax_weights
 from attnviz.base.cache import LRU  # noqa: F401  (pages keep their capture store here)
 from attnviz.base.jobs import Cancel, Deadline, JobTimeout, heavy_job
 from attnviz.base.limits import LIMITS
 from attnviz.core.positional import apply_rope
+from attnviz.core.transformer import sentence_embedding
 
 CHUNK_FLOATS = 1 << 24     # H x chunk x n floats per scored query chunk (64 MB) in the long path
 # The most tokens one capture analyses. The scan's time grows with the square of the length:
@@ -113,7 +115,7 @@ def capture_text(model, text_or_ids, *, start: int = 0, max_cell: int = 64,
     if size == n:
         with torch.inference_mode():
             out = model.net(input_ids=ids[None], need_weights=True, logits=False)
-        attn = model._assemble(out.attentions, list(range(cfg.n_layers)))   # (L, H, n, n)
+        attn = model.assemble(out.attentions, list(range(cfg.n_layers)))   # (L, H, n, n)
         if progress:
             progress(cfg.n_layers, cfg.n_layers)
         hidden, overview, start = out.hidden[0], downsample_attention(attn, max_cell), 0
@@ -185,13 +187,15 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress,
     window = torch.zeros(L, H, size, size)
     positions = torch.arange(n)
     stop_w = start + size
-    for layer, blk in enumerate(net.blocks):
+    checks = lambda: _check(deadline, cancel)     # noqa: E731  before every block and every chunk
+    for step in net.iter_blocks(x, check=checks):
+        layer, blk, x = step.layer, net.blocks[step.layer], step.out
         attn_module = blk.attn
         if attn_module.n_heads:
             heads = attn_module.heads             # original indices (pruned models hold fewer)
-            q, k = _queries_keys(attn_module, blk.norm1(x) if blk.pre_norm else x, rope)
+            q, k = _queries_keys(attn_module, blk.norm1(step.x) if blk.pre_norm else step.x, rope)
             for r0 in range(0, n, chunk):
-                _check(deadline, cancel)
+                checks()
                 r1 = min(n, r0 + chunk)
                 allowed = positions[None, :] <= positions[r0:r1, None] if cfg.causal else None
                 w = softmax_weights(q[:, :, r0:r1], k, allowed)[0]           # (h, r, n)
@@ -205,12 +209,9 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress,
                     window[layer, heads, lo - start: hi - start] = w[:, lo - r0: hi - r0, start:stop_w]
             overview[layer] /= row_counts[:, None]
             del q, k
-        _check(deadline, cancel)
-        x, _ = blk(x, rope=rope, causal=cfg.causal)
         if progress:
             progress(layer + 1, L)
-    if net.norm is not None:
-        x = net.norm(x)
+    x, _ = net.finish(x, logits=False)
     return x[0], overview, window
 
 
@@ -244,14 +245,6 @@ def next_token_topk(model, hidden_row: torch.Tensor, k: int = 10) -> tuple[list[
     return top.indices.tolist(), top.values
 
 
-def sentence_embedding(hidden: torch.Tensor) -> torch.Tensor:
-    """Mean over all tokens (special tokens included, as sentence-transformers pools MiniLM with
-    an all-ones attention mask), then L2-normalised: [n, d] -> [d]."""
-    if hidden.dim() != 2 or hidden.shape[0] == 0:
-        raise ValueError(f"hidden must be [n_tokens, d_model] with n >= 1, got {tuple(hidden.shape)}")
-    return F.normalize(hidden.float().mean(0), dim=-1)
-
-
 def sentence_similarity(model, text_a: str, text_b: str) -> float:
     """Cosine similarity of two texts' pooled, normalised embeddings (in [-1, 1])."""
     embeddings = []
@@ -261,21 +254,8 @@ def sentence_similarity(model, text_a: str, text_b: str) -> float:
 
 
 def token_names(model, ids: list[int]) -> list[str]:
-    """Readable label of each id on its own (next-token candidates). A byte-level token that is
-    only part of a character (common for CJK and emoji) shows its bytes, e.g. "⟨E4 BD⟩…",
-    instead of a replacement character."""
-    from attnviz.core.tokens import _piece_bytes, labels, tokenizer_kind
-
-    kind = tokenizer_kind(model.tokenizer)
-    names = []
-    for token_id in ids:
-        name = labels(model.tokenizer, [token_id])[0][0]
-        if "\ufffd" in name:
-            piece = model.tokenizer.convert_ids_to_tokens(token_id)
-            raw = _piece_bytes(piece, kind)
-            name = "⟨" + " ".join(f"{b:02X}" for b in raw) + "⟩…"
-        names.append(name)
-    return names
+    """Readable label of each id on its own (next-token candidates): `effects.token_names`."""
+    return effects.token_names(model.tokenizer, ids)
 
 
 def attention_npz(capture: TextCapture) -> bytes:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
-from attnviz.core.attention import SOFTMAX
-from attnviz.analysis.importance import _embedding, is_lm
+from attnviz.analysis.importance import is_lm, plain_ids
+from attnviz.core.tokens import check_text, labels, piece_bytes, tokenizer_kind
+from attnviz.core.transformer import sentence_embedding
 
 
 @dataclass
@@ -50,9 +50,20 @@ class Outputs:
 
 
 def token_names(tokenizer, ids: list[int]) -> list[str]:
-    """Readable labels, one token at a time: each is an alternative, not a continuation."""
-    from attnviz.core.tokens import labels
-    return [labels(tokenizer, [i])[0][0] if tokenizer is not None else str(i) for i in ids]
+    """Readable labels, one token at a time: each is an alternative, not a continuation. A
+    byte-level token that is only part of a character (common for CJK and emoji) shows its
+    bytes, e.g. "⟨E4 BD⟩…", instead of a replacement character."""
+    if tokenizer is None:
+        return [str(i) for i in ids]
+    kind = tokenizer_kind(tokenizer)
+    names = []
+    for token_id in ids:
+        name = labels(tokenizer, [token_id])[0][0]
+        if "\ufffd" in name:
+            raw = piece_bytes(tokenizer.convert_ids_to_tokens(token_id), kind)
+            name = "⟨" + " ".join(f"{b:02X}" for b in raw) + "⟩…"
+        names.append(name)
+    return names
 
 
 def _padded(model, rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +85,7 @@ def embed_texts(model, texts: list[str], head_mask=None) -> torch.Tensor:
     batch, attention_mask = _padded(model, [model.encode_text(t)[0] for t in texts])
     with torch.inference_mode():
         out = model.net(input_ids=batch, attention_mask=attention_mask, head_mask=mask, logits=False)
-    return _embedding(out.hidden, attention_mask)
+    return sentence_embedding(out.hidden, attention_mask)
 
 
 def _encoder_outputs(model, x, head_mask, layer: int, sentences: list[str]) -> Outputs:
@@ -88,13 +99,13 @@ def _encoder_outputs(model, x, head_mask, layer: int, sentences: list[str]) -> O
     if (1 + len(rows)) * max(n, width) > n + len(rows) * width + 16:
         tr = model.trace(inp["ids"], head_mask=mask, layers=[layer])
         return Outputs(tokens=tr.tokens, attention=tr.attentions[0], layer=layer,
-                       embedding=F.normalize(tr.hidden.mean(0), dim=-1),
+                       embedding=sentence_embedding(tr.hidden),
                        sentence_embeddings=embed_texts(model, sentences, mask))
     batch, attention_mask = _padded(model, [inp["ids"]] + rows)
     with torch.inference_mode():
         out = model.net(input_ids=batch, attention_mask=attention_mask, head_mask=mask, logits=False,
                         need_weights=True, layers=[layer])
-    emb = _embedding(out.hidden, attention_mask)                         # (1 + S, d)
+    emb = sentence_embedding(out.hidden, attention_mask)                         # (1 + S, d)
     return Outputs(tokens=inp["tokens"], attention=out.attentions[layer][0, :, :n, :n], layer=layer,
                    embedding=emb[0], sentence_embeddings=emb[1:])
 
@@ -117,26 +128,15 @@ def first_change(mask: torch.Tensor, base: Outputs | None, ids: tuple[int, ...],
 
 
 def _continue(model, x: torch.Tensor, start: int, mask: torch.Tensor, layer: int):
-    """Blocks start.. of the model from x = the input of block `start` ([n, d]): the forward loop
-    of `Transformer.forward` for one unpadded text (tests check the two agree).
-    Returns (states of blocks start.., final hidden, logits or None, attention of `layer` or None)."""
-    net, cfg = model.net, model.cfg
-    x = x[None]
-    rope = net.rope(x.shape[1]) if cfg.positional == "rotary" else None
-    states, att_out = [], None
-    for i in range(start, cfg.n_layers):
-        states.append(x[0])
-        x, att = net.blocks[i](x, rope=rope, allowed=None, causal=cfg.causal, head_mask=mask[i],
-                               need_weights=i == layer, variant=SOFTMAX)
-        if i == layer:
-            att_out = att[0]
-    if net.norm is not None:
-        x = net.norm(x)
-    logits = None
-    if net.lm_head is not None and is_lm(model):
-        h = net.mlm_norm(F.gelu(net.mlm_transform(x))) if cfg.mlm_head else x
-        logits = net.lm_head(h)[0]
-    return states, x[0], logits, att_out
+    """Blocks start.. of the model from x = the input of block `start` ([n, d]), through the
+    model's own block runner. Returns (states of blocks start.., final hidden, logits or None,
+    attention of `layer` or None)."""
+    net = model.net
+    run = net.run_blocks(x[None], start, head_mask=mask, capture=(layer,), states=True)
+    hidden, logits = net.finish(run.x, logits=is_lm(model))
+    att = run.weights.get(layer)
+    return ([s[0] for s in run.states], hidden[0], None if logits is None else logits[0],
+            None if att is None else att[0])
 
 
 def _stateful_outputs(model, x, head_mask, layer: int, bases) -> Outputs:
@@ -146,7 +146,7 @@ def _stateful_outputs(model, x, head_mask, layer: int, bases) -> Outputs:
     if isinstance(x, str):
         ids = model.encode_text(x)[0]
     else:
-        ids = model._ids(x)
+        ids = model.check_ids(x)
     key = tuple(ids.tolist())
     best, start = None, 0
     for base in bases:
@@ -175,7 +175,7 @@ def _stateful_outputs(model, x, head_mask, layer: int, bases) -> Outputs:
         out.logprobs = lp
         out.token_loss = -lp[:-1].gather(-1, ids[1:, None])[:, 0]
     else:
-        out.embedding = F.normalize(hidden.mean(0), dim=-1)
+        out.embedding = sentence_embedding(hidden)
     return out
 
 
@@ -197,7 +197,7 @@ def outputs(model, x, head_mask=None, layer: int | None = None,
         return _stateful_outputs(model, x, head_mask, layer, [b for b in bases if b is not None])
     tr = model.trace(x, head_mask=head_mask, layers=[layer])
     return Outputs(tokens=tr.tokens, attention=tr.attentions[0], layer=layer,
-                   embedding=F.normalize(tr.hidden.mean(0), dim=-1))
+                   embedding=sentence_embedding(tr.hidden))
 
 
 def compare(full: Outputs, masked: Outputs, sentences: list[str] | None = None) -> dict:
@@ -240,15 +240,14 @@ def single_token(tokenizer, text: str) -> tuple[int, str | None]:
     tokenizes when it is not exactly one token."""
     if tokenizer is None:
         raise ValueError("this model has no tokenizer")
-    raw = str(text)
+    raw = check_text(str(text))
     if not raw.strip():
         raise ValueError("type a token, e.g. ' Mary' (with its leading space, as after a word)")
     word = raw
     for mark in SPACE_MARKS:
         if word.startswith(mark):
             word = " " + word[len(mark):]
-    from attnviz.analysis.importance import _plain_ids
-    ids = _plain_ids(tokenizer, word)
+    ids = plain_ids(tokenizer, word)
     if len(ids) != 1:
         names = token_names(tokenizer, ids)
         pieces = " + ".join(f"'{n}'" for n in names) if names else "nothing"
@@ -258,7 +257,7 @@ def single_token(tokenizer, text: str) -> tuple[int, str | None]:
                             f"' {word.strip()}')"))
     note = None
     if not word.startswith(" "):
-        spaced = _plain_ids(tokenizer, " " + word)
+        spaced = plain_ids(tokenizer, " " + word)
         if len(spaced) == 1 and spaced[0] != ids[0]:
             note = (f"'{word}' is read without a leading space; after a word the model predicts "
                     f"' {word}' (another token): type it with the space, or as ▁{word}")

@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from attnviz.base import limits
 from attnviz.base.jobs import Deadline
 from attnviz.base.limits import LIMITS
+from attnviz.base.texts import eval_text
+from attnviz.core.transformer import sentence_embedding
 
 Progress = Callable[[int, int, object], None]
 ShouldStop = Callable[[], bool]
@@ -54,7 +56,8 @@ class EvalSet:
         return self.ids.shape[0]
 
 
-def _plain_ids(tokenizer, text: str) -> list[int]:
+def plain_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of `text` without the special tokens the tokenizer frames a text with."""
     try:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     except TypeError:  # a minimal tokenizer (the toys) without that switch
@@ -63,7 +66,7 @@ def _plain_ids(tokenizer, text: str) -> list[int]:
 
 def _special_frame(tokenizer) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a text (BERT: [CLS] .. [SEP])."""
-    plain, framed = _plain_ids(tokenizer, "x"), tokenizer("x")["input_ids"]
+    plain, framed = plain_ids(tokenizer, "x"), tokenizer("x")["input_ids"]
     for i in range(len(framed) - len(plain) + 1):
         if framed[i:i + len(plain)] == plain:
             return framed[:i], framed[i + len(plain):]
@@ -74,7 +77,6 @@ def eval_windows(model, text: str | None = None, max_tokens: int = 256, window: 
     """Cut a text (default: the bundled evaluation text) into equal windows of `window` tokens,
     special tokens included, using at most `max_tokens` content tokens. A text shorter than one
     window gives one window of its own length."""
-    from attnviz.base.texts import eval_text
     if model.tokenizer is None:
         raise ValueError("this model has no tokenizer; head importance needs a text model")
     text = eval_text() if text is None else text
@@ -83,7 +85,7 @@ def eval_windows(model, text: str | None = None, max_tokens: int = 256, window: 
     max_tokens = int(min(max_tokens, LIMITS.max_importance_tokens))  # LM reference log-probs: 2 bytes x vocab a token
     prefix, suffix = _special_frame(model.tokenizer)
     # Tokenize at most ~8 characters per wanted token: long pastes stay fast.
-    content = _plain_ids(model.tokenizer, text[: max_tokens * 8 + 64])
+    content = plain_ids(model.tokenizer, text[: max_tokens * 8 + 64])
     available = len(content)
     if available < 2:
         raise ValueError(f"the evaluation text has {available} token(s); at least two are needed "
@@ -115,16 +117,6 @@ def is_lm(model) -> bool:
     return model.net.lm_head is not None and model.cfg.task == "lm"
 
 
-def _embedding(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Sentence-transformers pooling: mean over real tokens, then L2 normalisation. (B, T, d) -> (B, d)."""
-    if attention_mask is None:
-        pooled = hidden.mean(1)
-    else:
-        w = attention_mask.to(hidden.dtype)[..., None]            # (B, T, 1)
-        pooled = (hidden * w).sum(1) / w.sum(1).clamp_min(1)
-    return F.normalize(pooled, dim=-1)
-
-
 def _check_mask(model, head_mask) -> torch.Tensor:
     m = model.check_head_mask(head_mask)
     return model.kept.float() if m is None else m * model.kept.float()
@@ -137,7 +129,7 @@ def reference(model, data: EvalSet, batch: int = 2) -> Reference:
     with torch.inference_mode():
         for ids in data.ids.split(batch):
             out = model.net(input_ids=ids, head_mask=mask, logits=is_lm(model))
-            outs.append(out.logits.float().log_softmax(-1) if is_lm(model) else _embedding(out.hidden))
+            outs.append(out.logits.float().log_softmax(-1) if is_lm(model) else sentence_embedding(out.hidden))
     if is_lm(model):
         lp = torch.cat(outs)
         return Reference(logprobs=lp.half(), top1=lp.argmax(-1))
@@ -165,7 +157,7 @@ def evaluate(model, data: EvalSet, head_mask=None, ref: Reference | None = None,
                 n_pred += ids[:, 1:].numel()
                 n_pos += ids.numel()
             else:
-                e = _embedding(out.hidden)
+                e = sentence_embedding(out.hidden)
                 sums["cos"] += float((e * ref.embedding[w0:w0 + len(ids)]).sum())
     if lm:
         loss = sums["nll"] / max(n_pred, 1)
@@ -319,7 +311,7 @@ def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
                 (grad,) = torch.autograd.grad(loss, mask)
                 acc += grad.abs()
             else:
-                e = _embedding(out.hidden)[0]                              # (d,)
+                e = sentence_embedding(out.hidden)[0]                              # (d,)
                 loss = 1 - (e * ref.embedding[w]).sum()
                 (g,) = torch.autograd.grad(loss, mask, retain_graph=True)
                 k = min(probes, e.numel())

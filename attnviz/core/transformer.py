@@ -382,19 +382,6 @@ class Transformer(nn.Module):
         h = self.mlm_norm(F.gelu(self.mlm_transform(x))) if self.cfg.mlm_head else x
         return x, self.lm_head(h)
 
-    def stack_weights(self, weights: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
-        """Captured weights of one input ({layer: (1, h_layer, n, n)}) -> [len(layers), H, n, n];
-        heads pruned away read as zero rows."""
-        H = self.cfg.n_heads
-        if all(self.blocks[i].attn.n_heads == H for i in layers):
-            return torch.stack([weights[i][0] for i in layers])
-        n = next(iter(weights.values())).shape[-1] if weights else 0
-        att = torch.zeros(len(layers), H, n, n)
-        for j, i in enumerate(layers):
-            if i in weights:
-                att[j, self.blocks[i].attn.heads] = weights[i][0]
-        return att
-
     def forward(self, input_ids=None, pixel_values=None, *, token_type_ids=None, attention_mask=None,
                 head_mask=None, need_weights=False, layers=None, variants=None, states=False, weights_out=None,
                 logits=True, check=None) -> Output:
