@@ -1,6 +1,6 @@
-"""`python -m attnviz.bench`: the latency CLI (attnviz.latency.sweep). Kept here so the command,
+"""`python -m attnviz.bench`: the latency CLI (attnviz.latency.cli). Kept here so the command,
 its flags and its CSV stay what users and scripts already call."""
-from attnviz.latency.sweep import main
+from attnviz.latency.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Chunked exact attention at n = 8192 against the naive (eager) path: peak memory ratio.
 
 Target (issue #6): chunked needs at most 1/8 of the naive peak. Memory is torch's CPU allocations
-while the call runs (attnviz.bench.peak_memory_mb), so the ratio is deterministic, not timed.
+while the call runs (attnviz.latency.measure.peak_memory_mb), so the ratio is deterministic, not timed.
 Also checks that both give the same output (1e-5) and prints one-layer model figures.
 """
 import os
@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from attnviz.core.attention import EAGER, attend, parse_variant  # noqa: E402
-from attnviz.latency.sweep import load, model_inputs, peak_memory_mb  # noqa: E402
+from attnviz.latency.measure import load, model_inputs, peak_memory_mb  # noqa: E402
 
 N, HEADS, D_HEAD, CHUNK = 8192, 2, 64, 256
 

@@ -15,9 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pandas as pd  # noqa: E402
 
-from attnviz.latency import sweep as bench  # noqa: E402
-from attnviz.latency import costmodel as cm
-from attnviz.figures import latency as lf
+from attnviz.latency import calibrate, compare, measure, sweep  # noqa: E402
 
 NS = [16, 32, 64, 128, 256, 512, 1024]
 MODELS = {"minilm": 512, "synthetic:layers=6,d=384,heads=12,ff=1536,vocab=30522,positions=1024": 1024,
@@ -41,26 +39,26 @@ def main() -> int:
     worst = {}
     for key in keys:
         try:
-            model = bench.load(key)
+            model = measure.load(key)
         except ValueError as err:
             print(f"{key}: skipped ({err})")
             continue
         top = MODELS.get(key, model.cfg.max_positions)
         # calibrated just before measuring: a shared machine's load drifts within minutes
-        profile = cm.calibrate_host(threads=args.threads, clock=args.clock, own_process=True)
+        profile = calibrate.calibrate_host(threads=args.threads, clock=args.clock, own_process=True)
         print(f"\nhost profile: gemm {profile.gemm_gflops:.1f} GFLOP/s (half at {profile.half_rows:.0f} rows), "
               f"bmm {profile.bmm_gflops:.1f}, fused {profile.sdpa_gflops:.1f}, vector {profile.vector_gflops:.1f}; "
               f"DRAM {profile.dram_gbs:.1f} GB/s, cache {profile.cache_gbs:.0f} GB/s, faults {profile.fault_gbs:.1f} "
               f"GB/s; overhead {profile.overhead_us:.1f} us/call")
-        plan = bench.SweepPlan(models=[key], seq_lens=[n for n in NS if n <= top],
+        plan = sweep.SweepPlan(models=[key], seq_lens=[n for n in NS if n <= top],
                                variants=args.variants.split(","), threads=[args.threads], backends=["cpu"],
                                repeats=args.repeats, warmup=1, memory=False, clock=args.clock)
-        passes = [bench.run_sweep(plan, {key: model}, own_process=True,
+        passes = [sweep.run_sweep(plan, {key: model}, own_process=True,
                                   progress=lambda i, n, label: print(f"  [{i}/{n}] {label}", file=sys.stderr))
                   for _ in range(args.passes)]
         df = passes[0].copy()
         df["median_ms"] = pd.concat([p["median_ms"] for p in passes], axis=1).median(axis=1)
-        err = lf.model_error(df, profile)
+        err = compare.model_error(df, profile)
         name = "minilm-shape (random)" if key.startswith("synthetic:") else key
         print(f"{name}:")
         for variant, rows in err.groupby("variant", sort=False):

@@ -1,5 +1,6 @@
 """Timing, memory, sweeps, budgets, the CSV schema and its import checks, and the CLI. No assertion
 on how long anything takes: timings on a shared machine are noise; behaviour is not."""
+import math
 import os
 import re
 import subprocess
@@ -12,11 +13,10 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hst
 
-from attnviz.latency import sweep as bench
+from attnviz.base import jobs, timing
+from attnviz.latency import calibrate, child, compare, measure, results, sweep
+from attnviz.latency import cli as bench_cli
 from attnviz.latency import costmodel as cm
-from attnviz.base import jobs
-from attnviz.figures import latency as lf
-from attnviz.latency import results
 from attnviz.core.attention import EAGER, attend, parse_variant
 from attnviz.latency.results import config_spec, parse_synthetic, read_results
 
@@ -25,14 +25,18 @@ TINY = "synthetic:layers=2,d=32,heads=4,ff=64,vocab=50,positions=64"
 TINY_CAUSAL = "synthetic:layers=2,d=32,heads=4,kv=2,ff=64,vocab=50,positions=64,causal=1"
 
 
+def bench_model():
+    return measure.load(TINY)
+
+
 @pytest.fixture(scope="module")
 def tiny_results():
-    plan = bench.SweepPlan(models=[TINY, TINY_CAUSAL], seq_lens=[8, 16], variants=["fused", "eager"],
+    plan = sweep.SweepPlan(models=[TINY, TINY_CAUSAL], seq_lens=[8, 16], variants=["fused", "eager"],
                            heads=[2, 4], threads=[torch.get_num_threads()], backends=["cpu", "pi4"], repeats=2,
                            warmup=1)
-    models = {k: bench.load(k) for k in plan.models}
+    models = {k: measure.load(k) for k in plan.models}
     calls = []
-    df = bench.run_sweep(plan, models, progress=lambda i, n, label: calls.append((i, n)))
+    df = sweep.run_sweep(plan, models, progress=lambda i, n, label: calls.append((i, n)))
     return plan, df, calls
 
 
@@ -80,22 +84,29 @@ def test_minilm_shape_in_the_csv_reproduces_its_config():
 
 # ---------------------------------------------------------------- timing and memory
 def test_time_call_statistics_and_threads_restored():
+    """Points are timed by the one timer (base.timing), at this process's own thread count."""
     before = torch.get_num_threads()
     calls = []
-    t = bench.time_call(lambda: calls.append(1), warmup=2, repeats=5, threads=before)
+    t = timing.measure(lambda: calls.append(1), warmup=2, repeats=5)
     assert len(calls) == 7 and len(t.times_ms) == 5
     assert t.p10_ms <= t.median_ms <= t.p90_ms
+    model, runs = measure.load(TINY), []
+    forward = model.net.forward
+    model.net.forward = lambda *a, **k: runs.append(1) or forward(*a, **k)
+    point = measure.measure_point(model, 8, parse_variant("fused"), warmup=2, repeats=5, threads=before, memory=False)
+    assert len(runs) == 7 and point.tokens == 8 and len(point.timing.times_ms) == 5
+    assert point.timing.p10_ms <= point.timing.median_ms <= point.timing.p90_ms and math.isnan(point.peak_mem_mb)
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="repeats"):
-        bench.time_call(lambda: None, repeats=0)
+        timing.measure(lambda: None, repeats=0)
     with pytest.raises(ValueError, match="clock"):
-        bench.time_call(lambda: None, clock="sundial")
+        timing.measure(lambda: None, clock="sundial")
 
 
 def test_thread_count_restores_after_an_error():
     before = torch.get_num_threads()
     with pytest.raises(RuntimeError):
-        with bench.thread_count(1):
+        with measure.thread_count(1):
             assert torch.get_num_threads() == 1
             raise RuntimeError("boom")
     assert torch.get_num_threads() == before
@@ -106,19 +117,19 @@ def test_peak_memory_sees_torch_allocations():
         x = torch.ones(10 * 2**20 // 4)  # 10 MB
         y = x * 2                        # 10 MB more while x lives
         return float(y[0])
-    assert 19.5 <= bench.peak_memory_mb(allocate) < 25
+    assert 19.5 <= measure.peak_memory_mb(allocate) < 25
 
 
 def test_chunked_attention_needs_far_less_memory_than_eager():
     q, k, v = (torch.randn(1, 2, 1024, 32) for _ in range(3))
-    naive = bench.peak_memory_mb(lambda: attend(q, k, v, variant=EAGER))
-    chunked = bench.peak_memory_mb(lambda: attend(q, k, v, variant=parse_variant("chunked:64")))
+    naive = measure.peak_memory_mb(lambda: attend(q, k, v, variant=EAGER))
+    chunked = measure.peak_memory_mb(lambda: attend(q, k, v, variant=parse_variant("chunked:64")))
     assert naive >= 2 * 2 * 1024 * 1024 * 4 / 2**20 * 0.99  # scores and softmax side by side
     assert chunked <= naive / 8
 
 
 def test_machine_metadata():
-    meta = bench.machine_metadata()
+    meta = measure.machine_metadata()
     assert meta["cpu"] and meta["cores"] >= 1 and meta["torch"] == torch.__version__ and meta["arch"]
 
 
@@ -129,7 +140,7 @@ def test_machine_metadata():
     (dict(variants=["bogus"]), "unknown attention variant"), (dict(models=[]), "at least one model"),
     (dict(clock="sundial"), "clock")])
 def test_plan_refuses_bad_input(change, words):
-    plan = bench.SweepPlan(**{**dict(models=[TINY], seq_lens=[8]), **change})
+    plan = sweep.SweepPlan(**{**dict(models=[TINY], seq_lens=[8]), **change})
     with pytest.raises(ValueError, match=words):
         plan.points({TINY: parse_synthetic(TINY)})
 
@@ -137,32 +148,32 @@ def test_plan_refuses_bad_input(change, words):
 def test_plan_refuses_lengths_beyond_positions_and_too_many_heads():
     cfg = parse_synthetic(TINY)
     with pytest.raises(ValueError, match="beyond .* 64 positions"):
-        bench.SweepPlan(models=[TINY], seq_lens=[65]).points({TINY: cfg})
+        sweep.SweepPlan(models=[TINY], seq_lens=[65]).points({TINY: cfg})
     with pytest.raises(ValueError, match="cannot keep 5"):
-        bench.SweepPlan(models=[TINY], seq_lens=[8], heads=[5]).points({TINY: cfg})
+        sweep.SweepPlan(models=[TINY], seq_lens=[8], heads=[5]).points({TINY: cfg})
     rotary = parse_synthetic("synthetic:layers=1,d=32,heads=2,causal=1,positions=64")
-    assert len(bench.SweepPlan(models=["r"], seq_lens=[128]).points({"r": rotary})) == 1  # RoPE extrapolates
+    assert len(sweep.SweepPlan(models=["r"], seq_lens=[128]).points({"r": rotary})) == 1  # RoPE extrapolates
 
 
 def test_budget_refuses_sweeps_that_do_not_fit():
-    plan = bench.SweepPlan(models=["big"], seq_lens=[512, 4096], variants=["eager"], repeats=5)
+    plan = sweep.SweepPlan(models=["big"], seq_lens=[512, 4096], variants=["eager"], repeats=5)
     configs = {"big": parse_synthetic("synthetic:layers=12,d=768,heads=12,positions=8192")}
-    est = bench.estimate(plan, configs)
+    est = sweep.estimate(plan, configs)
     assert est.points == 2 and est.seconds > 0 and est.peak_mb > cm.weights_mb(configs["big"])
     with pytest.raises(ValueError, match="budget 1 s"):
         est.check(max_seconds=1, max_mb=None)
     with pytest.raises(ValueError, match="MB of memory"):
         est.check(max_seconds=None, max_mb=100)
     est.check(max_seconds=10**9, max_mb=10**9)  # within budget: no error
-    shorter = bench.estimate(bench.SweepPlan(models=["big"], seq_lens=[512], variants=["eager"], repeats=5), configs)
+    shorter = sweep.estimate(sweep.SweepPlan(models=["big"], seq_lens=[512], variants=["eager"], repeats=5), configs)
     assert shorter.seconds < est.seconds and shorter.peak_mb < est.peak_mb
 
 
 def test_parse_int_list():
-    assert bench.parse_int_list("16, 32 64", "n") == [16, 32, 64]
+    assert sweep.parse_int_list("16, 32 64", "n") == [16, 32, 64]
     for bad in ("", "16,x", "0", "-4"):
         with pytest.raises(ValueError, match="n must be"):
-            bench.parse_int_list(bad, "n")
+            sweep.parse_int_list(bad, "n")
 
 
 # ---------------------------------------------------------------- sweeps
@@ -204,13 +215,13 @@ def test_csv_round_trip(tiny_results, tmp_path):
 def test_modelled_like_and_model_error(tiny_results):
     _, df, _ = tiny_results
     measured = df[df["measured"]]
-    modelled = lf.modelled_like(measured, cm.PI4)
+    modelled = compare.modelled_like(measured, cm.PI4)
     assert len(modelled) == len(measured) and not modelled["measured"].any()
-    err = lf.model_error(df, cm.PI4)
+    err = compare.model_error(df, cm.PI4)
     assert len(err) == len(measured)
     assert (err["modelled_ms"] / err["measured_ms"] - 1).mul(100).sub(err["error_pct"]).abs().max() < 1e-9
     pi = df[df["backend"] == "pi4"].assign(measured=True)  # the model against itself: no error
-    assert lf.model_error(pi, cm.PI4)["error_pct"].abs().max() < 1e-9
+    assert compare.model_error(pi, cm.PI4)["error_pct"].abs().max() < 1e-9
 
 
 def test_recalibration_from_a_device_csv(tiny_results):
@@ -219,16 +230,16 @@ def test_recalibration_from_a_device_csv(tiny_results):
     device = df[df["backend"] == "pi4"].assign(measured=True, backend="cpu")
     device["median_ms"] = device["p10_ms"] = device["p90_ms"] = device["median_ms"] * 3
     back = read_results(results.to_csv(device).encode())
-    fitted = lf.recalibrate_from(back, cm.PI4)
-    assert lf.model_error(back, fitted)["error_pct"].abs().max() < 1.0
-    assert lf.model_error(back, cm.PI4)["error_pct"].abs().max() > 60
+    fitted = compare.recalibrate_from(back, cm.PI4)
+    assert compare.model_error(back, fitted)["error_pct"].abs().max() < 1.0
+    assert compare.model_error(back, cm.PI4)["error_pct"].abs().max() > 60
 
 
 def test_host_model_error_and_split_table(tiny_results):
     _, df, _ = tiny_results
-    err = bench.host_model_error(df)
+    err = compare.host_model_error(df)
     assert len(err) == int(df["measured"].sum()) and err["modelled_ms"].gt(0).all()
-    split = lf.split_table(parse_synthetic(TINY), [8, 16], cm.PI5, "eager")
+    split = compare.split_table(parse_synthetic(TINY), [8, 16], cm.PI5, "eager")
     assert list(split.columns) == ["seq_len"] + [f"{g}_ms" for g in cm.GROUPS]
     assert split.drop(columns="seq_len").sum(axis=1).tolist() == pytest.approx(
         [cm.predict(parse_synthetic(TINY), n, cm.PI5, "eager").total_ms for n in (8, 16)])
@@ -236,7 +247,7 @@ def test_host_model_error_and_split_table(tiny_results):
 
 def test_comparisons(tiny_results):
     _, df, _ = tiny_results
-    cmp = lf.compare(df)
+    cmp = compare.compare(df)
     assert {"n 16 → 8", "4 → 2 heads", "fused → eager"} <= set(cmp["comparison"])
     row = cmp[(cmp["comparison"] == "n 16 → 8") & (cmp["backend"] == "pi4") & (cmp["model"] == TINY)
               & (cmp["variant"] == "fused") & (cmp["n_heads"] == 4)]
@@ -312,7 +323,7 @@ def test_cli_tiny_sweep_writes_a_csv_the_page_reads(tmp_path):
 ])
 def test_cli_refuses_bad_input(args, words, capsys):
     with pytest.raises(SystemExit) as exit_:  # in process: the subprocess start-up is tested above
-        bench.main(list(args))
+        bench_cli.main(list(args))
     assert exit_.value.code == 2 and words in capsys.readouterr().err
 
 
@@ -360,7 +371,7 @@ def test_cost_model_does_not_loop_over_identical_layers():
     (dict(repeats=10**6), "repeats must be at most"),
     (dict(seq_lens=list(range(1, 6001))), "at most 5,000")])
 def test_plan_bounds_are_checked_before_any_work(change, words):
-    plan = bench.SweepPlan(**{**dict(models=[TINY], seq_lens=[8]), **change})
+    plan = sweep.SweepPlan(**{**dict(models=[TINY], seq_lens=[8]), **change})
     with pytest.raises(ValueError, match=words):
         plan.check()
 
@@ -459,23 +470,23 @@ def other_threads() -> int:
 
 def test_other_thread_counts_are_measured_in_a_child_process(no_thread_changes):
     before, other = torch.get_num_threads(), other_threads()
-    plan = bench.SweepPlan(models=[TINY], seq_lens=[8, 16], threads=[before, other], backends=["cpu", "pi4"],
+    plan = sweep.SweepPlan(models=[TINY], seq_lens=[8, 16], threads=[before, other], backends=["cpu", "pi4"],
                            repeats=1, warmup=0, memory=False)
-    df = bench.run_sweep(plan, {TINY: bench.load(TINY)}, deadline=jobs.Deadline(600, "the sweep"))
+    df = sweep.run_sweep(plan, {TINY: measure.load(TINY)}, deadline=jobs.Deadline(600, "the sweep"))
     assert torch.get_num_threads() == before and df.attrs["stopped"] == ""
     measured = df[df["measured"]]
     assert sorted(measured["threads"]) == sorted([before, before, other, other])
     assert (measured["model"] == TINY).all() and (measured["shape"] == config_spec(parse_synthetic(TINY))).all()
     assert len(df[~df["measured"]]) == 4
     with pytest.raises(ValueError, match="thread"):
-        bench.time_call(lambda: None, threads=other)
+        measure.measure_point(bench_model(), 8, parse_variant("fused"), threads=other)
     with pytest.raises(ValueError, match="thread"):
-        cm.calibrate_host(threads=other, quick=True)
+        calibrate.calibrate_host(threads=other, quick=True)
 
 
 def test_host_profile_at_another_thread_count_comes_from_a_child(no_thread_changes):
     before, other = torch.get_num_threads(), other_threads()
-    prof = bench.host_profile(other, "cpu")
+    prof = calibrate.host_profile(other, "cpu")
     assert prof.threads == other and prof.gemm_gflops > 0 and torch.get_num_threads() == before
 
 
@@ -492,18 +503,18 @@ class StopsAfter(jobs.Deadline):
 
 
 def test_sweep_stops_at_its_deadline_and_keeps_what_it_measured():
-    plan = bench.SweepPlan(models=[TINY], seq_lens=[8, 16, 32], backends=["cpu", "pi4"], repeats=1, warmup=0,
+    plan = sweep.SweepPlan(models=[TINY], seq_lens=[8, 16, 32], backends=["cpu", "pi4"], repeats=1, warmup=0,
                            memory=False)
-    df = bench.run_sweep(plan, {TINY: bench.load(TINY)}, deadline=StopsAfter(4))
+    df = sweep.run_sweep(plan, {TINY: measure.load(TINY)}, deadline=StopsAfter(4))
     assert "stopped at its time limit" in df.attrs["stopped"] and "kept the 2 measured points" in df.attrs["stopped"]
     assert df["measured"].sum() == 2 and list(df["seq_len"][df["measured"]]) == [8, 16]
     assert len(read_results(results.to_csv(df).encode())) == len(df)
-    nothing = bench.run_sweep(plan, {TINY: bench.load(TINY)}, deadline=jobs.Deadline(0, "the sweep"))
+    nothing = sweep.run_sweep(plan, {TINY: measure.load(TINY)}, deadline=jobs.Deadline(0, "the sweep"))
     assert nothing.empty and "kept the 0 measured points" in nothing.attrs["stopped"]
 
 
 def test_cli_deadline_writes_what_it_measured_and_says_it_stopped(tmp_path):
     out_file = tmp_path / "r.csv"
     out = cli("--model", TINY, "--seq-lens", "8,16", "--threads", "1", "--deadline", "0", "--out", str(out_file))
-    assert out.returncode == bench.STOPPED_EXIT and "stopped: the sweep stopped at its time limit" in out.stderr
+    assert out.returncode == child.STOPPED_EXIT and "stopped: the sweep stopped at its time limit" in out.stderr
     assert out_file.read_text().startswith("schema,backend")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz.latency import calibrate, compare
 from attnviz.latency import costmodel as cm
-from attnviz.figures import latency as lf
 from attnviz.weights.catalogue import random_model
 from attnviz.latency.results import parse_synthetic, with_heads
 
@@ -122,33 +122,33 @@ def test_recalibrate_recovers_a_slower_device():
                                "cache_gbs": cm.PI4.cache_gbs / 2, "fault_gbs": cm.PI4.fault_gbs / 2,
                                "overhead_us": cm.PI4.overhead_us * 3})
     points = [(MINILM, n, "fused", 4, cm.predict(MINILM, n, true, threads=4).total_ms) for n in (8, 16, 64, 256, 512)]
-    fitted = cm.recalibrate(cm.PI4, points)
+    fitted = calibrate.recalibrate(cm.PI4, points)
     for cfg, n, v, t, ms in points:
         assert cm.predict(cfg, n, fitted, v, threads=t).total_ms == pytest.approx(ms, rel=0.01)
     assert fitted.overhead_us == pytest.approx(3 * cm.PI4.overhead_us, rel=0.05)
     assert "recalibrated" in fitted.name
     with pytest.raises(ValueError, match="at least two"):
-        cm.recalibrate(cm.PI4, points[:1])
+        calibrate.recalibrate(cm.PI4, points[:1])
 
 
 def test_host_calibration_gives_a_usable_profile():
-    p = cm.calibrate_host(quick=True)
+    p = calibrate.calibrate_host(quick=True)
     values = [p.gemm_gflops, p.bmm_gflops, p.sdpa_gflops, p.vector_gflops, p.dram_gbs, p.cache_gbs,
               p.fault_gbs, p.overhead_us, p.half_rows]
     assert all(math.isfinite(x) and x > 0 for x in values) and p.threads == torch.get_num_threads()
     assert cm.predict(MINILM, 64, p).total_ms > 0
     with pytest.raises(ValueError, match="clock"):
-        cm.calibrate_host(clock="sundial")
+        calibrate.calibrate_host(clock="sundial")
 
 
-# ---------------------------------------------------------------- fit and crossover (latency_figures)
+# ---------------------------------------------------------------- fit and crossover (latency.compare)
 def test_quadratic_fit_recovers_coefficients_and_crossover():
     ns = np.array([16, 32, 64, 128, 256, 512, 1024])
-    a, b, c = lf.fit_quadratic(ns, 3.0 + 0.2 * ns + 1e-4 * ns ** 2)
+    a, b, c = compare.fit_quadratic(ns, 3.0 + 0.2 * ns + 1e-4 * ns ** 2)
     assert (a, b, c) == pytest.approx((3.0, 0.2, 1e-4), rel=1e-6)
-    n = lf.crossover_n(a, b, c)
+    n = compare.crossover_n(a, b, c)
     assert c * n * n == pytest.approx(a + b * n)
-    assert lf.crossover_n(1.0, 1.0, 0.0) is None
-    assert min(lf.fit_quadratic(ns, 5.0 + 0.1 * ns)) >= 0  # no negative coefficients on linear data
+    assert compare.crossover_n(1.0, 1.0, 0.0) is None
+    assert min(compare.fit_quadratic(ns, 5.0 + 0.1 * ns)) >= 0  # no negative coefficients on linear data
     with pytest.raises(ValueError, match="three"):
-        lf.fit_quadratic([16, 32], [1.0, 2.0])
+        compare.fit_quadratic([16, 32], [1.0, 2.0])

@@ -8,7 +8,8 @@ from attnviz.core.config import Config
 from attnviz.analysis.importance import (EvalSet, ablation_importance, eval_windows, evaluate, gradient_importance,
                                 keep_top, normalise_per_layer, reference)
 from attnviz.weights.catalogue import random_model
-from attnviz.analysis.pruning import forward_flops, measure_speedup, pruning_curve
+from attnviz.analysis.pruning import pruning_curve
+from attnviz.latency.speedup import forward_flops, measure_speedup
 
 SIGNAL = (1, 2)  # the one head that carries everything in the toy models
 
@@ -204,18 +205,18 @@ def test_speedup_bookkeeping():
 def test_speedup_warms_up_and_alternates_the_models(monkeypatch):
     """Untimed warm-up runs of each model first, then rounds that take the models in turn; the
     speed-up is the median of the per-round ratios."""
-    from attnviz.analysis import pruning
+    from attnviz.latency import speedup
     cfg = lm_config()
     model = random_model(cfg)
     keep = torch.tensor([[True, True, False, False], [True, False, False, False]])
     calls = []
 
-    def timed(m, ids, repeats):
+    def timed(m, ids):
         calls.append(m)
         kept = sum(m.cfg.heads_in(i) for i in range(m.cfg.n_layers))
-        return [{8: 0.010, 3: 0.005, 0: 0.004}[kept]]   # full, pruned, no-attention twin
+        return {8: 0.010, 3: 0.005, 0: 0.004}[kept]   # full, pruned, no-attention twin
 
-    monkeypatch.setattr(pruning, "_time_forward", timed)
+    monkeypatch.setattr(speedup, "time_forward", timed)
     real_prune = type(model).prune
     built = []
     monkeypatch.setattr(type(model), "prune", lambda self, k: built.append(real_prune(self, k)) or built[-1])
@@ -228,7 +229,7 @@ def test_speedup_warms_up_and_alternates_the_models(monkeypatch):
     row = sp.table.loc[0]
     assert (row["speedup_q1"], row["speedup"], row["speedup_q3"]) == pytest.approx((2.0, 2.0, 2.0))
     assert row["full_ms"] == pytest.approx(10.0) and row["attention_share"] == pytest.approx(0.6)
-    from attnviz.analysis.pruning import noisy_lengths
+    from attnviz.latency.speedup import noisy_lengths
     import pandas as pd
     table = pd.DataFrame(dict(tokens=[8, 16, 32], speedup=[1.1, 1.2, 3.0], speedup_q1=[1.05, 0.8, 2.9],
                               speedup_q3=[1.15, 1.6, 3.1], bound=[1.5, 1.5, 1.5]))

@@ -14,11 +14,12 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from attnviz.base import jobs
-from attnviz.latency import results
+from attnviz.latency import compare, results
 from attnviz.base.limits import LIMITS
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "4_Latency.py")
 TINY = "synthetic:layers=2,d=32,heads=4,ff=64,vocab=50,positions=64"
+SMALL = dict(seq="8,16", variants=["fused"], heads="all", backends=["cpu", "pi4"])
 
 
 def page() -> AppTest:
@@ -29,15 +30,15 @@ def page() -> AppTest:
 
 
 def submit(at: AppTest, **fields) -> AppTest:
-    at.multiselect(key="lat_models").set_value(fields.get("models", []))
-    at.text_area(key="lat_synthetic").input(fields.get("synthetic", TINY))
-    at.text_input(key="lat_seq").input(fields.get("seq", "8,16,32"))
-    at.multiselect(key="lat_variants").set_value(fields.get("variants", ["fused", "eager"]))
-    at.text_input(key="lat_heads").input(fields.get("heads", "2,4"))
-    at.multiselect(key="lat_backends").set_value(fields.get("backends", ["cpu", "pi4"]))
-    at.number_input(key="lat_repeats").set_value(fields.get("repeats", 1))
-    at.number_input(key="lat_budget_s").set_value(fields.get("budget_s", 120))
-    at.button(key="FormSubmitter:lat_form-Run").click().run()
+    at.multiselect(key="latency.models").set_value(fields.get("models", []))
+    at.text_area(key="latency.synthetic").input(fields.get("synthetic", TINY))
+    at.text_input(key="latency.seq").input(fields.get("seq", "8,16,32"))
+    at.multiselect(key="latency.variants").set_value(fields.get("variants", ["fused", "eager"]))
+    at.text_input(key="latency.heads").input(fields.get("heads", "2,4"))
+    at.multiselect(key="latency.backends").set_value(fields.get("backends", ["cpu", "pi4"]))
+    at.number_input(key="latency.repeats").set_value(fields.get("repeats", 1))
+    at.number_input(key="latency.budget_s").set_value(fields.get("budget_s", 120))
+    at.button(key="FormSubmitter:latency.form-Run").click().run()
     assert not at.exception
     return at
 
@@ -65,32 +66,65 @@ def test_page_opens_with_a_hint_and_no_results():
     assert not at.get("plotly_chart") and not at.dataframe
 
 
+VIEWS = ["Latency", "Split and fit", "Memory", "Tokens/s", "Comparisons", "Model error"]
+
+
+def show(at: AppTest, view: str) -> AppTest:
+    """Choose one results view (only the chosen one is drawn and computed)."""
+    at.radio(key="latency.view").set_value(view).run()
+    assert not at.exception
+    return at
+
+
 def test_tiny_sweep_draws_every_figure(ran):
-    figs = figures(ran)
-    titles = " | ".join(figs)
+    titles = []
+    for view in VIEWS:
+        titles += list(figures(show(ran, view)))
+    titles = " | ".join(titles)
     for words in ("Latency of one forward pass", "log-log", "Where the time goes", "Quadratic fit",
                   "Peak memory", "Tokens per second", "Speed-ups", "Cost model error"):
         assert words in titles, words
+    figs = figures(show(ran, "Latency"))
     latency = figs["Latency of one forward pass"]
     assert len(latency["data"]) == 2 * 2 * 2  # variants x heads x backends
     assert all(sorted(values(t["x"])) == [8, 16, 32] for t in latency["data"])
-    split = next(s for t, s in figs.items() if t.startswith("Where the time goes"))
+    split = next(s for t, s in figures(show(ran, "Split and fit")).items() if t.startswith("Where the time goes"))
     assert [t["name"] for t in split["data"]] == ["attention", "projections", "mlp", "other"]
+
+
+def test_only_the_chosen_view_computes_and_the_choice_survives_reruns(monkeypatch):
+    """Issue 16.4: no view's work runs unless it is shown; a button press or a download (a rerun)
+    keeps the chosen view instead of jumping back to the first one."""
+    calls = []
+    for name in ("compare", "host_model_error", "split_table"):
+        real = getattr(compare, name)
+        monkeypatch.setattr(compare, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    at = submit(page(), **SMALL)
+    assert calls == [] and set(figures(at)) == {"Latency of one forward pass",
+                                                "Latency of one forward pass (log-log: slope 1 linear, 2 quadratic)"}
+    show(at, "Comparisons")
+    assert calls == ["compare"] and any(t.startswith("Speed-ups") for t in figures(at))
+    at.run()  # what a download or any other widget's rerun does
+    assert at.radio(key="latency.view").value == "Comparisons" and calls == ["compare"] * 2
+    at = submit(at, **SMALL)  # the Run button: new results, same view
+    assert at.radio(key="latency.view").value == "Comparisons" and "host_model_error" not in calls
+    assert any(t.startswith("Speed-ups") for t in figures(at)) and not any("Latency of" in t for t in figures(at))
 
 
 def test_results_table_and_export(ran):
     table = ran.dataframe[0].value
     assert len(table) == 3 * 2 * 2 * 2 and set(table["backend"]) == {"cpu", "pi4"}
     assert set(table["seq_len"]) == {8, 16, 32} and (table["median_ms"] > 0).all()
-    exported = ran.session_state["lat_results"]
+    exported = ran.session_state["latency.results"]
     assert len(results.read_results(results.to_csv(exported).encode())) == len(table)
-    comparisons = ran.dataframe[1].value
+    comparisons = show(ran, "Comparisons").dataframe[1].value
     assert {"n 32 → 16", "4 → 2 heads", "fused → eager"} <= set(comparisons["comparison"])
-    assert ran.metric[0].label.startswith("Largest cost-model error")
+    assert show(ran, "Model error").metric[0].label.startswith("Largest cost-model error")
 
 
 def test_split_and_fit_for_a_device_not_in_the_sweep(ran):
-    ran.selectbox(key="lat_split_device").select("pi5").run()
+    show(ran, "Split and fit")
+    ran.selectbox(key="latency.split_device").select("pi5").run()
     assert not ran.exception
     figs = figures(ran)
     assert "Where the time goes on pi5 (cost model)" in figs and "Quadratic fit of latency" in figs
@@ -109,14 +143,14 @@ def test_split_and_fit_for_a_device_not_in_the_sweep(ran):
 def test_bad_input_is_refused(fields, words):
     at = submit(page(), **fields)
     assert any(words in e.value for e in at.error), [e.value for e in at.error]
-    assert "lat_results" not in at.session_state
+    assert "latency.results" not in at.session_state
 
 
 def test_over_budget_sweep_is_refused_before_running():
     at = submit(page(), synthetic="synthetic:layers=12,d=768,heads=12,positions=8192", seq="4096",
                 variants=["eager"], heads="all", budget_s=1, repeats=5)
     assert any("budget 1 s" in e.value for e in at.error)
-    assert "lat_results" not in at.session_state and not at.get("plotly_chart")
+    assert "latency.results" not in at.session_state and not at.get("plotly_chart")
 
 
 def test_csv_import_errors_are_clear():
@@ -126,13 +160,12 @@ def test_csv_import_errors_are_clear():
 
 
 # ---------------------------------------------------------------- issue 11: bounds, jobs, threads, uploads
-SMALL = dict(seq="8,16", variants=["fused"], heads="all", backends=["cpu", "pi4"])
 
 
 def test_absurd_synthetic_shape_is_refused_before_any_work():
     at = submit(page(), synthetic="synthetic:layers=100000,d=8,heads=1", **SMALL)
     assert any("layers must be between 1 and 256" in e.value for e in at.error), [e.value for e in at.error]
-    assert "lat_results" not in at.session_state
+    assert "latency.results" not in at.session_state
 
 
 def test_sweep_leaves_the_process_thread_count_alone(monkeypatch):
@@ -142,13 +175,13 @@ def test_sweep_leaves_the_process_thread_count_alone(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.setattr(torch, "set_num_threads", refuse)
     at = page()
-    options = at.multiselect(key="lat_threads").options
-    at.multiselect(key="lat_threads").set_value(sorted({before, 1 if before != 1 else 2} & {int(o) for o in options}))
+    options = at.multiselect(key="latency.threads").options
+    at.multiselect(key="latency.threads").set_value(sorted({before, 1 if before != 1 else 2} & {int(o) for o in options}))
     at = submit(at, **SMALL)
     assert not at.error, [e.value for e in at.error]
     table = at.dataframe[0].value
-    assert set(table[table["measured"]]["threads"]) == set(at.session_state["lat_threads"])
-    assert len(at.session_state["lat_threads"]) == 2 or (os.cpu_count() or 1) == 1
+    assert set(table[table["measured"]]["threads"]) == set(at.session_state["latency.threads"])
+    assert len(at.session_state["latency.threads"]) == 2 or (os.cpu_count() or 1) == 1
     assert torch.get_num_threads() == before
 
 
@@ -158,7 +191,7 @@ def test_a_busy_server_refuses_the_sweep_with_a_message():
             held.enter_context(jobs.heavy_job(f"someone else's job {i}"))
         at = submit(page(), **SMALL)
     assert any("already running" in e.value for e in at.error), [e.value for e in at.error]
-    assert "lat_results" not in at.session_state
+    assert "latency.results" not in at.session_state
     assert jobs.running_jobs() == []
 
 
@@ -238,21 +271,20 @@ def test_upload_name_and_cells_are_shown_as_typed(monkeypatch):
     at, _ = upload_page(monkeypatch, Upload("ok.csv", device_csv(model="**bold** [x](http:evil.example)",
                                                                  cpu=evil_cpu)))
     assert not at.exception and not at.error
-    assert "](http" not in at.selectbox(key="lat_import_profile").help
+    assert "](http" not in at.selectbox(key="latency.import_profile").help
     legend = [t["name"] for f in figures(at).values() for t in f["data"] if "name" in t]
     assert any("**bold**" in name for name in legend)  # plain text in plotly (markdown is not drawn there)
 
 
 def test_import_is_checked_and_modelled_once_per_file(monkeypatch):
-    from attnviz.figures import latency as lf
     calls, modelled = [], []
-    real, real_error = results.read_results, lf.model_error
+    real, real_error = results.read_results, compare.model_error
     monkeypatch.setattr(results, "read_results", lambda data: calls.append(1) or real(data))
-    monkeypatch.setattr(lf, "model_error", lambda *a: modelled.append(1) or real_error(*a))
+    monkeypatch.setattr(compare, "model_error", lambda *a: modelled.append(1) or real_error(*a))
     at, _ = upload_page(monkeypatch, Upload("pi.csv", device_csv()))
     assert not at.exception and at.metric and len(calls) == 1 and len(modelled) == 1
     at.run()
     assert len(calls) == 1 and len(modelled) == 1  # a rerun re-checks and re-models nothing
-    at.selectbox(key="lat_import_profile").select("pi5").run()
+    at.selectbox(key="latency.import_profile").select("pi5").run()
     assert not at.exception and len(calls) == 1 and len(modelled) == 2
     assert "pi5" in at.metric[-1].label

@@ -1,65 +1,17 @@
-"""Physical pruning: a NEW, smaller model without the removed heads; the original is untouched.
+"""Pruning curves (physical pruning itself is `attnviz.core.surgery`, behind `Model.prune`).
 
-Pruning a head removes its rows from the fused QKV projection and its columns from the output
-projection. With grouped K/V heads a K/V head stays while any kept query head reads it.
-
-Also here: pruning curves (metrics as heads are removed by importance or at random), measured
-speed-up of a pruned model with its Amdahl bound, and head masks encoded for links.
+Here: pruning curves (metrics as heads are removed by importance or at random) and head
+masks encoded for links. The measured speed-up of a pruned model is `attnviz.latency.speedup`.
 """
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field, replace
+import re
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 
-from attnviz.core.transformer import Transformer
-
-
-def check_keep(keep, n_layers: int, n_heads: int) -> torch.Tensor:
-    keep = torch.as_tensor(keep)
-    if tuple(keep.shape) != (n_layers, n_heads):
-        raise ValueError(f"keep must have shape [{n_layers}, {n_heads}] (layers x heads); got {list(keep.shape)}")
-    if keep.dtype != torch.bool:
-        if not torch.all((keep == 0) | (keep == 1)):
-            raise ValueError("keep must be boolean (True keeps a head)")
-        keep = keep.bool()
-    return keep
-
-
-def prune_model(model, keep):
-    """`model.prune(keep)`: keep is BoolTensor[n_layers, n_heads] in the ORIGINAL head numbering."""
-    from attnviz.core.model import Model
-    cfg, net = model.cfg, model.net
-    keep = check_keep(keep, cfg.n_layers, cfg.n_heads) & model.kept  # already-pruned heads stay gone
-    heads, kv_heads = [], []
-    for i in range(cfg.n_layers):
-        kept = [h for h in range(cfg.n_heads) if keep[i, h]]
-        heads.append(kept)
-        kv_heads.append(sorted({h // cfg.group for h in kept}))
-    new_cfg = cfg.replace(head_dims=tuple(len(h) for h in heads), kv_dims=tuple(len(k) for k in kv_heads))
-    state = {k: v for k, v in net.state_dict().items()}
-    for i, block in enumerate(net.blocks):
-        old = block.attn
-        dh, old_heads = cfg.d_head, old.heads.tolist()
-        old_kv = sorted({h // cfg.group for h in old_heads})
-        rows = lambda idx, base: [base + j * dh + r for j in idx for r in range(dh)]  # noqa: E731
-        q_idx = [old_heads.index(h) for h in heads[i]]
-        kv_idx = [old_kv.index(k) for k in kv_heads[i]]
-        hq, hkv = old.n_heads, old.n_kv
-        sel = rows(q_idx, 0) + rows(kv_idx, hq * dh) + rows(kv_idx, (hq + hkv) * dh)
-        sel = torch.tensor(sel, dtype=torch.long)
-        p = f"blocks.{i}.attn."
-        state[p + "qkv.weight"] = state[p + "qkv.weight"][sel]
-        if p + "qkv.bias" in state:
-            state[p + "qkv.bias"] = state[p + "qkv.bias"][sel]
-        state[p + "out.weight"] = state[p + "out.weight"][:, torch.tensor(rows(q_idx, 0), dtype=torch.long)]
-    # clone: the new model owns its tensors, so nothing done to it can reach the original
-    small = Transformer.from_state(new_cfg, {k: v.clone() for k, v in state.items()}, heads, kv_heads)
-    info = replace(model.info, key=f"{model.info.key} (pruned {int((~keep).sum())}/{keep.numel()})")
-    return Model(small, info, model.tokenizer, image_mean=model.image_mean, image_std=model.image_std,
-                 image_size=model.image_size, decoder=model.decoder, kept=keep)
+from attnviz.analysis.importance import Stop, evaluate, head_importance, primary_metric, reference
 
 
 # ---------------------------------------------------------------- pruning curves
@@ -105,7 +57,6 @@ def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
     `normalised`: rank by the per-layer normalised score (Michel et al.) or by the raw one.
     Stops (complete=False) at `should_stop()` or after `max_seconds`, which can never exceed
     LIMITS.max_importance_seconds (see `importance.time_budget`)."""
-    from attnviz.analysis.importance import Stop, evaluate, head_importance, primary_metric, reference
     stop = Stop(should_stop, max_seconds)
     fractions = _fraction_steps(max_fraction, step)
     ref = reference(model, data, batch)
@@ -157,142 +108,6 @@ def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
     return curve
 
 
-# ---------------------------------------------------------------- speed-up
-def forward_flops(cfg, n: int) -> dict[str, float]:
-    """Multiply-adds x 2 of one forward pass over n tokens, split into attention and the rest.
-    Uses the per-layer head counts of a pruned config."""
-    d, dh = cfg.d_model, cfg.d_head
-    attn = rest = 0.0
-    for i in range(cfg.n_layers):
-        h, hkv = cfg.heads_in(i), cfg.kv_heads_in(i)
-        attn += 2 * n * d * (h + 2 * hkv) * dh      # fused QKV projection
-        attn += 2 * 2 * n * n * h * dh              # scores and weighted sum of values
-        attn += 2 * n * h * dh * d                  # output projection
-        rest += 2 * n * d * cfg.d_ff * (3 if cfg.gated_mlp else 2)
-    if cfg.task == "lm":
-        rest += 2 * n * d * cfg.vocab_size
-    return dict(attention=attn, other=rest, total=attn + rest)
-
-
-MIN_REPEATS = 3      # a median and a spread need a few runs
-WARMUP_RUNS = 2      # untimed runs of each model per length: one-off kernel and allocator set-up
-
-
-def _time_forward(model, ids, repeats: int) -> list[float]:
-    import time
-    times = []
-    with torch.inference_mode():
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model.net(input_ids=ids)
-            times.append(time.perf_counter() - t0)
-    return times
-
-
-def _quartiles(values) -> tuple[float, float, float]:
-    q = torch.tensor(values, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
-    return float(q[0]), float(q[1]), float(q[2])
-
-
-@dataclass
-class Speedup:
-    params_full: int
-    params_pruned: int
-    heads_kept: int
-    heads_total: int
-    table: pd.DataFrame      # one row per sequence length
-    complete: bool = True
-    cfg_full: object = None
-    cfg_pruned: object = None
-
-    def modelled(self, devices=("pi4", "pi5")) -> pd.DataFrame | None:
-        """Raspberry Pi latency of both models from `attnviz.costmodel` (None where that module is
-        absent): one row per device and sequence length."""
-        try:
-            from attnviz.latency import costmodel
-        except ImportError:
-            return None
-        rows = []
-        for dev in devices:
-            profile = costmodel.PROFILES[dev]
-            for n in self.table["tokens"]:
-                full = costmodel.predict(self.cfg_full, int(n), profile).total_ms
-                pruned = costmodel.predict(self.cfg_pruned, int(n), profile).total_ms
-                rows.append(dict(device=dev, tokens=int(n), full_ms=full, pruned_ms=pruned,
-                                 speedup=full / pruned))
-        return pd.DataFrame(rows)
-
-
-def measure_speedup(model, keep, lengths=(32, 128, 512), repeats: int = 5, seed: int = 0,
-                    progress=None, should_stop=None, warmup: int = WARMUP_RUNS) -> Speedup:
-    """Latency of `model.prune(keep)` against the model: per length, `warmup` untimed runs of each,
-    then `repeats` rounds that alternate the models (full, pruned, no-attention twin; the order
-    reversed every other round, so a load change hits all alike). Reported: medians, the
-    interquartile range (`*_q1`, `*_q3`), and the speed-up as the median of the per-round ratios
-    full / pruned with their IQR (runs of one round share the machine's load).
-
-    The bound: only attention shrinks when heads go, so with attention taking a share a of the
-    time and a fraction k of heads kept, the speed-up cannot exceed 1 / (1 - a (1 - k)) (Amdahl).
-    `a` is measured against the same model with every head pruned; the FLOP-based bound from
-    `forward_flops` is given next to it."""
-    keep = check_keep(keep, model.cfg.n_layers, model.cfg.n_heads) & model.kept
-    if not keep.any():
-        raise ValueError("the mask removes every head; keep at least one to build a pruned model")
-    if int(repeats) < MIN_REPEATS:
-        raise ValueError(f"{int(repeats)} run(s) per length give no median worth the name: use at least "
-                         f"{MIN_REPEATS} (a single run on a busy machine can be off by several times)")
-    if model.cfg.is_vision or not model.cfg.vocab_size:
-        raise ValueError("speed-up measurement takes text models")
-    repeats, warmup = int(repeats), max(1, int(warmup))
-    small = model.prune(keep)
-    with warnings.catch_warnings():  # zero-width projections of the all-pruned twin are intended
-        warnings.simplefilter("ignore", UserWarning)
-        none = model.prune(torch.zeros_like(keep))
-    k = int(keep.sum()) / int(model.kept.sum())
-    gen = torch.Generator().manual_seed(seed)
-    rows = []
-    vocab = model.cfg.vocab_size
-    lengths = [int(n) for n in lengths if 1 <= int(n) <= model.max_tokens]
-    models = (model, small, none)
-    for j, n in enumerate(lengths):
-        if should_stop is not None and should_stop():
-            break
-        ids = torch.randint(0, vocab, (1, n), generator=gen)
-        for _ in range(warmup):
-            for m in models:
-                _time_forward(m, ids, 1)
-        times = ([], [], [])
-        for r in range(repeats):
-            order = (0, 1, 2) if r % 2 == 0 else (2, 1, 0)
-            for i in order:
-                times[i].extend(_time_forward(models[i], ids, 1))
-        (f1, t_full, f3), (p1, t_small, p3), (_, t_none, _) = (_quartiles(t) for t in times)
-        s1, speedup, s3 = _quartiles([a / b for a, b in zip(times[0], times[1])])
-        share = min(1.0, max(0.0, 1 - t_none / t_full))
-        f_full, f_small = forward_flops(model.cfg, n), forward_flops(small.cfg, n)
-        flop_share = f_full["attention"] / f_full["total"]
-        rows.append(dict(tokens=n, runs=repeats, full_ms=1e3 * t_full, full_ms_q1=1e3 * f1, full_ms_q3=1e3 * f3,
-                         pruned_ms=1e3 * t_small, pruned_ms_q1=1e3 * p1, pruned_ms_q3=1e3 * p3,
-                         speedup=speedup, speedup_q1=s1, speedup_q3=s3,
-                         no_attention_ms=1e3 * t_none, attention_share=share, bound=1 / (1 - share * (1 - k)),
-                         attention_share_flops=flop_share, flops_speedup=f_full["total"] / f_small["total"]))
-        if progress is not None:
-            progress(j + 1, len(lengths), None)
-    return Speedup(model.num_params(), small.num_params(), int(keep.sum()), int(model.kept.sum()),
-                   pd.DataFrame(rows), complete=len(rows) == len(lengths), cfg_full=model.cfg,
-                   cfg_pruned=small.cfg)
-
-
-def noisy_lengths(table: pd.DataFrame, spread: float = 1.25) -> list[int]:
-    """Sequence lengths whose speed-up is not settled: the IQR of the per-round ratios spans more
-    than a factor `spread`, or the median lies above its Amdahl bound (beyond 5 %)."""
-    if table.empty:
-        return []
-    wide = table["speedup_q3"] > spread * table["speedup_q1"]
-    above = table["speedup"] > 1.05 * table["bound"]
-    return [int(n) for n in table.loc[wide | above, "tokens"]]
-
-
 # ---------------------------------------------------------------- masks in links
 def encode_mask(keep) -> str:
     """BoolTensor [L, H] -> "LxH-hex" (bit i of the number = head i in row-major order, 1 = on):
@@ -305,7 +120,6 @@ def encode_mask(keep) -> str:
 
 def decode_mask(text: str, n_layers: int, n_heads: int) -> torch.Tensor:
     """Inverse of `encode_mask`, checked against the model's shape; ValueError says what is wrong."""
-    import re
     found = re.fullmatch(r"(\d{1,4})x(\d{1,4})-([0-9a-f]{1,2500})", str(text).strip().lower())
     if not found:
         raise ValueError("the head mask in the link is malformed (expected e.g. 6x12-fff…); "

@@ -1,25 +1,28 @@
-"""Figures and small analyses for the Latency page: pure functions from result tables (the CSV
-schema of `attnviz.bench`) to plotly figures. No Streamlit, no timing.
+"""Figures for the Latency page: pure functions from result tables (the CSV schema of
+`python -m attnviz.bench`) and the analyses of `attnviz.latency.compare` to plotly figures.
+No Streamlit, no timing, no modelling.
 
 A series is one (model, variant, heads, threads, backend); legends name only what varies.
-Measured series are solid with p10-p90 error bars; modelled ones are dashed. Names from a CSV
+Measured series are solid with p10-p90 error bars; modelled ones are dashed. At most
+`MAX_SERIES` series are drawn one by one; the rest (a CSV may name a model per row) are joined
+into one grey trace per kind, and the title says how many were drawn. Names from a CSV
 (models, variants) are escaped: plotly draws <a href>, <b> and friends in legends and labels.
 """
 from __future__ import annotations
 
 import html
-import math
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from attnviz.latency import costmodel as cm
+from attnviz.latency.compare import crossover_n, fit_quadratic
 from attnviz.latency.costmodel import GROUPS
-from attnviz.latency.results import row_config
 
 SERIES = ["model", "variant", "n_heads", "threads", "backend"]
 GROUP_COLOURS = {"attention": "#d62728", "projections": "#1f77b4", "mlp": "#2ca02c", "other": "#7f7f7f"}
+MAX_SERIES = 12   # series drawn one by one: 2,000 traces took 71 s to build and no legend can show them
+GREY = "#9e9e9e"
 
 
 def _text(value) -> str:
@@ -27,23 +30,71 @@ def _text(value) -> str:
     return html.escape(str(value), quote=False)
 
 
+def _joined(rows: pd.DataFrame, ids: pd.Series) -> pd.DataFrame:
+    """Several series as one table, each sorted by n, with a row of NaN between two series (plotly
+    breaks a line there): one trace instead of one per series."""
+    rows = rows.assign(series_id=ids).sort_values(["series_id", "seq_len"]).reset_index(drop=True)
+    starts = rows.index[rows["series_id"].diff().fillna(0) != 0]
+    gaps = pd.DataFrame(np.nan, index=starts - 0.5, columns=rows.columns)
+    return pd.concat([rows, gaps]).sort_index().drop(columns="series_id")
+
+
+def _bounded(df: pd.DataFrame, keys: list[str]):
+    """([(key tuple, rows sorted by n)] for the first MAX_SERIES series, [(kind, n series, joined rows)]
+    for the rest by kind (measured or not), the number of series)."""
+    ids = df.groupby(keys, sort=True).ngroup()
+    total = int(ids.max()) + 1 if len(df) else 0
+    shown = [(key if isinstance(key, tuple) else (key,), rows.sort_values("seq_len"))
+             for key, rows in df[ids < MAX_SERIES].groupby(keys, sort=True)]
+    rest = []
+    for measured in (True, False):
+        part = (ids >= MAX_SERIES) & (df["measured"] == measured if "measured" in df.columns else measured)
+        if part.any():
+            rest.append((measured, ids[part].nunique(), _joined(df[part], ids[part])))
+    return shown, rest, total
+
+
+def _note(total: int) -> str:
+    """What the title says when not every series is drawn one by one."""
+    if total <= MAX_SERIES:
+        return ""
+    return f"<br><sup>{MAX_SERIES} of {total:,} series drawn; the other {total - MAX_SERIES:,} in grey</sup>"
+
+
+def _varying(df: pd.DataFrame) -> list[str]:
+    return [k for k in SERIES if k in df.columns and df[k].nunique() > 1] or ["model"]
+
+
+def series_count(df: pd.DataFrame) -> int:
+    """How many series df holds (the figures draw at most MAX_SERIES of them one by one)."""
+    return df.groupby(_varying(df)).ngroups
+
+
 def _series(df: pd.DataFrame):
-    """(label, rows sorted by n) per series; the label holds only the keys that vary."""
-    varying = [k for k in SERIES if k in df.columns and df[k].nunique() > 1] or ["model"]
-    for key, rows in df.groupby(varying, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
+    """([(label, rows sorted by n, measured, grey)], number of series); a label holds only the keys
+    that vary. Past MAX_SERIES, one grey entry per kind holds the rest."""
+    varying = _varying(df)
+    shown, rest, total = _bounded(df, varying)
+    out = []
+    for key, rows in shown:
         parts = [f"{v} heads" if k == "n_heads" else f"{v} thr" if k == "threads" else
                  str(v).removeprefix("synthetic:") for k, v in zip(varying, key)]
-        yield _text(" · ".join(parts)), rows.sort_values("seq_len")
+        out.append((_text(" · ".join(parts)), rows, bool(rows["measured"].iloc[0]), False))
+    out += [(f"{count:,} more series", rows, measured, True) for measured, count, rows in rest]
+    return out, total
 
 
-def _line(rows, y, label, measured: bool, error=False, mode="lines+markers") -> go.Scatter:
+def _line(rows, y, label, measured: bool, error=False, mode="lines+markers", grey=False) -> go.Scatter:
     extra = {}
-    if error and measured and {"p10_ms", "p90_ms"} <= set(rows.columns):
+    if grey:  # the series past MAX_SERIES: context, not read one by one
+        extra = dict(line=dict(color=GREY, width=1, dash="solid" if measured else "dash"),
+                     marker=dict(color=GREY, size=3), opacity=0.6, hoverinfo="skip")
+    elif error and measured and {"p10_ms", "p90_ms"} <= set(rows.columns):
         extra["error_y"] = dict(type="data", symmetric=False, array=rows["p90_ms"] - rows["median_ms"],
                                 arrayminus=rows["median_ms"] - rows["p10_ms"], thickness=1)
-    return go.Scatter(x=rows["seq_len"], y=rows[y], name=label, mode=mode,
-                      line=dict(dash="solid" if measured else "dash"), **extra)
+    if not grey:
+        extra["line"] = dict(dash="solid" if measured else "dash")
+    return go.Scatter(x=rows["seq_len"], y=rows[y], name=label, mode=mode, **extra)
 
 
 def _layout(fig: go.Figure, title: str, y: str, log: bool = False) -> go.Figure:
@@ -56,25 +107,28 @@ def _layout(fig: go.Figure, title: str, y: str, log: bool = False) -> go.Figure:
     return fig
 
 
+def _lines(df: pd.DataFrame, y: str, error: bool = False, mode: str = "lines+markers", suffix: str = ""):
+    """The traces of every series of df (bounded) and the title note."""
+    series, total = _series(df)
+    return [_line(rows, y, label + suffix, measured, error=error, mode=mode, grey=grey)
+            for label, rows, measured, grey in series], _note(total)
+
+
 def latency_figure(df: pd.DataFrame, log: bool = False) -> go.Figure:
     """Median latency versus n, every series; p10-p90 bars on measured points."""
-    fig = go.Figure([_line(rows, "median_ms", label, bool(rows["measured"].iloc[0]), error=True)
-                     for label, rows in _series(df)])
-    return _layout(fig, "Latency of one forward pass" + (" (log-log: slope 1 linear, 2 quadratic)" if log else ""),
-                   "milliseconds", log)
+    traces, note = _lines(df, "median_ms", error=True)
+    return _layout(go.Figure(traces), "Latency of one forward pass" + (" (log-log: slope 1 linear, 2 quadratic)"
+                                                                      if log else "") + note, "milliseconds", log)
 
 
 def memory_figure(df: pd.DataFrame, log: bool = False) -> go.Figure:
-    rows_with = df.dropna(subset=["peak_mem_mb"])
-    fig = go.Figure([_line(rows, "peak_mem_mb", label, bool(rows["measured"].iloc[0]))
-                     for label, rows in _series(rows_with)])
-    return _layout(fig, "Peak memory of the activations (weights excluded)", "MB", log)
+    traces, note = _lines(df.dropna(subset=["peak_mem_mb"]), "peak_mem_mb")
+    return _layout(go.Figure(traces), "Peak memory of the activations (weights excluded)" + note, "MB", log)
 
 
 def throughput_figure(df: pd.DataFrame) -> go.Figure:
-    fig = go.Figure([_line(rows, "tokens_per_s", label, bool(rows["measured"].iloc[0]))
-                     for label, rows in _series(df)])
-    return _layout(fig, "Tokens per second (n / latency)", "tokens / s")
+    traces, note = _lines(df, "tokens_per_s")
+    return _layout(go.Figure(traces), "Tokens per second (n / latency)" + note, "tokens / s")
 
 
 def split_figure(split: pd.DataFrame, title: str = "Where the time goes (cost model)") -> go.Figure:
@@ -92,30 +146,6 @@ def split_figure(split: pd.DataFrame, title: str = "Where the time goes (cost mo
 
 
 # ---------------------------------------------------------------- fit and crossover
-def fit_quadratic(ns, ms) -> tuple[float, float, float]:
-    """Least-squares a + b n + c n^2 with a, b, c >= 0 (a cost cannot shrink as n grows), weighted
-    by 1/ms so that short sequences count as much as long ones."""
-    ns, ms = np.asarray(ns, float), np.asarray(ms, float)
-    if len(ns) < 3 or len(np.unique(ns)) < 3:
-        raise ValueError("the fit needs at least three different sequence lengths")
-    A = np.stack([np.ones_like(ns), ns, ns ** 2], axis=1) / ms[:, None]
-    best = None
-    for keep in ([0, 1, 2], [1, 2], [0, 2], [0, 1], [2], [1], [0]):  # all non-negative subsets: tiny NNLS
-        coef = np.zeros(3)
-        coef[keep] = np.linalg.lstsq(A[:, keep], np.ones(len(ns)), rcond=None)[0]
-        if (coef >= 0).all():
-            err = float(((A @ coef - 1) ** 2).sum())
-            best = (err, coef) if best is None or err < best[0] else best
-    return tuple(float(x) for x in best[1])
-
-
-def crossover_n(a: float, b: float, c: float) -> float | None:
-    """The n beyond which the quadratic term c n^2 outweighs a + b n (None when c is 0)."""
-    if c <= 0:
-        return None
-    return (b + math.sqrt(b * b + 4 * a * c)) / (2 * c)
-
-
 def fit_figure(ns, ms, label: str = "measured", attention_n: float | None = None) -> go.Figure:
     """Points, the fitted a + b n + c n^2, its crossover, and (optional) the cost model's n where
     attention takes half the time."""
@@ -132,82 +162,6 @@ def fit_figure(ns, ms, label: str = "measured", attention_n: float | None = None
 
 
 # ---------------------------------------------------------------- comparisons and model error
-def modelled_like(df: pd.DataFrame, profile: cm.DeviceProfile, backend: str | None = None) -> pd.DataFrame:
-    """The profile's prediction for every measured row: same model, shape, variant, heads, threads, n.
-    Each distinct point is modelled once, however many rows repeat it (a long CSV repeats a few)."""
-    measured = df[df["measured"]]
-    keys = ["shape", "n_heads", "seq_len", "variant", "threads"]
-    points = measured[keys].drop_duplicates().reset_index(drop=True)
-    preds = []
-    for shape, k, n, variant, t in points.itertuples(index=False, name=None):
-        cfg = row_config({"shape": shape, "n_heads": k})
-        pred = cm.predict(cfg, int(n), profile, variant, threads=int(t))
-        preds.append(dict(median_ms=pred.total_ms, peak_mem_mb=cm.activation_mb(cfg, int(n), variant),
-                          **{f"{g}_ms": ms for g, ms in pred.by_group.items()}))
-    values = ["median_ms", "peak_mem_mb"] + [f"{g}_ms" for g in GROUPS]
-    points = points.join(pd.DataFrame(preds, columns=values))
-    out = measured.drop(columns=[c for c in values if c in measured.columns]).merge(points, on=keys, how="left")
-    out["backend"] = backend or profile.name
-    out["measured"] = False
-    out["p10_ms"] = out["p90_ms"] = out["median_ms"]
-    out["tokens_per_s"] = out["seq_len"] / out["median_ms"] * 1e3
-    return out.reindex(columns=df.columns)
-
-
-def split_table(cfg, ns, profile: cm.DeviceProfile, variant=None) -> pd.DataFrame:
-    """The cost model's time per group for each n: what `split_figure` draws."""
-    return pd.DataFrame([{"seq_len": n, **{f"{g}_ms": ms for g, ms in cm.predict(cfg, int(n), profile, variant)
-                                           .by_group.items()}} for n in ns])
-
-
-def recalibrate_from(df: pd.DataFrame, profile: cm.DeviceProfile) -> cm.DeviceProfile:
-    """The profile fitted to a CSV's measured rows (see `costmodel.recalibrate`)."""
-    configs, points = {}, []
-    rows = df[df["measured"]][["shape", "n_heads", "seq_len", "variant", "threads", "median_ms"]]
-    for shape, k, n, variant, threads, ms in rows.itertuples(index=False, name=None):
-        if (shape, k) not in configs:  # a long CSV repeats a few shapes
-            configs[(shape, k)] = row_config({"shape": shape, "n_heads": k})
-        points.append((configs[(shape, k)], n, variant, threads, ms))
-    return cm.recalibrate(profile, points)
-
-
-def model_error(df: pd.DataFrame, profile: cm.DeviceProfile) -> pd.DataFrame:
-    """Measured rows against the profile's prediction: one row per point with the error in %."""
-    measured = df[df["measured"]].reset_index(drop=True)
-    modelled = modelled_like(measured, profile)
-    out = measured[["model", "variant", "n_heads", "threads", "seq_len"]].copy()
-    out["measured_ms"], out["modelled_ms"] = measured["median_ms"], modelled["median_ms"]
-    out["error_pct"] = 100 * (out["modelled_ms"] / out["measured_ms"] - 1)
-    return out
-
-
-def compare(df: pd.DataFrame) -> pd.DataFrame:
-    """The seeds' claims, on these results: n halved, fewer heads, each variant against fused."""
-    out = []
-    for (backend, model, threads), g in df.groupby(["backend", "model", "threads"]):
-        base = dict(backend=backend, model=model, threads=threads)
-        for (variant, heads), s in g.groupby(["variant", "n_heads"]):
-            t = s.groupby("seq_len")["median_ms"].median()
-            n = max((n for n in t.index if n % 2 == 0 and n // 2 in t.index), default=None)
-            if n:
-                out.append(dict(base, comparison=f"n {n} → {n // 2}", variant=variant, n_heads=heads,
-                                seq_len=n, speedup=t[n] / t[n // 2]))
-        top = g["seq_len"].max()
-        at = g[g["seq_len"] == top].groupby(["variant", "n_heads"])["median_ms"].median()
-        for variant in at.index.get_level_values(0).unique():
-            hs = at[variant]
-            for k in hs.index[hs.index < hs.index.max()]:
-                out.append(dict(base, comparison=f"{hs.index.max()} → {k} heads", variant=variant, n_heads=k,
-                                seq_len=top, speedup=hs[hs.index.max()] / hs[k]))
-        if "fused" in at.index.get_level_values(0):
-            for (variant, heads), ms in at.drop("fused", level=0).items():
-                if heads in at["fused"].index:
-                    out.append(dict(base, comparison=f"fused → {variant}", variant=variant, n_heads=heads,
-                                    seq_len=top, speedup=at["fused"][heads] / ms))
-    return pd.DataFrame(out, columns=["comparison", "backend", "model", "variant", "n_heads", "threads",
-                                      "seq_len", "speedup"])
-
-
 def comparison_figure(cmp: pd.DataFrame) -> go.Figure:
     labels = [_text(f"{r.comparison} · {str(r.model).removeprefix('synthetic:')} · {r.variant} · {r.backend}")
               for r in cmp.itertuples()]
@@ -220,22 +174,23 @@ def comparison_figure(cmp: pd.DataFrame) -> go.Figure:
 
 
 def overlay_figure(measured: pd.DataFrame, modelled: pd.DataFrame, title: str) -> go.Figure:
-    """Measured points (with p10-p90) against the model's curves for the same series."""
-    fig = go.Figure()
-    for label, rows in _series(measured):
-        fig.add_trace(_line(rows, "median_ms", f"{label} measured", True, error=True, mode="markers"))
-    for label, rows in _series(modelled):
-        fig.add_trace(_line(rows, "median_ms", f"{label} modelled", False))
-    return _layout(fig, title, "milliseconds", log=True)
+    """Measured points (with p10-p90) against the model's curves for the same series (the first
+    MAX_SERIES of each; the rest joined in grey)."""
+    points, note = _lines(measured, "median_ms", error=True, mode="markers", suffix=" measured")
+    curves, _ = _lines(modelled, "median_ms", suffix=" modelled")
+    return _layout(go.Figure(points + curves), title + note, "milliseconds", log=True)
 
 
 def error_figure(err: pd.DataFrame, target_pct: float = 15.0) -> go.Figure:
-    """Model error (%) versus n per model and variant, with the ± target band."""
+    """Model error (%) versus n per model and variant (the first MAX_SERIES; the rest in grey), with
+    the ± target band."""
     fig = go.Figure()
-    for (model, variant), rows in err.groupby(["model", "variant"]):
-        rows = rows.sort_values("seq_len")
+    shown, rest, total = _bounded(err.assign(measured=True), ["model", "variant"])
+    for (model, variant), rows in shown:
         fig.add_scatter(x=rows["seq_len"], y=rows["error_pct"], mode="lines+markers",
                         name=_text(f"{model} · {variant}"))
+    for _, count, rows in rest:
+        fig.add_trace(_line(rows, "error_pct", f"{count:,} more series", True, grey=True))
     fig.add_hrect(y0=-target_pct, y1=target_pct, fillcolor="green", opacity=0.1, line_width=0)
     fig.update_xaxes(type="log")
-    return _layout(fig, f"Cost model error against measurement (band: ±{target_pct:g}%)", "error %")
+    return _layout(fig, f"Cost model error against measurement (band: ±{target_pct:g}%)" + _note(total), "error %")

@@ -1,5 +1,8 @@
-"""Layer 4, latency (beside analysis): the cost model and its calibration, sweeps, the results CSV,
-the CLI behind `python -m attnviz.bench`.
+"""Layer 4, latency (beside analysis): what a forward pass costs. `measure` (one point here: time
+with the one timer, peak memory), `costmodel` (ops, device profiles, predict), `calibrate` (this
+host's profile, profiles fitted to a device's CSV), `sweep` (plans, estimates, budgets, run_sweep),
+`child` (other thread counts in a child process), `results` (the CSV), `compare` (fits, model
+error, speed-ups of results), `speedup` (prune and measure), `cli` (`python -m attnviz.bench`).
 
 Imports: attnviz.base, core, toys, weights.
 """

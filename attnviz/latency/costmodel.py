@@ -1,28 +1,26 @@
-"""A roofline cost model of one forward pass: FLOPs and bytes per operation, device profiles that
-turn them into time, and the host profile calibrated by microbenchmarks on this machine.
+"""A roofline cost model of one forward pass: FLOPs and bytes per operation, and device profiles
+that turn them into time (the host's profile is calibrated by `latency.calibrate`).
 
 time(op) = max(FLOPs / peak(kind, size), bytes / bandwidth) + first-touch cost of big fresh tensors
            + overhead x (aten calls)
 summed over the ops that `op_counts` lists for a Config, a sequence length and an attention variant
 (a block's ops once per run of identical layers, times their count: the cost does not grow with depth).
-The op list follows OUR implementation (attnviz.model / attnviz.attention), op by op, so that the
+The op list follows OUR implementation (attnviz.core.transformer / attnviz.core.attention), op by op, so that the
 model predicts what `python -m attnviz.bench` measures. Batch 1, float32, inference.
 """
 from __future__ import annotations
 
 import math
-import statistics
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from attnviz.core.attention import Variant, parse_variant
 from attnviz.core.config import Config
 
 
 GROUPS = ("attention", "projections", "mlp", "other")  # attention = scores, softmax, weighted sum
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 MMAP_THRESHOLD = 32 * 2**20  # glibc's largest dynamic mmap threshold: bigger tensors are fresh pages every call
 F32 = 4
+MAX_FIGURE = 1e9     # of any figure of a profile: GFLOP/s, GB/s, MB, microseconds, rows, cores
 
 
 @dataclass(frozen=True)
@@ -53,6 +51,19 @@ class DeviceProfile:
     cores: int
     threads: int = 1     # the thread count the figures above hold for
     source: str = ""
+
+    def __post_init__(self):
+        """Every figure finite and positive (half_rows may be 0): a profile fitted to absurd numbers
+        (a CSV's 1e308 ms) is refused here rather than predicting inf for every later sweep."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("float", "int") and not (math.isfinite(value) and (value > 0 or
+                                                                           (f.name == "half_rows" and value == 0))):
+                raise ValueError(f"device profile {self.name!r}: {f.name} must be a finite positive number; "
+                                 f"got {value!r}")
+            if f.type in ("float", "int") and value > MAX_FIGURE:
+                raise ValueError(f"device profile {self.name!r}: {f.name} = {value:.3g} is beyond any device "
+                                 f"(at most {MAX_FIGURE:.0e})")
 
     def at_threads(self, threads: int) -> "DeviceProfile":
         """Compute scales with cores (exponent 0.9: imperfect parallel efficiency); bandwidth does not."""
@@ -353,137 +364,3 @@ def activation_mb(cfg: Config, n: int, variant=None) -> float:
     mlp = n * ff * (4 if cfg.gated_mlp else 2)
     logits = n * cfg.vocab_size if cfg.task == "lm" else 0
     return F32 * (stream + max(qkv + att, mlp, logits)) / 2**20
-
-
-# ---------------------------------------------------------------- host calibration
-def _median_time(fn, repeats: int, clock=time.perf_counter) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = clock()
-        fn()
-        times.append(clock() - t)
-    return statistics.median(times)
-
-
-def calibrate_host(threads: int | None = None, quick: bool = False, clock: str = "wall",
-                   own_process: bool = False) -> DeviceProfile:
-    """Microbenchmarks here (a few seconds): matmul GFLOP/s at the sizes transformers use, the
-    fused kernel, vector maths, cache / DRAM bandwidth, page faults and the per-call overhead.
-
-    clock: 'wall' (perf_counter) or 'cpu' (this process's CPU time: with one thread it ignores the
-    time other programs take from a shared machine; meaningless for latency with several threads).
-
-    threads: torch's thread count is process-wide, so a thread count other than this process's
-    is refused unless `own_process` says the caller owns the process (a CLI or script): a server
-    that changed it would change it for every session. `attnviz.bench.host_profile` calibrates
-    other thread counts in a child process."""
-    import os
-    import torch
-    import torch.nn.functional as F
-    from attnviz.weights.catalogue import random_model
-    from attnviz.latency.results import parse_synthetic
-
-    if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}")
-    reps = 3 if quick else 7
-    old = torch.get_num_threads()
-    threads = int(threads or old)
-    if threads < 1:
-        raise ValueError("threads must be at least 1")
-    if threads != old and not own_process:
-        raise ValueError(f"this process runs torch on {old} thread(s); calibrating at {threads} would change "
-                         "it for everything else in the process. Use attnviz.bench.host_profile (a child "
-                         "process) or pass own_process=True from a script of your own")
-
-    def secs(fn, repeats=reps):
-        return _median_time(fn, repeats, CLOCKS[clock])
-
-    if threads != old:
-        torch.set_num_threads(threads)
-    try:
-        with torch.inference_mode():
-            # linear layers, weights cycled through a pool bigger than the cache (as in a real model),
-            # through the same Linear the model uses (oneDNN-prepacked when the limits allow it)
-            from attnviz.base.limits import LIMITS
-            from attnviz.core.transformer import Linear
-            pool, turn = [Linear(384, 1536, bias=False) for _ in range(24)], iter(range(10**9))  # 57 MB
-            if LIMITS.packed_linear:
-                for layer in pool:
-                    layer.pack()
-            gemm = {}
-            for rows in (4, 16, 64, 256):
-                x = torch.randn(rows, 384)
-                gemm[rows] = 2 * rows * 384 * 1536 / secs(lambda: pool[next(turn) % 24](x), 12 * reps) / 1e9
-            peak = max(gemm.values())
-            half = statistics.median(r * (peak / g - 1) for r, g in gemm.items() if g < peak)
-            # per-head matmuls at n = 512, d_head 32 and 64: scores (n x dh x n) and weights x V (n x n x dh)
-            bmm = []
-            for h, dh in ((12, 32), (9, 64)):
-                q, k, w = torch.randn(h, 512, dh), torch.randn(h, dh, 512), torch.randn(h, 512, 512)
-                bmm += [2 * h * 512 * 512 * dh / secs(f) / 1e9 for f in (lambda: torch.bmm(q, k),
-                                                                       lambda: torch.bmm(w, q))]
-            bmm = statistics.median(bmm)
-            q4 = torch.randn(1, 8, 512, 64)
-            sdpa = (4 * 64 + 8) * 8 * 512 * 512 / secs(lambda: F.scaled_dot_product_attention(q4, q4, q4)) / 1e9
-            s = torch.randn(8, 128, 128)  # 0.5 MB: in cache; 12 "flops" per softmax element as in model_ops
-            vector = 12 * s.numel() / secs(lambda: torch.softmax(s, -1), 3 * reps) / 1e9
-            a, b = torch.randn(2**18), torch.randn(2**18)  # 1 MB each
-            cache = 3 * F32 * a.numel() / secs(lambda: a.add_(b), 3 * reps) / 1e9
-            a, b = torch.randn(2**25), torch.randn(2**25)  # 128 MB each
-            dram = 3 * F32 * a.numel() / secs(lambda: a.add_(b)) / 1e9
-            del a, b
-            big = 2**25  # 128 MB: above the mmap threshold, so every call faults its pages in
-            fill = big * F32 / (dram * 1e9)
-            fault = big * F32 / max(secs(lambda: torch.empty(big).fill_(1.0)) - fill, 1e-6) / 1e9
-            # per-call overhead: our own Transformer on a tiny shape, divided by the calls model_ops counts
-            tiny = []
-            for spec in ("layers=2,d=8,heads=2,ff=8,vocab=16,positions=8",
-                         "layers=2,d=8,heads=2,ff=8,vocab=16,positions=8,causal=1"):
-                cfg = parse_synthetic(spec)
-                net, ids = random_model(cfg).net, torch.zeros(1, 2, dtype=torch.long)
-                calls = sum(op.calls for op in model_ops(cfg, 2))
-                tiny.append(secs(lambda: net(input_ids=ids), 3 * reps) / calls * 1e6)
-    finally:
-        if torch.get_num_threads() != old:
-            torch.set_num_threads(old)
-    return DeviceProfile(
-        name="cpu", gemm_gflops=peak, bmm_gflops=bmm, sdpa_gflops=sdpa, vector_gflops=vector, half_rows=half,
-        dram_gbs=dram, cache_gbs=cache, cache_mb=16.0, fault_gbs=fault, overhead_us=statistics.mean(tiny),
-        cores=os.cpu_count() or 1, threads=threads,
-        source=f"calibrated here by microbenchmarks ({threads} thread{'s' * (threads > 1)}, {clock} clock)")
-
-
-def recalibrate(profile: DeviceProfile, points) -> DeviceProfile:
-    """Fit a profile to measurements: points are (Config, n, variant, threads, measured_ms).
-
-    The prediction splits into work (the roofline and page-fault terms) and per-call overhead;
-    non-negative least squares finds how much faster or slower each is on the measured device,
-    and the profile's throughputs and overhead are scaled by those two factors."""
-    import numpy as np
-    rows, split = [], {}
-    for cfg, n, variant, threads, ms in points:
-        key = (cfg, int(n), parse_variant(variant), int(threads))
-        if key not in split:  # a long CSV repeats a few points: model each once
-            p = profile.at_threads(int(threads))
-            ops = op_counts(cfg, int(n), variant)
-            overhead = sum(count * op.calls for op, count in ops) * p.overhead_us * 1e-3
-            split[key] = (sum(count * op_seconds(op, p) for op, count in ops) * 1e3 - overhead, overhead)
-        work, overhead = split[key]
-        rows.append([work / ms, overhead / ms])  # relative error: every point weighs the same
-    if len(rows) < 2:
-        raise ValueError("recalibration needs at least two measured points (e.g. two sequence lengths)")
-    A, ones = np.array(rows), np.ones(len(rows))
-    w, o = np.linalg.lstsq(A, ones, rcond=None)[0]
-    if o <= 0:  # overhead not identifiable (long sequences only): fit the work alone, keep the overhead
-        w, o = float(np.linalg.lstsq(A[:, :1], ones - A[:, 1], rcond=None)[0][0]), 1.0
-    if w <= 0:
-        raise ValueError("these measurements cannot be explained by this profile (no positive fit); "
-                         "check that the CSV's shapes and variants match what was run")
-    return replace(profile, name=f"{profile.name} (recalibrated)",
-                   gemm_gflops=profile.gemm_gflops / w, bmm_gflops=profile.bmm_gflops / w,
-                   sdpa_gflops=profile.sdpa_gflops / w, vector_gflops=profile.vector_gflops / w,
-                   dram_gbs=profile.dram_gbs / w, cache_gbs=profile.cache_gbs / w, fault_gbs=profile.fault_gbs / w,
-                   overhead_us=profile.overhead_us * o,
-                   source=f"{profile.source}; recalibrated on {len(rows)} measured points "
-                          f"(work x{w:.2f}, overhead x{o:.2f})")

@@ -32,6 +32,10 @@ MAX_CSV_BYTES, MAX_CSV_ROWS = 5_000_000, 100_000
 MAX_SEQ_LEN = 1 << 17    # tokens of one forward pass, in a sweep or a CSV row
 MAX_THREADS = 1024       # torch threads of one row
 MAX_CELL_CHARS = 100     # of a bad cell quoted in an error message
+# A forward pass's time in ms: 0.1 microseconds is below one kernel call on any CPU, 10^8 ms (28 h)
+# beyond any sweep; outside these a number is a unit or typing error (1e308 once fitted a profile
+# to inf, 1e-308 sent LAPACK errors to stderr). Memory: at most 10^9 MB (a petabyte).
+MIN_MS, MAX_MS, MAX_MEM_MB = 1e-4, 1e8, 1e9
 
 FAMILY_PRESETS = {
     "bert": dict(norm="layernorm", positional="learned", pre_norm=False, activation="gelu", type_vocab_size=2,
@@ -242,19 +246,18 @@ def _check(df: pd.DataFrame) -> pd.DataFrame:
     for i in df.index[~flags.isin(["true", "false", "1", "0", "yes", "no"])]:
         fail("measured", i, "must be true or false")
     for col, lo, hi in (("seq_len", 1, MAX_SEQ_LEN), ("n_heads", 1, SPEC_BOUNDS["heads"][1]),
-                        ("threads", 1, MAX_THREADS), ("median_ms", 0, None), ("p10_ms", 0, None),
-                        ("p90_ms", 0, None), ("peak_mem_mb", 0, None)):
+                        ("threads", 1, MAX_THREADS), ("median_ms", MIN_MS, MAX_MS), ("p10_ms", 0, MAX_MS),
+                        ("p90_ms", 0, MAX_MS), ("peak_mem_mb", 0, MAX_MEM_MB)):
         values = pd.to_numeric(df[col].str.strip().replace("", "nan"), errors="coerce").astype(float)
         bad = (values < lo) | (values.abs() == float("inf"))
         if col != "peak_mem_mb":  # memory may be absent (--no-memory)
             bad |= values.isna()
-        if col == "median_ms":
-            bad |= values <= 0
         for i in df.index[bad]:
-            fail(col, i, f"must be a number {'above' if col == 'median_ms' else 'at least'} {lo}")
-        if hi is not None:
-            for i in df.index[values > hi]:
-                fail(col, i, f"must be at most {hi:,}")
+            fail(col, i, f"must be a finite number of at least {lo:g}" + (" ms (a forward pass takes longer "
+                         "than 0.1 microseconds)" if col == "median_ms" else ""))
+        for i in df.index[values > hi]:
+            fail(col, i, f"must be at most {hi:,}" if hi < 1e6 else f"must be at most {hi:.0e}" +
+                 (" ms" if col.endswith("_ms") else " MB"))
         df[col] = values
     for col in ("seq_len", "n_heads", "threads"):
         for i in df.index[df[col] != df[col].round()]:

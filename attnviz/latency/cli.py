@@ -1,0 +1,131 @@
+"""`python -m attnviz.bench`: a latency sweep (or a calibration) in a process of its own, written as
+the CSV the Latency page imports. Runs unchanged on a Raspberry Pi with an aarch64 torch.
+
+Exit status: 0 done, 2 bad input (argparse's message on stderr), `child.STOPPED_EXIT` when
+--deadline stopped the sweep (the CSV holds what was measured)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict
+
+import torch
+from tqdm import tqdm
+
+from attnviz.base.jobs import Deadline
+from attnviz.base.timing import CLOCKS
+from attnviz.latency.calibrate import host_profile
+from attnviz.latency.child import STOPPED_EXIT
+from attnviz.latency.measure import load, memory_budget_mb
+from attnviz.latency.results import MAX_THREADS, to_csv
+from attnviz.latency.sweep import BACKENDS, SweepPlan, configs_of, estimate, parse_int_list, run_sweep
+
+
+def number(lowest: float, above: bool):
+    """An argparse type: a finite number above `lowest` (or at least it). NaN and inf are refused:
+    NaN compares false with everything, so a NaN budget or deadline would switch its check off."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give seconds or MB as a number")
+        if value < lowest or (above and value == lowest):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {'above' if above else 'at least'} {lowest:g}")
+        return value
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m attnviz.bench", description=(
+        "Latency and peak memory of one forward pass versus sequence length: measured on this CPU "
+        "(backend cpu) and modelled for a Raspberry Pi (pi4, pi5) or by this host's calibrated profile "
+        "(cpu-model). Runs unchanged on a Pi with an aarch64 torch; upload its --out CSV to the Latency page."))
+    ap.add_argument("--model", action="append", help="bundled key (minilm, smollm2, dinov2), local HF folder, "
+                    "or synthetic:layers=6,d=384,heads=8[,kv=,dh=,ff=,vocab=,positions=,causal=1]; repeatable "
+                    "(default minilm)")
+    ap.add_argument("--seq-lens", default="16,32,64,128,256", help="comma-separated token counts")
+    ap.add_argument("--variants", default="fused", help="comma-separated: fused, eager, chunked[:C], "
+                    "local[:W], linear, relu, topk[:K]")
+    ap.add_argument("--heads", default="all", help="query heads kept per layer (first k, pruned), e.g. 4,8; "
+                    "'all' keeps every head")
+    ap.add_argument("--threads", default=str(torch.get_num_threads()), help="comma-separated torch thread counts")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per point (median, p10, p90)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs before them")
+    ap.add_argument("--backend", default="cpu", help=f"comma-separated: {', '.join(BACKENDS)}")
+    ap.add_argument("--clock", default="wall", choices=list(CLOCKS), help="wall (perf_counter) or cpu "
+                    "(process CPU time: robust on a busy machine, latency only with one thread)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the profiled pass that measures peak memory")
+    ap.add_argument("--max-seconds", type=number(0, above=True), default=3600.0,
+                    help="refuse sweeps estimated to take longer")
+    ap.add_argument("--max-mem-mb", type=number(0, above=True), default=None, help="refuse sweeps estimated to "
+                    "need more memory (default: half of what is available)")
+    ap.add_argument("--deadline", type=number(0, above=False), default=None, metavar="SECONDS", help="stop "
+                    f"measuring after SECONDS, between points, and write what was measured (exit status {STOPPED_EXIT})")
+    ap.add_argument("--stop-at", type=number(0, above=False), default=None,
+                    help=argparse.SUPPRESS)  # epoch seconds (the app's child processes)
+    ap.add_argument("--calibrate", nargs="?", const="full", choices=["quick", "full"], default=None,
+                    help="print this CPU's cost-model profile at the first --threads (JSON) and exit")
+    ap.add_argument("--out", help="CSV file to write (default: the CSV goes to stdout)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    limits = [x for x in (args.deadline, None if args.stop_at is None else args.stop_at - time.time())
+              if x is not None]
+    deadline = Deadline(max(min(limits), 0.0), "the sweep") if limits else None
+    if args.calibrate:
+        try:
+            threads = parse_int_list(args.threads, "--threads")[0]
+            if threads > MAX_THREADS:
+                raise ValueError(f"--threads must be at most {MAX_THREADS}")
+            prof = host_profile(threads, args.clock, quick=args.calibrate == "quick", own_process=True)
+        except ValueError as err:
+            ap.error(str(err))
+        sys.stdout.write(json.dumps(asdict(prof)) + "\n")
+        return 0
+    try:
+        plan = SweepPlan(models=args.model or ["minilm"], seq_lens=parse_int_list(args.seq_lens, "--seq-lens"),
+                         variants=[v for v in args.variants.split(",") if v.strip()],
+                         heads=None if args.heads.strip() == "all" else parse_int_list(args.heads, "--heads"),
+                         threads=parse_int_list(args.threads, "--threads"),
+                         backends=[b.strip() for b in args.backend.split(",") if b.strip()],
+                         repeats=args.repeats, warmup=args.warmup, memory=not args.no_memory, clock=args.clock)
+        plan.check()
+        configs = configs_of(plan.models)
+        est = estimate(plan, configs)
+        est.check(args.max_seconds, memory_budget_mb() if args.max_mem_mb is None else args.max_mem_mb)
+        sys.stderr.write(f"{est.points} points, about {est.seconds:,.0f} s, peak about {est.peak_mb:,.0f} MB\n")
+        models = {key: load(key) for key in plan.models}
+        bar = tqdm(total=1, file=sys.stderr, unit="point", disable=None)
+
+        def progress(done, total, label):
+            bar.total = total
+            bar.set_description(label)
+            bar.update(done - bar.n)
+
+        df = run_sweep(plan, models, progress=progress, quiet=True, deadline=deadline, own_process=True)
+        bar.close()
+    except ValueError as err:
+        ap.error(str(err))
+    text = to_csv(df)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        sys.stderr.write(f"wrote {len(df)} rows to {args.out}\n")
+    else:
+        sys.stdout.write(text)
+    if df.attrs.get("stopped"):
+        sys.stderr.write(f"stopped: {df.attrs['stopped']}\n")
+        return STOPPED_EXIT
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,309 @@
+"""The Latency page: what attention costs as sequences grow, measured on this CPU and modelled for
+a Raspberry Pi; a CSV from a real Pi overlays measured on modelled.
+
+Widgets, session state, caches and the heavy jobs live here; the work is in `attnviz.latency`
+(sweeps, cost model, calibration, analyses) and the figures in `attnviz.figures.latency`. Only
+the chosen results view computes (`common.view_choice`): the cost-model views calibrate this CPU
+and model every point, which no rerun of another view should pay for.
+"""
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from attnviz.base import jobs
+from attnviz.base.limits import LIMITS
+from attnviz.base.names import session_key
+from attnviz.figures import latency as lf
+from attnviz.latency import calibrate, compare, measure, results, sweep
+from attnviz.latency import costmodel as cm
+from attnviz.ui import common
+from attnviz.ui import jobs as ui_jobs
+from attnviz.weights.catalogue import BUNDLED
+
+PAGE = "latency"
+VARIANTS = ["fused", "eager", "chunked:128", "local:64", "linear", "relu"]
+VIEWS = ["Latency", "Split and fit", "Memory", "Tokens/s", "Comparisons", "Model error"]
+PROFILES, RESULTS, STOPPED = (session_key(PAGE, k) for k in ("profiles", "results", "stopped"))
+
+
+def K(name: str) -> str:
+    return session_key(PAGE, name)
+
+
+def intro():
+    st.caption("One forward pass, batch 1, float32. **cpu** is measured here; **pi4** / **pi5** come from a "
+               "cost model built on published Raspberry Pi figures; a CSV from `python -m attnviz.bench` run on "
+               "a real Pi can be imported below.")
+    st.session_state.setdefault(PROFILES, {})  # Pi profiles recalibrated from an imported CSV
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def synthetic(spec: str):
+    return measure.load(spec)
+
+
+def get_model(key: str):
+    return synthetic(key) if key.startswith("synthetic:") else common.load_model(key)
+
+
+def host(threads: int, clock: str):
+    """This CPU's calibrated profile at a thread count (a separate process for other counts), or None
+    after showing why not."""
+    try:
+        return calibrate.host_profile(int(threads), clock)
+    except ValueError as err:
+        st.error(common.plain(str(err)))
+        return None
+
+
+# ---------------------------------------------------------------- the sweep
+def sweep_form():
+    """The form; on Run, the sweep (or a message saying why not, the results on screen staying)."""
+    here = measure.threads_now()  # this server's torch threads: other counts run in a separate process
+    with st.form(K("form")):
+        c1, c2, c3 = st.columns(3)
+        picked = c1.multiselect("Models", list(BUNDLED), default=["minilm"], key=K("models"))
+        specs = c1.text_area("Synthetic shapes (one per line)", key=K("synthetic"), height=68,
+                             placeholder="synthetic:layers=6,d=384,heads=8",
+                             help="Random weights, for timing: layers, d, heads; optional kv, dh, ff, vocab, "
+                                  "positions, causal=1, family")
+        form = dict(models=picked + [s.strip() for s in specs.splitlines() if s.strip()])
+        form["variants"] = c2.multiselect("Attention variants", VARIANTS, default=["fused"], key=K("variants"))
+        form["seq"] = c2.text_input("Sequence lengths", "16,32,64,128,256", key=K("seq"))
+        form["heads"] = c2.text_input("Heads kept per layer", "all", key=K("heads"),
+                                      help="'all', or counts such as 4,8: the first k heads of every layer, pruned")
+        form["threads"] = c2.multiselect(
+            "Threads", sorted(set(range(1, (os.cpu_count() or 1) + 1)) | {here}), default=[here], key=K("threads"),
+            help=f"this server runs on {here}; other thread counts are measured in a separate process (torch's "
+                 "thread count is shared by every session here)")
+        form["backends"] = c3.multiselect("Backends", ["cpu", "pi4", "pi5"], default=["cpu", "pi4", "pi5"],
+                                          key=K("backends"))
+        form["repeats"] = c3.number_input("Repeats", 1, 50, 3, key=K("repeats"))
+        form["warmup"] = c3.number_input("Warm-up runs", 0, 10, 1, key=K("warmup"))
+        form["clock"] = c3.radio("Clock", ["wall", "cpu"], horizontal=True, key=K("clock"),
+                                 help="cpu: this process's CPU time; ignores other programs on a busy machine "
+                                      "(1 thread)")
+        form["memory"] = c3.checkbox("Measure peak memory", True, key=K("memory"))
+        b1, b2 = st.columns(2)
+        cap_s, cap_mb = int(LIMITS.max_sweep_seconds), int(min(measure.memory_budget_mb(), LIMITS.max_sweep_memory_mb))
+        form["max_s"] = b1.number_input("Time budget (s)", 1, cap_s, min(120, cap_s), key=K("budget_s"),
+                                        help=f"at most {cap_s} s on this server (ATTNVIZ_MAX_SWEEP_SECONDS)")
+        form["max_mb"] = b2.number_input("Memory budget (MB)", 100, max(100, cap_mb), max(100, cap_mb),
+                                         key=K("budget_mb"),
+                                         help="at most half the free memory, and ATTNVIZ_MAX_SWEEP_MEMORY_MB")
+        run = st.form_submit_button("Run", type="primary")
+    if run:
+        try:
+            swept = run_form(form, here)
+        except ValueError as err:  # bad input, over budget, server busy: what was on screen stays
+            st.error(common.plain(str(err)))
+        else:
+            st.session_state[RESULTS], st.session_state[STOPPED] = swept, swept.attrs.get("stopped", "")
+
+
+def run_form(form: dict, here: int):
+    """The form's sweep, or a ValueError before any work when it is bad, over budget or the server
+    is busy. It stops at the time budget, keeping what it measured (`attrs["stopped"]` says so)."""
+    heads = form["heads"].strip().lower()
+    plan = sweep.SweepPlan(
+        models=form["models"], seq_lens=sweep.parse_int_list(form["seq"], "Sequence lengths"),
+        variants=form["variants"], heads=None if heads == "all" else sweep.parse_int_list(heads, "Heads"),
+        threads=[int(t) for t in form["threads"]], backends=form["backends"], repeats=int(form["repeats"]),
+        warmup=int(form["warmup"]), memory=form["memory"], clock=form["clock"]).check()
+    configs = sweep.configs_of(plan.models, loader=get_model)  # synthetic shapes: parsed, not built
+    max_s, max_mb = form["max_s"], form["max_mb"]
+    sweep.estimate(plan, configs, cm.HOST_GUESS).check(None, max_mb)  # memory does not need a calibration
+    with ui_jobs.heavy_job("a latency sweep") as cancel:
+        with st.spinner("Calibrating this CPU…"):
+            here_profile = calibrate.host_profile(here, plan.clock)
+        est = sweep.estimate(plan, configs, here_profile)
+        est.check(max_s, max_mb)
+        deadline = jobs.Deadline(max_s, "the sweep")
+        bar = st.progress(0.0, text=f"{est.points} points, about {est.seconds:,.0f} s (stops at {max_s} s)")
+        df = sweep.run_sweep(plan, {k: get_model(k) for k in plan.models}, profiles=st.session_state[PROFILES],
+                             deadline=deadline, cancel=cancel, progress=lambda i, n, label: bar.progress(
+                                 min(i / max(n, 1), 1.0), text=common.plain(label)))
+        bar.empty()
+        with st.spinner("Calibrating this CPU at the sweep's thread counts…"):
+            for t in sorted(set(plan.threads) - {here}):  # the cost-model views need them: here, in the slot
+                try:
+                    calibrate.host_profile(t, plan.clock)
+                except ValueError:
+                    break  # the views say why
+    return df
+
+
+# ---------------------------------------------------------------- results: one view at a time
+def results_views():
+    df = st.session_state.get(RESULTS)
+    if df is not None and st.session_state.get(STOPPED):
+        st.warning(common.plain(st.session_state[STOPPED]) + (" Nothing was measured: raise the time budget or "
+                                                              "choose a smaller sweep." if df.empty else ""))
+    if df is None or df.empty:
+        st.info("Choose models, variants and sequence lengths, then press Run.")
+        return
+    st.dataframe(df[[c for c in results.COLUMNS[1:14] if c != "shape"]], hide_index=True, key=K("table"))
+    # results.to_csv is exports.csv_text: text cells that a spreadsheet would run as formulas are neutralised
+    st.download_button("Download CSV", results.to_csv(df), "attnviz-latency.csv", "text/csv", key=K("download"),
+                       on_click="ignore")
+    chosen = common.view_choice(PAGE, VIEWS)
+    {"Latency": latency_view, "Split and fit": split_and_fit, "Memory": memory_view, "Tokens/s": throughput_view,
+     "Comparisons": comparisons_view, "Model error": model_error_view}[chosen](df)
+
+
+def latency_view(df):
+    st.plotly_chart(lf.latency_figure(df), key=K("fig_linear"))
+    st.plotly_chart(lf.latency_figure(df, log=True), key=K("fig_log"))
+
+
+def memory_view(df):
+    st.plotly_chart(lf.memory_figure(df), key=K("fig_memory"))
+
+
+def throughput_view(df):
+    st.plotly_chart(lf.throughput_figure(df), key=K("fig_tps"))
+
+
+def split_and_fit(df):
+    """Where the time goes (cost model) on a device, and the quadratic fit of a series."""
+    c1, c2, c3 = st.columns(3)
+    key = c1.selectbox("Model", sorted(df["model"].unique()), key=K("split_model"))
+    variant = c2.selectbox("Variant", sorted(df["variant"].unique()), key=K("split_variant"))
+    names = {"cpu (this host)": None, **{b: b for b in ("pi4", "pi5")}}
+    where = c3.selectbox("Device", list(names), key=K("split_device"))
+    sel = df[(df["model"] == key) & (df["variant"] == variant)]
+    sel = sel[sel["n_heads"] == sel["n_heads"].max()]
+    cfg, b, run_clock = results.row_config(sel.iloc[0]), names[where], str(df["clock"].iloc[0])
+    prof = host(sel["threads"].min(), run_clock) if b is None else st.session_state[PROFILES].get(b, cm.PROFILES[b])
+    if prof is None:
+        return
+    ns = sorted(sel["seq_len"].unique())
+    split = compare.split_table(cfg, ns, prof, variant)
+    st.plotly_chart(lf.split_figure(split, f"Where the time goes on {where} (cost model)"), key=K("fig_split"))
+    pts = sel[sel["backend"] == ("cpu" if b is None else b)]
+    pts = pts[pts["threads"] == pts["threads"].min()]
+    if pts.empty:  # that device was not in the sweep: fit the model's own curve
+        pts = split.assign(median_ms=split.drop(columns="seq_len").sum(axis=1))
+    cross = cm.attention_crossover(cfg, prof, variant)
+    if pts["seq_len"].nunique() >= 3:
+        st.plotly_chart(lf.fit_figure(pts["seq_len"], pts["median_ms"], f"{key} · {where}", cross), key=K("fig_fit"))
+    else:
+        st.info("The quadratic fit needs at least three sequence lengths.")
+    st.caption(f"Attention takes half the time from n ≈ {cross:,} on {where}." if cross else
+               f"With {variant}, attention never takes half the time on {where} (up to 65,536 tokens).")
+    st.caption(f"Pruning half the heads can speed {common.plain(key)} up by at most "
+               f"{cm.speedup_bound(cfg, ns[-1], 0.5, prof, variant):.2f}× at n = {ns[-1]} (only the per-head "
+               "work shrinks: attention and the Q/K/V/output projections; the MLP stays).")
+
+
+def comparisons_view(df):
+    cmp = compare.compare(df)
+    if cmp.empty:
+        st.info("Comparisons need n and n/2, several head counts, or fused beside another variant.")
+        return
+    st.plotly_chart(lf.comparison_figure(cmp), key=K("fig_compare"))
+    st.dataframe(cmp, hide_index=True, key=K("compare_table"))
+
+
+def model_error_view(df):
+    if not df["measured"].any():
+        st.info("Include the cpu backend to compare this host's measurements with its cost model.")
+        return
+    try:
+        err = compare.host_model_error(df)
+    except ValueError as problem:  # calibrating at another thread count failed
+        st.error(common.plain(str(problem)))
+        return
+    st.metric("Largest cost-model error here", f"{err['error_pct'].abs().max():.1f} %")
+    st.plotly_chart(lf.error_figure(err), key=K("fig_error"))
+    st.caption("On a busy machine choose the cpu clock with one thread: wall time then includes other "
+               "programs, which no cost model can predict.")
+
+
+# ---------------------------------------------------------------- a CSV from a real device
+@st.cache_data(max_entries=4, show_spinner="Checking the CSV…")
+def checked_csv(data: bytes):
+    """read_results on these bytes once, in a heavy-job slot: (table, None) or (None, the reason it
+    is refused). A busy server or a deadline raises (and is not cached)."""
+    with ui_jobs.heavy_job("a latency CSV import"):
+        try:
+            imported = results.read_results(data)
+            if not imported["measured"].any():
+                raise ValueError("this CSV holds modelled rows only; upload one measured on the device")
+            return imported, None
+        except (jobs.ServerBusy, jobs.JobTimeout, jobs.JobCancelled):
+            raise
+        except ValueError as err:
+            return None, str(err)
+
+
+@st.cache_data(max_entries=8, show_spinner="Modelling the CSV's points…")
+def modelled_csv(data: bytes, base: str, recalibrate: bool):
+    """(profile, model error table, overlay figure, series drawn, series in all) for these bytes
+    and this profile, made once (a rerun, a download or another view reuses it) in a heavy-job
+    slot with a deadline; or the reason the fit failed, as text."""
+    imported, _ = checked_csv(data)
+    with ui_jobs.heavy_job("a latency CSV import") as cancel:
+        check = jobs.checks(jobs.Deadline(LIMITS.max_sweep_seconds, "modelling the CSV"), cancel)
+        try:
+            prof = compare.recalibrate_from(imported, cm.PROFILES[base], check) if recalibrate else cm.PROFILES[base]
+        except (jobs.ServerBusy, jobs.JobTimeout, jobs.JobCancelled):
+            raise
+        except ValueError as err:
+            return str(err)
+        meas = imported[imported["measured"]]
+        twins = compare.modelled_like(meas, prof, check=check)
+        err = compare.model_error(meas, prof, twins)
+        fig = lf.overlay_figure(meas, twins, f"Measured on the device vs {prof.name}")
+    series = lf.series_count(meas)
+    return prof, err, fig, min(series, lf.MAX_SERIES), series
+
+
+def device_import():
+    st.subheader("Measurements from a Raspberry Pi")
+    st.caption("On the Pi: `python -m attnviz.bench --model minilm --seq-lens 16,32,64,128,256 --threads 4 "
+               "--out pi.csv`, then upload `pi.csv`.")
+    cap = min(LIMITS.max_upload_bytes, results.MAX_CSV_BYTES)
+    upload = st.file_uploader(f"CSV from python -m attnviz.bench (at most {cap / 1e6:g} MB and "
+                              f"{results.MAX_CSV_ROWS:,} rows)", type=["csv"], key=K("upload"))
+    if upload is None:
+        return
+    name = common.plain(upload.name)
+    if upload.size > cap:
+        st.error(f"Cannot use {name}: it is {upload.size / 1e6:,.1f} MB; this page reads CSV files of at most "
+                 f"{cap / 1e6:g} MB ({results.MAX_CSV_ROWS:,} rows). Split the sweep into several files.")
+        return
+    data = upload.getvalue()
+    profiles = st.session_state.setdefault(PROFILES, {})
+    try:
+        imported, problem = checked_csv(data)
+        if problem:
+            st.error(f"Cannot use {name}: {common.plain(problem)}")
+            return
+        cpu_name = str(imported["cpu"].iloc[0])
+        guess = "pi5" if "Pi 5" in cpu_name else "pi4"
+        base = st.selectbox("Compare with the profile", ["pi4", "pi5"], index=["pi4", "pi5"].index(guess),
+                            key=K("import_profile"), help=f"The CSV says the CPU is: {common.plain(cpu_name)}")
+        recalibrate = st.checkbox(f"Recalibrate the {base} profile from these measurements", key=K("recalibrate"))
+        modelled = modelled_csv(data, base, recalibrate)
+        if isinstance(modelled, str):  # the fit failed: compare with the published profile
+            st.error(common.plain(modelled))
+            modelled = modelled_csv(data, base, False)
+            profiles.pop(base, None)
+        elif recalibrate:
+            profiles[base] = modelled[0]
+            st.success(f"{common.plain(modelled[0].source)}. New sweeps on this page use it for {base}.")
+        else:
+            profiles.pop(base, None)
+    except ValueError as err:  # the server is busy, or modelling ran past its deadline
+        st.error(f"Cannot import {name} now: {common.plain(str(err))}")
+        return
+    prof, err, fig, drawn, series = modelled
+    st.plotly_chart(fig, key=K("fig_overlay"))
+    if drawn < series:
+        st.caption(f"{series:,} series in this file: the first {drawn} are drawn one by one, the other "
+                   f"{series - drawn:,} together in grey; the table below lists every point.")
+    st.metric(f"Largest error of the {prof.name} model", f"{err['error_pct'].abs().max():.1f} %")
+    st.dataframe(err, hide_index=True, key=K("import_errors"))
