@@ -16,7 +16,7 @@ from attnviz.core.model import Model, Trace
 from attnviz.core.attention import parse_variant
 from attnviz.base.limits import LIMITS
 from attnviz.base.timing import Timing, measure
-from attnviz.core.transformer import Transformer
+from attnviz.core.transformer import Transformer, sentence_embedding
 from attnviz.core.positional import alibi_bias, apply_rope, rope_cos_sin, sinusoidal
 
 
@@ -364,6 +364,6 @@ def variant_fidelity(model: Model, text: str, variants, label: str = "", repeats
         out.perplexity = math.exp(F.nll_loss(logp_var[:-1], target).item())
     else:
         a, b = ref.hidden[0].float(), var.hidden[0].float()   # (n, d_model)
-        out.cosine = F.cosine_similarity(a.mean(0), b.mean(0), dim=0).item()
+        out.cosine = float(sentence_embedding(a) @ sentence_embedding(b))   # the pooled embeddings
         out.token_cosine = F.cosine_similarity(a, b, dim=-1).mean().item()
     return out

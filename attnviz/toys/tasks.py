@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import string
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from importlib.resources import files
 
@@ -349,9 +349,9 @@ def _load_toy(key: str) -> ToyModel:
     cfg = config_from_dict(meta["config"])
     net = Transformer(cfg)
     net.load_state_dict({k: v.float() for k, v in _load_toy_state(key).items()})
-    task = Task(**meta["task"])
-    return ToyModel(net, toy_info(meta, sum(p.numel() for p in net.parameters())), task,
-                    meta["settings"].get("variant", "softmax"))
+    model = ToyModel(net, toy_info(meta), Task(**meta["task"]), meta["settings"].get("variant", "softmax"))
+    model.info = replace(model.info, params=model.num_params())
+    return model
 
 
 def save_toy(model: ToyModel, key: str, folder, meta: dict) -> dict:
@@ -365,7 +365,7 @@ def save_toy(model: ToyModel, key: str, folder, meta: dict) -> dict:
     save_file(state, str(folder / f"{key}.safetensors"))
     (folder / f"{key}.safetensors").chmod(0o644)  # package data: readable by every user
     meta = dict(meta, key=key, task=asdict(model.task), config=asdict(model.cfg),
-                params=sum(p.numel() for p in model.net.parameters()),
+                params=model.num_params(),
                 size_bytes=(folder / f"{key}.safetensors").stat().st_size)
     (folder / f"{key}.json").write_text(json.dumps(meta, indent=1))
     return meta

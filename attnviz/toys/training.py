@@ -227,11 +227,7 @@ def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget
 
 
 def wrap(net: Transformer, s: TrainSettings, key: str) -> ToyModel:
-    cfg = net.cfg
-    info = ModelInfo(key=key, family=cfg.family, task="lm", n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                     n_kv_heads=cfg.n_kv_heads, max_positions=cfg.max_positions,
-                     params=sum(p.numel() for p in net.parameters()),
-                     source=f"toy transformer trained on the {s.task.name} task in the lab")
+    info = ModelInfo.of(key, net.cfg, f"toy transformer trained on the {s.task.name} task in the lab", net)
     return ToyModel(net, info, s.task, s.variant)
 
 
