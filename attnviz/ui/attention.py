@@ -12,6 +12,7 @@ from attnviz.core import tokens as token_text
 from attnviz.figures import attention as viz
 from attnviz.ui import attention_views as views
 from attnviz.ui import common as ui
+from attnviz.ui import jobs as ui_jobs
 from attnviz.ui.attention_views import PAGE, Shown, key
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
@@ -37,7 +38,8 @@ def capture(model, model_id: str, text: str, start: int) -> outputs.TextCapture:
             bar.progress(done / total, text=f"Running the model: layer {done} of {total}.{note}")
 
         try:
-            cap = outputs.capture_text(model, text, start=start, progress=report)
+            cap = outputs.capture_text(model, text, start=start, progress=report,
+                                      cancel=ui_jobs.session_cancel())  # a closed tab stops the scan
         finally:
             bar.empty()
         store.put(cache_key, cap)
