@@ -86,17 +86,17 @@ def page_text(model):
     return text, len(model.encode_text(text)[0])
 
 
-def apptest_rerun(text, heads, view):
+def apptest_rerun(text, heads, view, L, H):
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(str(ROOT / "pages" / "2_Heads.py"), default_timeout=300)
     at.query_params["model"] = MODEL
     at.run()
-    at.text_area(key="heads_text:lm").input(text).run()  # fills the full-model cache
-    at.button_group(key="heads_chart").set_value(view).run()
+    at.text_area(key="heads.text:lm").input(text).run()  # fills the full-model cache
+    at.button_group(key="heads.chart").set_value(view).run()
     times = []
     for i, h in heads:
-        at.button_group(key=f"heads_row:{MODEL}:{i}").unselect(h)
-        at.button(key="heads_apply").click()
+        at.button_group(key=f"heads.row:{MODEL}:{L}x{H}:{i}").unselect(h)
+        at.button(key="heads.apply").click()
         t0 = time.perf_counter()
         at.run()
         times.append(time.perf_counter() - t0)
@@ -206,7 +206,7 @@ def main():
     print(f"library, masked run + comparison, from layer 0 (no reuse):     {summary(lib[False])}")
     for view in args.view or LIVE_CHARTS:
         print(f"-- chart: {view}")
-        rerun = apptest_rerun(text, heads[1:], view)
+        rerun = apptest_rerun(text, heads[1:], view, L, H)
         print(f"AppTest rerun after a toggle + Apply (whole script, no paint):  {summary(rerun)}")
         if not args.skip_browser:
             painted, whole = browser_toggles(text, heads, L, H, view)

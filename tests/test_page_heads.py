@@ -26,23 +26,42 @@ def app(**query) -> AppTest:
     return at.run()
 
 
+SHAPES = {"minilm": "6x12", "smollm2": "30x9"}
+
+
+def row_key(key, i):
+    """The head editor's row of layer i (the heads that are on), for this model."""
+    return f"heads.row:{key}:{SHAPES[key]}:{i}"
+
+
+def layer_box(key, i):
+    return f"heads.layer:{key}:{SHAPES[key]}:{i}"
+
+
 def mask_of(at, key="minilm", L=6, H=12) -> torch.Tensor:
     keep = torch.zeros(L, H, dtype=torch.bool)
     for i in range(L):
-        keep[i, list(at.session_state[f"heads_row:{key}:{i}"])] = True
+        keep[i, list(at.session_state[row_key(key, i)])] = True
     return keep
+
+
+def tool(at, name):
+    """Choose the tool below the mask (one runs at a time)."""
+    at.button_group(key="heads.tool").set_value(name).run()
+    assert not at.exception
+    return at
 
 
 def switch(at, *heads, key="minilm"):
     """Click heads (layer, head) in the mask's rows; nothing happens until Apply."""
     for i, h in heads:
-        row = at.button_group(key=f"heads_row:{key}:{i}")
+        row = at.button_group(key=row_key(key, i))
         row.unselect(h) if h in row.value else row.select(h)
     return at
 
 
 def apply(at):
-    return at.button(key="heads_apply").click().run()
+    return at.button(key="heads.apply").click().run()
 
 
 def metric(at, label_start):
@@ -84,14 +103,14 @@ def test_toggle_updates_outputs_and_link():
     keep = torch.ones(6, 12, dtype=torch.bool)
     keep[5, 3] = False
     assert at.query_params["heads"] == pruning.encode_mask(keep)
-    at.checkbox(key="heads_layer:minilm:2").uncheck().run()  # a whole layer off
+    at.checkbox(key=layer_box("minilm", 2)).uncheck().run()  # a whole layer off
     assert not at.exception and not mask_of(at)[2].any() and mask_of(at).sum() == 72 - 13
-    at.checkbox(key="heads_layer:minilm:2").check().run()
+    at.checkbox(key=layer_box("minilm", 2)).check().run()
     assert mask_of(at)[2].all()
-    at.selectbox(key="heads_only:minilm:6x12").set_value(1).run()
-    at.button(key="heads_only_btn").click().run()
+    at.selectbox(key="heads.only:minilm:6x12").set_value(1).run()
+    at.button(key="heads.only_btn").click().run()
     assert mask_of(at).sum(1).tolist() == [0, 12, 0, 0, 0, 0]
-    at.button(key="heads_reset").click().run()
+    at.button(key="heads.reset").click().run()
     assert mask_of(at).all() and "heads" not in at.query_params
 
 
@@ -100,14 +119,14 @@ def test_sessions_do_not_share_masks_and_the_cached_model_is_untouched():
     before = checksum(model)
     first, second = app(), app()
     apply(switch(first, (0, 0)))
-    second.checkbox(key="heads_layer:minilm:3").uncheck().run()
+    second.checkbox(key=layer_box("minilm", 3)).uncheck().run()
     second.run()
     first.run()
     assert mask_of(first).sum() == 71 and mask_of(first)[3].all()
     assert mask_of(second).sum() == 60 and mask_of(second)[0, 0]
-    second.multiselect(key="heads_lengths").set_value([16]).run()
-    second.number_input(key="heads_repeats").set_value(3).run()
-    second.button(key="heads_prune_go").click().run()
+    tool(second, "Real pruning").multiselect(key="heads.lengths").set_value([16]).run()
+    second.number_input(key="heads.repeats").set_value(3).run()
+    second.button(key="heads.prune_go").click().run()
     assert not second.exception
     table = frame_with(second, "bound")
     assert table["tokens"].tolist() == [16] and (table["bound"] >= 1).all()
@@ -120,7 +139,7 @@ def test_link_round_trip_and_bad_links():
     at = app(heads=pruning.encode_mask(keep), model="minilm")
     assert not at.exception and torch.equal(mask_of(at), keep)
     fresh = AppTest.from_file(PAGE, default_timeout=300)  # back from another page: the saved copy
-    fresh.session_state["heads_saved:minilm"] = pruning.encode_mask(keep)
+    fresh.session_state["heads.saved:minilm:6x12"] = pruning.encode_mask(keep)
     assert torch.equal(mask_of(fresh.run()), keep)
     for bad, why in (("6x12-zz", "malformed"), ("30x9-1", "30 layers x 9 heads"), ("6x12-" + "f" * 30, "more bits")):
         at = app(heads=bad)
@@ -132,26 +151,26 @@ def test_every_head_off_is_explained_and_blocks_pruning():
     at = app(heads="6x12-0")
     assert not at.exception
     assert any("Every head is switched off" in e.value for e in at.error)
-    assert at.button(key="heads_prune_go").disabled
+    assert tool(at, "Real pruning").button(key="heads.prune_go").disabled
 
 
 def test_importance_run_then_top_k_preset_and_a_cancelled_run():
     at = app()
-    at.radio(key="heads_imp_src").set_value("the text above").run()
-    at.select_slider(key="heads_imp_window").set_value(32).run()
-    at.button(key="heads_imp_go").click().run()
+    at.radio(key="heads.imp_src").set_value("the text above").run()
+    at.select_slider(key="heads.imp_window").set_value(32).run()
+    at.button(key="heads.imp_go").click().run()
     assert not at.exception
-    result, _ = at.session_state["heads_imp:minilm"]
+    result, _ = at.session_state["heads.imp:minilm"]
     assert result.complete and len(frame_with(at, "rank")) == 72
-    at.slider(key="heads_k").set_value(50).run()
-    at.button(key="heads_top").click().run()
+    at.slider(key="heads.k").set_value(50).run()
+    at.button(key="heads.top").click().run()
     assert torch.equal(mask_of(at), result.keep_top(0.5))
     # a run interrupted by Cancel: its partial result stays, with a message; the mask stays too
     model = ui.load_model("minilm")
     data = importance.eval_windows(model, None, 128, 32)
     partial = importance.gradient_importance(model, data, should_stop=lambda: True)
-    at.session_state["heads_imp:minilm"] = (partial, 120)
-    at.session_state["heads_imp:minilm:running"] = True
+    at.session_state["heads.imp:minilm"] = (partial, 120)
+    at.session_state["heads.imp:minilm:running"] = True
     at.run()
     assert not at.exception
     assert any("was cancelled after 0 of 4" in w.value for w in at.warning)
@@ -160,11 +179,11 @@ def test_importance_run_then_top_k_preset_and_a_cancelled_run():
 
 def test_too_short_evaluation_text():
     at = app()
-    at.text_area(key="heads_text:enc").input("Hi").run()
-    at.radio(key="heads_imp_src").set_value("the text above").run()
+    at.text_area(key="heads.text:enc").input("Hi").run()
+    at.radio(key="heads.imp_src").set_value("the text above").run()
     assert not at.exception
     assert any("at least two are needed" in w.value for w in at.warning)
-    assert at.button(key="heads_imp_go").disabled
+    assert at.button(key="heads.imp_go").disabled
 
 
 def test_language_model_live_effect():
@@ -199,17 +218,17 @@ def test_head_edits_wait_for_apply_then_apply_together():
     captions = " ".join(c.value for c in at.caption)
     assert "69 of 72 heads on" in captions and "The grid above has 69 heads on" in captions
     assert at.query_params["heads"] == pruning.encode_mask(keep)
-    assert not at.checkbox(key="heads_layer:minilm:4").value   # layer 4 is no longer all on
-    at.checkbox(key="heads_layer:minilm:4").check().run()    # a layer box acts at once
+    assert not at.checkbox(key=layer_box("minilm", 4)).value   # layer 4 is no longer all on
+    at.checkbox(key=layer_box("minilm", 4)).check().run()    # a layer box acts at once
     assert mask_of(at)[4].all() and mask_of(at).sum() == 70
     assert any("70 of 72 heads on" in c.value for c in at.caption)
 
 
 def test_live_effect_of_a_language_model_one_scale_target_tokens_and_flips():
     at = app(model="smollm2")
-    at.text_area(key="heads_text:lm").input("The capital of France is").run()
-    at.text_input(key="heads_target:smollm2").input(" Paris").run()
-    at.text_input(key="heads_other:smollm2").input("▁London").run()   # the labels' space mark works too
+    at.text_area(key="heads.text:lm").input("The capital of France is").run()
+    at.text_input(key="heads.target:smollm2").input(" Paris").run()
+    at.text_input(key="heads.other:smollm2").input("▁London").run()   # the labels' space mark works too
     assert not at.exception
     p_paris = metric(at, "P(▁Paris) next")
     diff = metric(at, "logit(▁Paris) − logit(▁London)")
@@ -217,20 +236,20 @@ def test_live_effect_of_a_language_model_one_scale_target_tokens_and_flips():
     assert "vs full" in diff.delta
     assert not any("flips" in w.value for w in at.warning)
     # Every head but layer 0's: the prediction changes, and the page says so beyond perplexity
-    at.selectbox(key="heads_only:smollm2:30x9").set_value(0).run()
-    at.button(key="heads_only_btn").click().run()
+    at.selectbox(key="heads.only:smollm2:30x9").set_value(0).run()
+    at.button(key="heads.only_btn").click().run()
     assert not at.exception
     assert any("next-token prediction flips" in w.value for w in at.warning)
     top1 = metric(at, "top-1 agreement")
     assert "positions flip" in top1.delta
-    spec = chart(at, "heads_topk")
+    spec = chart(at, "heads.topk")
     full_bars, masked_bars = spec["data"]
     x1, x2 = spec["layout"]["xaxis"]["range"], spec["layout"]["xaxis2"]["range"]
     assert x1 == x2                                   # one probability scale for both panels
     top = max(values(full_bars["x"]).max(), values(masked_bars["x"]).max())
     assert x1[0] == 0 and top <= x1[1] <= 1.0 and x1[1] == pytest.approx(min(1.0, 1.1 * top))
     # a word that is not one token: said plainly, with how it splits
-    at.text_input(key="heads_target:smollm2").input(" unbelievably").run()
+    at.text_input(key="heads.target:smollm2").input(" unbelievably").run()
     assert not at.exception
     said = " ".join(w.value for w in at.warning)
     assert "3 tokens" in said and "not one" in said
@@ -246,7 +265,7 @@ def test_settings_that_name_a_layer_follow_the_model():
     assert not at.exception
     assert layer_box(at).value == 29 and layer_box(at).options[-1] == "29"   # SmolLM2's last, not 5
     assert next(s for s in at.selectbox if s.label == "layer").value == 29
-    at.button_group(key="heads_chart").set_value("attention change").run()   # the note sits under it
+    at.button_group(key="heads.chart").set_value("attention change").run()   # the note sits under it
     notes = " ".join(c.value for c in at.caption)
     assert "270 of 270 heads on" in notes and "Every head is on" in notes
     at.sidebar.selectbox[0].set_value("minilm").run()
@@ -255,30 +274,30 @@ def test_settings_that_name_a_layer_follow_the_model():
 
 def test_top_k_preset_is_enabled_as_soon_as_importance_is_computed():
     at = app()
-    assert at.button(key="heads_top").disabled
-    at.radio(key="heads_imp_src").set_value("the text above").run()
-    at.select_slider(key="heads_imp_window").set_value(32).run()
-    at.button(key="heads_imp_go").click().run()
+    assert at.button(key="heads.top").disabled
+    at.radio(key="heads.imp_src").set_value("the text above").run()
+    at.select_slider(key="heads.imp_window").set_value(32).run()
+    at.button(key="heads.imp_go").click().run()
     assert not at.exception
-    assert not at.button(key="heads_top").disabled      # no other widget touched in between
+    assert not at.button(key="heads.top").disabled      # no other widget touched in between
     assert "Importance CSV" in [b.label for b in at.get("download_button")]
-    at.button(key="heads_top").click().run()
-    result, _ = at.session_state["heads_imp:minilm"]
+    at.button(key="heads.top").click().run()
+    result, _ = at.session_state["heads.imp:minilm"]
     assert torch.equal(mask_of(at), result.keep_top(0.7))
 
 
 def test_prune_and_measure_warms_up_takes_medians_and_shows_the_spread():
-    at = app()
-    assert at.number_input(key="heads_repeats").min >= 3
-    at.multiselect(key="heads_lengths").set_value([16]).run()
-    at.number_input(key="heads_repeats").set_value(3).run()
-    at.button(key="heads_prune_go").click().run()
+    at = tool(app(), "Real pruning")
+    assert at.number_input(key="heads.repeats").min >= 3
+    at.multiselect(key="heads.lengths").set_value([16]).run()
+    at.number_input(key="heads.repeats").set_value(3).run()
+    at.button(key="heads.prune_go").click().run()
     assert not at.exception
     table = frame_with(at, "speedup_q1")
     assert table["runs"].tolist() == [3]
     for col in ("full_ms", "pruned_ms", "speedup"):
         assert (table[f"{col}_q1"] <= table[col]).all() and (table[col] <= table[f"{col}_q3"]).all()
-    spec = chart(at, "heads_latency")
+    spec = chart(at, "heads.latency")
     assert all("error_y" in trace for trace in spec["data"][:2])
     assert "Speed-up CSV" in [b.label for b in at.get("download_button")]
 
@@ -286,19 +305,20 @@ def test_prune_and_measure_warms_up_takes_medians_and_shows_the_spread():
 def test_importance_budget_is_capped_and_heavy_jobs_hold_a_server_slot(monkeypatch, set_limits):
     set_limits(max_importance_seconds=30.0, max_heavy_jobs=1)  # what ATTNVIZ_MAX_IMPORTANCE_SECONDS=30 would give
     at = app()
-    for prefix in ("heads_imp", "heads_curve"):
-        assert at.number_input(key=f"{prefix}_budget").max == 30
+    for prefix, name in (("heads.imp", "Importance"), ("heads.curve", "Pruning curve")):
+        assert tool(at, name).number_input(key=f"{prefix}_budget").max == 30
     with pytest.raises(ValueError, match="more than this server allows"):
         importance.time_budget(31)
-    at.multiselect(key="heads_lengths").set_value([16]).run()
+    tool(at, "Real pruning").multiselect(key="heads.lengths").set_value([16]).run()
     with jobs.heavy_job("someone else's sweep"):          # the server's one slot is taken
-        for button in ("heads_imp_go", "heads_curve_go", "heads_prune_go"):
-            at.button(key=button).click().run()
+        for button, name in (("heads.imp_go", "Importance"), ("heads.curve_go", "Pruning curve"),
+                             ("heads.prune_go", "Real pruning")):
+            tool(at, name).button(key=button).click().run()
             assert not at.exception
             assert any("already running" in e.value for e in at.error), button
-    assert "heads_imp:minilm" not in at.session_state and "heads_speed:minilm" not in at.session_state
-    at.button(key="heads_imp_go").click().run()         # free again
-    assert not at.exception and at.session_state["heads_imp:minilm"][0].complete
+    assert "heads.imp:minilm" not in at.session_state and "heads.speed:minilm" not in at.session_state
+    tool(at, "Importance").button(key="heads.imp_go").click().run()         # free again
+    assert not at.exception and at.session_state["heads.imp:minilm"][0].complete
 
 
 def test_live_view_draws_the_chosen_chart_and_reuses_the_masked_run():
@@ -309,22 +329,22 @@ def test_live_view_draws_the_chosen_chart_and_reuses_the_masked_run():
         return sorted(c.key for c in at.get("plotly_chart"))
 
     at = app(model="smollm2")
-    at.text_area(key="heads_text:lm").input("The capital of France is Paris, and the capital of Italy is").run()
+    at.text_area(key="heads.text:lm").input("The capital of France is Paris, and the capital of Italy is").run()
     switch(at, (17, 3), key="smollm2")
     apply(at)
     assert not at.exception
-    assert at.button_group(key="heads_chart").value == "next token"        # the default
-    assert live_charts(at) == ["heads_topk"]
-    run = at.session_state["heads_masked"][1]
-    for view, keys in (("per-token loss", ["heads_token_loss"]), ("attention change", ["heads_diff"]),
-                       ("all three", ["heads_diff", "heads_token_loss", "heads_topk"])):
-        at.button_group(key="heads_chart").set_value(view).run()
+    assert at.button_group(key="heads.chart").value == "next token"        # the default
+    assert live_charts(at) == ["heads.topk"]
+    run = at.session_state["heads.masked"][1]
+    for view, keys in (("per-token loss", ["heads.token_loss"]), ("attention change", ["heads.diff"]),
+                       ("all three", ["heads.diff", "heads.token_loss", "heads.topk"])):
+        at.button_group(key="heads.chart").set_value(view).run()
         assert not at.exception and live_charts(at) == keys
-        assert at.session_state["heads_masked"][1] is run                   # no second masked run
+        assert at.session_state["heads.masked"][1] is run                   # no second masked run
     assert all(c.proto.theme == "" for c in at.get("plotly_chart"))        # theme=None
     # an encoder has no next token: its live view always shows the attention change
     at.sidebar.selectbox[0].set_value("minilm").run()
-    assert not at.exception and live_charts(at) == ["heads_diff"]
+    assert not at.exception and live_charts(at) == ["heads.diff"]
 
 
 def test_live_pickers_read_before_they_are_drawn_still_drive_the_run():
@@ -333,12 +353,12 @@ def test_live_pickers_read_before_they_are_drawn_still_drive_the_run():
     at = app()
     switch(at, (2, 0))
     apply(at)
-    at.selectbox(key="heads_diff_layer:minilm:6x12").set_value(3).run()
-    at.selectbox(key="heads_diff_head:minilm:6x12").set_value(1).run()
+    at.selectbox(key="heads.diff_layer:minilm:6x12").set_value(3).run()
+    at.selectbox(key="heads.diff_head:minilm:6x12").set_value(1).run()
     assert not at.exception
-    key, run = at.session_state["heads_masked"]
+    key, run = at.session_state["heads.masked"]
     assert key[2] == 3 and run.layer == 3
-    spec = chart(at, "heads_diff")
+    spec = chart(at, "heads.diff")
     assert spec["layout"]["title"]["text"].startswith("layer 3, head 1")
     # layer 3 sees layer 2's changed output: the change is drawn, not the all-zero of another layer
     assert np.abs(np.nan_to_num(values(spec["data"][0]["z"]))).max() > 0

@@ -155,7 +155,10 @@ def score_labels(scores, n_layers: int, n_heads: int) -> list[list[str]]:
 def presets(ed: Editor, scores, score_label: str, score_hint: str | None):
     """Reset, top k% by score, random k%, one layer only: each changes grid and result at once."""
     ss = st.session_state
-    with st.popover("Presets", help="set the whole mask at once (applied at once)"):
+    left, right = st.columns(2)
+    right.button("Reset: all heads on", key=ed.key("reset"), on_click=ed.set_mask,
+                 args=(torch.ones(ed.L, ed.H, dtype=torch.bool),))
+    with left.popover("Presets", help="set the whole mask at once (applied at once)"):
         share = st.slider("k (% of heads kept)", 5, 100, 70, 5, key=ed.key("k"))
         if scores is not None or score_hint:
             st.button(f"Keep top k% by {score_label}", key=ed.key("top"), disabled=scores is None,

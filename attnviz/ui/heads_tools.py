@@ -1,0 +1,215 @@
+"""The Heads page's tools below the mask, one at a time: importance, pruning curve, real pruning.
+
+Each holds one of the server's heavy-job slots while it runs, stops at its time budget, and stops
+between steps when its browser session goes away (`attnviz.ui.jobs`).
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz.analysis import importance, pruning
+from attnviz.base import exports, jobs
+from attnviz.base.limits import LIMITS
+from attnviz.base.names import session_key
+from attnviz.figures import attention as viz
+from attnviz.figures import heads as heads_viz
+from attnviz.latency import speedup
+from attnviz.ui import common
+from attnviz.ui import jobs as ui_jobs
+
+PAGE = "heads"
+
+
+def K(name: str) -> str:
+    return session_key(PAGE, name)
+
+
+TOOLS = ("Importance", "Pruning curve", "Real pruning")
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def eval_data(_model, key, text, tokens, window):
+    """Tokenizing the bundled text costs tens of ms: once per model, text and sizes."""
+    return importance.eval_windows(_model, text, tokens, window)
+
+
+def eval_settings(view, prefix):
+    ss = st.session_state
+    c1, c2, c3, c4 = st.columns(4)
+    source = c1.radio("evaluation text", ["bundled (Alice, ch. I–II)", "the text above"], key=K(f"{prefix}_src"))
+    tokens = c2.select_slider("tokens", [32, 64, 128, 256, 512, 1024, 2048], 128 if view.lm else 256,
+                              key=K(f"{prefix}_tokens"))
+    window = c3.select_slider("window", [32, 64, 128, 256], 64, key=K(f"{prefix}_window"))
+    cap = max(1, int(LIMITS.max_importance_seconds))
+    if ss.get(K(f"{prefix}_budget"), 0) > cap:
+        ss[K(f"{prefix}_budget")] = cap
+    budget = c4.number_input("time budget (s)", 1, cap, min(120, cap), key=K(f"{prefix}_budget"),
+                             help=f"at most {cap} s on this server (ATTNVIZ_MAX_IMPORTANCE_SECONDS)")
+    try:
+        data = eval_data(view.model, view.mkey, None if source.startswith("bundled") else view.text, tokens, window)
+    except ValueError as err:
+        st.warning(common.plain(str(err)[:300]))
+        return None, budget
+    st.caption(f"{data.n_windows} window(s) of {data.ids.shape[1]} tokens · {data.n_tokens} tokens used"
+               f" of {data.available}")
+    return data, budget
+
+
+def run_tracked(store, label, budget, fn) -> bool:
+    """Run fn(progress, budget, should_stop) with a progress bar, holding one of the server's heavy-job slots;
+    every partial result is saved at once, so a Cancel click (which interrupts this run) loses
+    nothing. False (with the reason shown) when the run could not start."""
+    ss = st.session_state
+    try:
+        with ui_jobs.heavy_job(label) as cancel:
+            ss[store + ":running"] = True
+            cancel_slot = st.empty()
+            cancel_slot.button("Cancel", key=store + ":cancel")
+            bar = st.progress(0.0, text=label)
+
+            def progress(done, total, partial):
+                ss[store] = (partial, ss[store + ":budget"])
+                bar.progress(done / max(total, 1), text=f"{label}: {done} / {total}")
+
+            ss[store + ":budget"] = budget
+            result = fn(progress, budget, cancel)
+    except ValueError as err:  # the server is busy, or the budget is over its limit
+        ss[store + ":running"] = False
+        st.error(common.plain(str(err)))
+        return False
+    ss[store], ss[store + ":running"] = (result, budget), False
+    cancel_slot.empty()
+    bar.empty()
+    return True
+
+
+def partial_note(store, what):
+    ss = st.session_state
+    if ss.get(store + ":running"):  # a run was interrupted by a click (Cancel or any widget)
+        ss[store + ":running"], ss[store + ":stopped"] = False, "cancelled"
+    if store in ss and not ss[store][0].complete:
+        why = "was cancelled" if ss.get(store + ":stopped") == "cancelled" else \
+            f"reached its time budget ({ss[store][1]} s)"
+        st.warning(f"The {what} run {why} after {ss[store][0].done} of {ss[store][0].total} steps: "
+                   "the partial result is shown. Run again to finish.")
+
+
+def csv_download(label, frame, file_name, key):
+    """Every CSV of this page: spreadsheet-safe (exports.csv_text), made only when clicked."""
+    st.download_button(label, lambda: exports.csv_text(frame), file_name, "text/csv", key=key)
+
+
+def importance_tool(view, keep):
+    ss = st.session_state
+    data, budget = eval_settings(view, "imp")
+    m1, m2, m3 = st.columns(3)
+    normalised = m3.toggle("normalise per layer (Michel et al.)", True, key=K("imp_norm"),
+                           help="on: each layer's scores divided by their L2 norm (the paper's choice); "
+                                "off: raw scores, comparable across layers")
+    method = m1.radio("method", ["gradient", "ablation"], key=K("imp_method"), horizontal=True,
+                      help="gradient: Michel et al. (2019), |dL/dmask| normalised per layer; ablation: the "
+                           "metric change when that head alone is removed (one pass per head)")
+    under_mask = m2.checkbox("estimate under the current mask", key=K("imp_under"))
+    store = K(f"imp:{view.mkey}")
+    if st.button("Compute importance", key=K("imp_go"), disabled=data is None):
+        ss[store + ":stopped"] = None
+        if under_mask and not keep.any():
+            st.error("Every head is switched off: there is no mask to estimate under. Turn a head on or "
+                     "untick “estimate under the current mask”.")
+        elif run_tracked(store, f"{method} importance", budget,
+                         lambda progress, seconds, cancel: importance.head_importance(
+                             view.model, data, method, keep.float() if under_mask else None,
+                             progress=progress, max_seconds=seconds, should_stop=cancel)):
+            st.rerun()  # the editor above was drawn before this result existed: it colours by it
+    partial_note(store, "importance")
+    if store in ss:
+        imp = ss[store][0]
+        st.caption(f"{imp.method}: {imp.objective}" + ("" if view.lm or imp.method == "ablation" else
+                   ". An encoder's loss 1 − cos sits at its minimum with every head on, where its gradient is "
+                   "zero, so the score adds the Gauss-Newton curvature (exact Hessian there)."))
+        table = imp.table(normalised)
+        if len(table):
+            st.plotly_chart(viz.stat_map_figure(table, "score" if normalised else "raw"), key=K("imp_map"))
+            st.dataframe(table, hide_index=True, key=K("imp_table"))
+            csv_download("Importance CSV", table, f"head-importance-{view.mkey}.csv", K("imp_csv"))
+
+
+def curve_tool(view, keep):
+    ss = st.session_state
+    data, budget = eval_settings(view, "curve")
+    s1, s2, s3 = st.columns(3)
+    seeds = s1.number_input("random orders (seeds)", 1, 10, 3, key=K("curve_seeds"))
+    method = s2.radio("importance", ["gradient", "ablation"], key=K("curve_method"), horizontal=True,
+                      help="re-estimated after every 10% step; ablation costs one pass per head")
+    norm = s3.toggle("normalise per layer (Michel et al.)", True, key=K("curve_norm"))
+    store = K(f"curve:{view.mkey}")
+    if st.button("Compute pruning curve", key=K("curve_go"), disabled=data is None):
+        ss[store + ":stopped"] = None
+        run_tracked(store, "pruning curve", budget, lambda progress, seconds, cancel: pruning.pruning_curve(
+            view.model, data, method=method, seeds=tuple(range(int(seeds))), normalised=norm,
+            progress=progress, max_seconds=seconds, should_stop=cancel))
+    partial_note(store, "pruning-curve")
+    if store in ss and len(ss[store][0].table):
+        summary = ss[store][0].summary()
+        for metric in (("perplexity", "top1") if view.lm else ("cosine",)):
+            st.plotly_chart(heads_viz.curve_figure(summary, metric, log_y=metric == "perplexity"),
+                            key=K(f"curve_{metric}"))
+        st.dataframe(summary, hide_index=True, key=K("curve_table"))
+        csv_download("Pruning curve CSV", ss[store][0].table, f"pruning-curve-{view.mkey}.csv", K("curve_csv"))
+
+
+def prune_tool(view, keep):
+    ss = st.session_state
+    lengths = st.multiselect("sequence lengths", [16, 32, 64, 128, 256, 512, 1024], [32, 128, 512],
+                             key=K("lengths"))
+    repeats = st.number_input("runs per length (median and IQR)", speedup.MIN_REPEATS, 20, 5, key=K("repeats"),
+                              help=f"after {speedup.WARMUP_RUNS} untimed warm-up runs of each model, the full "
+                                   "and the pruned model run in turn this many times")
+    st.caption("Prunes the heads that are on in the applied mask above into a new model; the shared model "
+               "is not touched.")
+    store = K(f"speed:{view.mkey}")
+    if st.button("Prune and measure", key=K("prune_go"), disabled=not keep.any() or not lengths):
+        try:
+            with ui_jobs.heavy_job("prune and measure") as cancel, \
+                    st.spinner("Building the pruned model, warming both up and timing them in turn…"):
+                deadline = jobs.Deadline(LIMITS.max_importance_seconds)
+                ss[store] = (pruning.encode_mask(keep), speedup.measure_speedup(
+                    view.model, keep, lengths, int(repeats), should_stop=lambda: deadline.expired() or cancel.is_set()))
+        except ValueError as err:
+            st.error(common.plain(str(err)))
+    if store not in ss:
+        return
+    mask_code, sp = ss[store]
+    if mask_code != pruning.encode_mask(keep):
+        st.info("Measured for an earlier mask; press the button to measure this one.")
+    if not sp.complete:
+        st.warning(f"Timing stopped at this server's limit ({LIMITS.max_importance_seconds:g} s) after "
+                   f"{len(sp.table)} length(s): drop the longest lengths or the runs per length.")
+    c1, c2 = st.columns(2)
+    c1.metric("parameters (pruned)", f"{sp.params_pruned / 1e6:.2f} M",
+              f"{(sp.params_pruned - sp.params_full) / 1e6:+.2f} M of {sp.params_full / 1e6:.2f} M")
+    c2.metric("heads kept", f"{sp.heads_kept} / {sp.heads_total}")
+    modelled = sp.modelled()
+    st.plotly_chart(heads_viz.latency_figure(sp.table, modelled), key=K("latency"))
+    st.dataframe(sp.table, hide_index=True, key=K("speed_table"))
+    csv_download("Speed-up CSV", sp.table, f"pruning-speedup-{view.mkey}.csv", K("speed_csv"))
+    st.caption("Medians of the runs; *_q1 / *_q3: their first and third quartiles (the IQR); speedup: "
+               "median of the per-round ratios full / pruned. bound: the most pruning can give when "
+               "attention takes the measured share of the time (Amdahl, 1 / (1 − share × removed "
+               "fraction)); flops_speedup: the same from FLOP counts.")
+    noisy = speedup.noisy_lengths(sp.table)
+    if noisy:
+        st.warning(f"Not settled at {', '.join(map(str, noisy))} tokens: the runs spread widely or the "
+                   "speed-up exceeds its bound — timing noise on a busy machine. Raise the runs per "
+                   "length or measure when the machine is quiet.")
+    if modelled is not None:
+        st.caption("Raspberry Pi 4 / 5, modelled by attnviz.latency.costmodel (a roofline model, not measured):")
+        st.dataframe(modelled, hide_index=True, key=K("pi_table"))
+
+
+def tools(view, keep):
+    """One tool at a time: the choice is remembered across buttons and downloads, and only the
+    chosen tool's widgets and work run."""
+    choice = st.segmented_control("tool", TOOLS, default=TOOLS[0], required=True, key=K("tool"),
+                                  label_visibility="collapsed")
+    {"Importance": importance_tool, "Pruning curve": curve_tool, "Real pruning": prune_tool}[choice](view, keep)
