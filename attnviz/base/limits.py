@@ -42,6 +42,9 @@ class Limits:
                                         # layer by layer into a pooled overview plus one exact window
     attention_window_tokens: int = 512  # detail views never show more tokens per axis than this
     live_max_tokens: int = 256          # heads page: tokens of the live comparison (both runs' log-probs)
+    readout_max_tokens: int = 256       # readouts page: tokens of a logit lens / attribution / prompt pair
+    max_generate_tokens: int = 64       # readouts page: the most tokens one generation writes
+    max_generate_seconds: float = 60.0  # one generation stops (keeping what it has) after this
     lab_max_tokens: int = 512           # lab: tokens of the step-by-step view (several n x n steps)
     max_importance_tokens: int = 4096   # heads page: evaluation tokens of one importance / curve run
     # images
