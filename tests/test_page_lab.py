@@ -16,6 +16,13 @@ def app() -> AppTest:
     return AppTest.from_file(PAGE, default_timeout=300).run()
 
 
+def view(at, name: str) -> AppTest:
+    """Choose one of the Lab's views: only the chosen view is drawn and computed."""
+    at.radio(key="lab.view").set_value(name).run()
+    assert not at.exception, at.exception
+    return at
+
+
 def texts(elements) -> str:
     return " | ".join(e.value for e in elements)
 
@@ -39,22 +46,30 @@ def test_step_by_step_on_minilm_and_sections_render():
     n = int(shape_of["x: input of block 0"].split(" × ")[0])
     assert n > 5 and shape_of["x: input of block 0"] == f"{n} × 384"
     assert shape_of["W_Q of head 0"] == "384 × 32" and shape_of["A = softmax(masked)"] == f"{n} × {n}"
-    assert len(at.get("plotly_chart")) > 20
-    # positional and permutation sections: exact equivariance without positions
+    step_charts = len(at.get("plotly_chart"))
+    assert step_charts == len(steps)                     # one figure per step of the table
+    # positional and permutation sections: exact equivariance without positions, on a button
+    view(at, "Positional encodings")
+    assert len(at.get("plotly_chart")) == 9               # sinusoidal, learned, rotary, ALiBi, curves
+    assert step_charts + len(at.get("plotly_chart")) > 20
+    at.button(key="lab.perm_go").click().run()
+    assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert float(metrics["Without positions: max |difference|"]) < 1e-12
     assert float(metrics["With learned positions: max |difference|"]) > 0.05
-    # toy tab: the first shipped checkpoint with its measured accuracy
+    # toy view: the first shipped checkpoint with its measured accuracy
+    view(at, "Toy transformers")
+    metrics = {m.label: m.value for m in at.metric}
     assert float(metrics["Exact accuracy (2,000 held-out prompts)"].rstrip("%")) >= 95
 
 
 def test_temperature_and_masks_recompute_live():
     at = app()
-    at.slider(key="lab_temp").set_value(3.0).run()
+    at.slider(key="lab.temp").set_value(3.0).run()
     assert not at.exception
     assert "differs from the one the model captured by design" in texts(at.info)
-    at.slider(key="lab_temp").set_value(1.0).run()
-    at.toggle(key="lab_causal_False").set_value(True).run()
+    at.slider(key="lab.temp").set_value(1.0).run()
+    at.toggle(key="lab.causal_False").set_value(True).run()
     assert not at.exception and "by design" in texts(at.info)
     masks = frame_with(at, "shape")
     assert "causal" in masks.loc[masks["step"] == "mask (1 = may attend)", "note"].item()
@@ -62,34 +77,34 @@ def test_temperature_and_masks_recompute_live():
 
 def test_model_change_head_out_of_range_and_one_token():
     at = app()
-    at.number_input(key="lab_head").set_value(11).run()
+    at.number_input(key="lab.head").set_value(11).run()
     assert not at.exception
     at.selectbox(key=PICKER).select("toy-copy").run()     # 4 heads: head 11 no longer exists
     assert not at.exception
     assert "head 11 is out of range for toy-copy" in shown(at.warning)
-    assert at.session_state["lab_head"] == 3
-    at.text_input(key="lab_text").input("31415926").run()
+    assert at.session_state["lab.head"] == 3
+    at.text_input(key="lab.text").input("31415926").run()
     assert not at.exception and "equals the pattern" in texts(at.success)
-    at.text_input(key="lab_text").input("BOS").run()       # one token
+    at.text_input(key="lab.text").input("BOS").run()       # one token
     assert not at.exception and "at least two tokens" in texts(at.error)
 
 
 def test_toy_training_budget_and_live_training():
-    at = app()
-    at.radio(key="lab_toy_source").set_value("train one now").run()
+    at = view(app(), "Toy transformers")
+    at.radio(key="lab.toy_source").set_value("train one now").run()
     # form widgets: set them all, then submit (a rerun in between would drop the pending values)
-    at.number_input(key="lab_toy_steps").set_value(5000)
-    at.select_slider(key="lab_toy_width").set_value(128)
-    at.slider(key="lab_toy_layers").set_value(4)
-    at.button(key="lab_toy_train").click().run()
+    at.number_input(key="lab.toy_steps").set_value(5000)
+    at.select_slider(key="lab.toy_width").set_value(128)
+    at.slider(key="lab.toy_layers").set_value(4)
+    at.button(key="lab.toy_train").click().run()
     assert not at.exception
     assert "over the 60 s budget on two cores: use at most" in shown(at.error)
-    assert "lab_toy_trained" not in at.session_state
-    at.number_input(key="lab_toy_steps").set_value(60)
-    at.select_slider(key="lab_toy_width").set_value(32)
-    at.slider(key="lab_toy_layers").set_value(1)
-    at.slider(key="lab_toy_len").set_value(3)
-    at.button(key="lab_toy_train").click().run()
+    assert "lab.toy_trained" not in at.session_state
+    at.number_input(key="lab.toy_steps").set_value(60)
+    at.select_slider(key="lab.toy_width").set_value(32)
+    at.slider(key="lab.toy_layers").set_value(1)
+    at.slider(key="lab.toy_len").set_value(3)
+    at.button(key="lab.toy_train").click().run()
     assert not at.exception
     assert "Trained 60 steps" in texts(at.success) + texts(at.warning)
     assert "Peak training memory" in " ".join(c.value for c in at.caption)
@@ -98,13 +113,13 @@ def test_toy_training_budget_and_live_training():
 
 
 def test_four_vs_eight_heads_and_variants():
-    at = app()
-    at.button(key="lab_toy_cmp").click().run()
+    at = view(app(), "Toy transformers")
+    at.button(key="lab.toy_cmp").click().run()
     assert not at.exception
     table = frame_with(at, "ms (1 prompt)")
     assert sorted(table["heads"]) == [4, 8] and (table["exact accuracy"] > 0.9).all()
-    at.button(key="lab_toy_mem").click().run()
-    at.button(key="lab_toy_prune").click().run()
+    at.button(key="lab.toy_mem").click().run()
+    at.button(key="lab.toy_prune").click().run()
     assert not at.exception
     assert "ms (1 prompt)" in " ".join(" ".join(d.value.columns) for d in at.dataframe)  # still shown
     titles = " ".join(json.loads(c.proto.spec).get("layout", {}).get("title", {}).get("text", "")
@@ -113,9 +128,10 @@ def test_four_vs_eight_heads_and_variants():
     curve = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
                  if "heads switched off" in json.dumps(json.loads(c.proto.spec).get("layout", {})))
     assert len(curve["data"][0]["x"]) == 2 * 4 + 1  # toy-copy: 2 layers x 4 heads, plus none off
-    at.multiselect(key="lab_var_specs").set_value(["local:4", "temp:2"])
-    at.multiselect(key="lab_var_layers_minilm").set_value([0, 1])
-    at.button(key="lab_var_go").click().run()
+    view(at, "Variants in a pretrained model")
+    at.multiselect(key="lab.var_specs").set_value(["local:4", "temp:2"])
+    at.multiselect(key="lab.var_layers_minilm").set_value([0, 1])
+    at.button(key="lab.var_go").click().run()
     assert not at.exception
     fid = frame_with(at, "sentence cosine")
     assert list(fid["variant"]) == ["local:4", "temp:2"]
@@ -127,18 +143,18 @@ def test_toy_training_holds_a_heavy_job_slot_and_says_when_the_server_is_busy():
     sessions' runs) it is refused at once with a message, and nothing is trained."""
     from attnviz.base import jobs
     from attnviz.base.limits import LIMITS
-    at = app()
-    at.radio(key="lab_toy_source").set_value("train one now").run()
-    at.number_input(key="lab_toy_steps").set_value(50)
-    at.select_slider(key="lab_toy_width").set_value(32)
-    at.slider(key="lab_toy_layers").set_value(1)
+    at = view(app(), "Toy transformers")
+    at.radio(key="lab.toy_source").set_value("train one now").run()
+    at.number_input(key="lab.toy_steps").set_value(50)
+    at.select_slider(key="lab.toy_width").set_value(32)
+    at.slider(key="lab.toy_layers").set_value(1)
     with contextlib.ExitStack() as others:
         for i in range(LIMITS.max_heavy_jobs):
             others.enter_context(jobs.heavy_job(f"another session's sweep {i}"))
-        at.button(key="lab_toy_train").click().run()
+        at.button(key="lab.toy_train").click().run()
     assert not at.exception
     assert "already running" in texts(at.error)
-    assert "lab_toy_trained" not in at.session_state
+    assert "lab.toy_trained" not in at.session_state
     # the slot is taken while it trains and given back after
     held = []
     real = jobs.heavy_job
@@ -150,8 +166,106 @@ def test_toy_training_holds_a_heavy_job_slot_and_says_when_the_server_is_busy():
             yield
     jobs.heavy_job = spy
     try:
-        at.button(key="lab_toy_train").click().run()
+        at.button(key="lab.toy_train").click().run()
     finally:
         jobs.heavy_job = real
-    assert not at.exception and "lab_toy_trained" in at.session_state
+    assert not at.exception and "lab.toy_trained" in at.session_state
     assert held and "a toy training" in held[0] and jobs.running_jobs() == []
+
+
+def test_permutation_runs_on_its_button_as_a_heavy_job_and_keeps_one_layer(monkeypatch):
+    """Issue 17.1: the permutation test ran on every Lab rerun, with no slot or deadline, and each
+    cached entry held four [L, H, n, n] tensors (1 GB for SmolLM2 at 512 tokens). Now it runs on
+    its button, holds a heavy-job slot, and what is kept is one layer (and its numbers)."""
+    from attnviz.analysis import lab
+    from attnviz.base import jobs
+    from attnviz.base.cache import nbytes
+    from attnviz.base.limits import LIMITS
+    from attnviz.ui import lab_positions
+
+    calls = []
+    real = lab.permutation_test
+    monkeypatch.setattr(lab, "permutation_test", lambda *a, **k: calls.append(k) or real(*a, **k))
+    at = view(app(), "Positional encodings")
+    at.slider(key="lab.npos").set_value(32).run()                 # a rerun of the view
+    assert not at.exception and calls == []
+    assert "Press Shuffle and compare" in texts(at.info)
+    with contextlib.ExitStack() as others:                        # every slot taken: refused at once
+        for i in range(LIMITS.max_heavy_jobs):
+            others.enter_context(jobs.heavy_job(f"another session's sweep {i}"))
+        at.button(key="lab.perm_go").click().run()
+    assert not at.exception and "already running" in texts(at.error) and calls == []
+    at.number_input(key="lab.perm_layer").set_value(4)
+    at.button(key="lab.perm_go").click().run()
+    assert not at.exception and len(calls) == 2 and all(k["layers"] == [4] for k in calls)
+    assert jobs.running_jobs() == []
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["Without positions: max |difference|"]) < 1e-12
+    wanted = at.session_state["lab.perm_for"]
+    kept = lab_positions.results().get(wanted)
+    n = len(kept.tokens)
+    assert kept.layer == 4 and kept.original.shape == kept.shuffled.shape == (12, n, n)
+    assert nbytes(kept) < 2 * 12 * n * n * 4 + 100_000              # one layer of both runs, float32
+    at.slider(key="lab.perm_head").set_value(5).run()              # another head: no recomputation
+    assert not at.exception and len(calls) == 2
+    heat = json.loads(next(c.proto.spec for c in at.get("plotly_chart") if c.proto.id.endswith("-lab.perm_a")))
+    z = heat["data"][0]["z"]                                      # plotly's base64 array, or a list
+    assert (z["shape"].replace(" ", "") == f"{n},{n}") if isinstance(z, dict) else len(z) == n
+
+
+def test_variants_measure_holds_a_slot_and_stops_at_its_deadline(set_limits):
+    """Issue 17.6: Measure ran 8 variants x all layers (82 s at 512 tokens on SmolLM2) with no slot
+    and no deadline, for any number of sessions at once."""
+    from attnviz.base import jobs
+    from attnviz.base.limits import LIMITS
+    at = view(app(), "Variants in a pretrained model")
+    at.multiselect(key="lab.var_specs").set_value(["local:4", "temp:2"])
+    at.multiselect(key="lab.var_layers_minilm").set_value([0, 1])
+    with contextlib.ExitStack() as others:
+        for i in range(LIMITS.max_heavy_jobs):
+            others.enter_context(jobs.heavy_job(f"another session's sweep {i}"))
+        at.button(key="lab.var_go").click().run()
+    assert not at.exception and "already running" in texts(at.error)
+    assert not at.session_state["lab.var_rows"]
+    set_limits(max_lab_seconds=0.0)
+    at.button(key="lab.var_go").click().run()
+    assert not at.exception
+    assert "stopped at its time limit of 0 s, after 0 of 2 variants" in shown(at.error)
+    assert jobs.running_jobs() == []
+
+
+def test_step_text_is_tokenized_once_per_text(monkeypatch):
+    """Issue 17.6: a live rerun (another layer, head, temperature) does not tokenize the text again."""
+    from attnviz.core.model import Model
+    seen = []
+    real = Model.encode_text
+    monkeypatch.setattr(Model, "encode_text", lambda self, text: seen.append(text) or real(self, text))
+    at = app()
+    text = "A sentence only this test tokenizes, about a heron on one leg."
+    at.text_input(key="lab.text").input(text).run()
+    assert seen.count(text) == 1
+    at.number_input(key="lab.layer").set_value(2).run()
+    at.number_input(key="lab.head").set_value(5).run()
+    at.slider(key="lab.temp").set_value(2.0).run()
+    assert not at.exception and seen.count(text) == 1
+
+
+def test_toy_heads_off_in_the_shared_head_editor():
+    """Issue 16.3: the Lab's heads-off list of "L1H3" strings is the shared head editor; its
+    effect beside the grid is the exact accuracy with the applied heads off."""
+    import torch
+    from attnviz.toys import tasks as toys
+    at = view(app(), "Toy transformers")
+    toy_key = at.selectbox(key="lab.toy_key").value
+    toy = toys.load_toy(toy_key)
+    L, H = toy.cfg.n_layers, toy.cfg.n_heads
+    row = f"toys.row:{toy_key}:{L}x{H}:0"
+    assert list(at.session_state[row]) == list(range(H))         # every head on at first
+    at.session_state[row] = list(range(1, H))                     # switch head L0H0 off, then Apply
+    at.run()
+    at.button(key="toys.apply").click().run()
+    assert not at.exception
+    keep = torch.ones(L, H)
+    keep[0, 0] = 0
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Exact accuracy with these heads off"] == f"{toys.evaluate(toy, keep).exact:.1%}"

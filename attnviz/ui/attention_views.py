@@ -16,6 +16,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.core.model import Model
 from attnviz.figures import attention as viz
 from attnviz.ui import common as ui
+from attnviz.ui import jobs as ui_jobs
 
 PAGE = "attention"
 COMPARE_TEXT = "The creature stayed on the pavement because it was exhausted."
@@ -169,10 +170,11 @@ def statistics(s: Shown):
 @st.cache_data(max_entries=8, show_spinner=False)
 def head_score_table(model_id: str, seq_len: int, n_seqs: int, seed: int, _model):
     """Previous-token / induction / duplicate-token scores of every head (model-wide, not of the
-    text): one server-wide heavy-job slot and the importance time limit while computing."""
-    with jobs.heavy_job("head scores"):
+    text): one server-wide heavy-job slot and the importance time limit while computing; it
+    stops between sequences when this browser session goes away."""
+    with ui_jobs.heavy_job("head scores") as cancel:
         return head_scores.head_scores(
-            _model, seq_len, n_seqs, seed,
+            _model, seq_len, n_seqs, seed, cancel=cancel,
             deadline=jobs.Deadline(LIMITS.max_importance_seconds, "head scores"))
 
 

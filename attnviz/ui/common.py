@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 from attnviz.base import names
@@ -139,6 +140,39 @@ def _fingerprint(key: str, _model: Model) -> str:
 
 def fingerprint(model: Model) -> str:
     return _fingerprint(f"{model.info.key}@{id(model)}", model)
+
+
+def bundled_models():
+    """The home page's table of the bundled models."""
+    st.dataframe(pd.DataFrame([
+        dict(model=m.key, family=m.family, task=m.task, layers=m.n_layers, heads=m.n_heads,
+             **{"K/V heads": m.n_kv_heads or m.n_heads, "positions": m.max_positions or None,
+                "source": m.source, "licence": m.licence})
+        for m in loading.list_models()]), hide_index=True, key="home_models")
+    if local_folders_allowed():
+        st.caption("A local Hugging Face folder (config.json + model.safetensors) of a BERT, GPT-2, "
+                   "Llama, ViT or DINOv2 model works too: choose “local folder…” in the sidebar and "
+                   "type its name. Nothing is downloaded.")
+    else:
+        st.caption("This server offers the models above. Its operator can also let users load local "
+                   "Hugging Face folders (ATTNVIZ_ALLOWED_MODEL_DIRS, see the README). Nothing is "
+                   "downloaded.")
+
+
+def loaded_model(model: Model):
+    """The home page's summary of the picked model: its shape and its weights' fingerprint."""
+    c = model.cfg
+    st.subheader(f"Loaded: {plain(model.info.key)}")
+    cols = st.columns(4)
+    cols[0].metric("Layers", c.n_layers)
+    cols[1].metric("Heads", c.n_heads)
+    cols[2].metric("K/V heads", c.n_kv_heads)
+    cols[3].metric("Image size" if c.is_vision else "Positions",
+                   f"{model.image_size} px" if c.is_vision else f"{c.max_positions:,}")
+    with st.expander("Weights fingerprint"):
+        st.caption("SHA-256 of every parameter of the model this server shares between all "
+                   "sessions; it never changes while the server runs.")
+        st.code(fingerprint(model), language=None)
 
 
 def show_shape(model: Model):
