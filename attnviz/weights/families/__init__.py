@@ -14,11 +14,12 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import Config
-from attnviz.weights.families import bart, bert, dinov2, gpt2, llama, marian, vit
+from attnviz.weights.families import bart, bert, dinov2, gpt2, llama, marian, vit, whisper
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (bert, gpt2, llama, vit, dinov2)}
-SEQ2SEQ = {f.NAME: f for f in (marian, bart)}  # encoder-decoders: build `core.seq2seq.Seq2Seq` (TASK translation)
+SEQ2SEQ = {f.NAME: f for f in (marian, bart, whisper)}  # encoder-decoders: build `core.seq2seq.Seq2Seq` (TASK translation;
+# whisper: TASK speech, built by its own `from_hf` as a `core.speech.SpeechModel`)
 SUPPORTED = tuple(FAMILIES)
 
 
