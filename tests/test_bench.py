@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -15,6 +16,7 @@ from hypothesis import strategies as hst
 
 from attnviz.base import jobs, timing
 from attnviz.latency import calibrate, child, compare, measure, results, sweep
+from attnviz.figures import latency as lf
 from attnviz.latency import cli as bench_cli
 from attnviz.latency import costmodel as cm
 from attnviz.core.attention import EAGER, attend, parse_variant
@@ -518,3 +520,82 @@ def test_cli_deadline_writes_what_it_measured_and_says_it_stopped(tmp_path):
     out = cli("--model", TINY, "--seq-lens", "8,16", "--threads", "1", "--deadline", "0", "--out", str(out_file))
     assert out.returncode == child.STOPPED_EXIT and "stopped: the sweep stopped at its time limit" in out.stderr
     assert out_file.read_text().startswith("schema,backend")
+
+
+# ---------------------------------------------------------------- issue 17.3: one model name per row
+def test_figures_of_a_csv_with_a_model_per_row_draw_a_bounded_number_of_traces(tiny_results):
+    device = tiny_results[1]
+    device = device[device["backend"] == "pi4"].assign(measured=True, backend="cpu")
+    many = pd.concat([device.assign(model=[f"{m}#{i}" for m in device["model"]]) for i in range(100)],
+                     ignore_index=True)  # 1,600 rows, 200 distinct model names
+    back = read_results(results.to_csv(many).encode())
+    twins = compare.modelled_like(back, cm.PI4)
+    fig = lf.overlay_figure(back, twins, "overlay")
+    assert lf.series_count(back) == 200 * 2 * 2     # models x heads x variants
+    assert len(fig.data) == 2 * (lf.MAX_SERIES + 1)
+    shown = [t for t in fig.data if t.name.endswith("measured")]
+    assert sum(int(np.isfinite(np.asarray(t.y, dtype=float)).sum()) for t in shown) == len(back)
+    assert f"{lf.MAX_SERIES} of 800 series drawn" in fig.layout.title.text
+    for figure in (lf.latency_figure(back), lf.memory_figure(back), lf.throughput_figure(back),
+                   lf.error_figure(compare.model_error(back, cm.PI4, twins))):
+        assert len(figure.data) <= lf.MAX_SERIES + 2 and "series drawn" in figure.layout.title.text
+    small = back[back["model"].isin(back["model"].unique()[:2])]
+    assert "series drawn" not in lf.latency_figure(small).layout.title.text  # 8 series: drawn one by one
+
+
+# ---------------------------------------------------------------- issue 17.8: absurd numbers
+@pytest.mark.parametrize("ms", ["1e308", "1e-308", "0", "nan", "inf"])
+def test_absurd_times_in_a_csv_are_a_row_and_column_error(tiny_results, ms):
+    df = tiny_results[1].copy()
+    df.loc[2, ["median_ms", "p10_ms", "p90_ms"]] = float(ms)
+    with pytest.raises(ValueError, match=r"row 4, column 'median_ms': must be"):
+        read_results(results.to_csv(df).encode())
+
+
+@pytest.mark.parametrize("ms", [1e308, 1e-308, float("nan"), float("inf"), -1.0])
+def test_recalibration_refuses_absurd_times_without_lapack_noise(ms, capfd):
+    cfg = parse_synthetic(TINY)
+    points = [(cfg, 8, "fused", 4, 5.0), (cfg, 16, "fused", 4, ms), (cfg, 32, "fused", 4, 12.0)]
+    with pytest.raises(ValueError, match="not a forward pass's"):
+        calibrate.recalibrate(cm.PI4, points)
+    assert capfd.readouterr().err == ""
+
+
+def test_recalibration_refuses_a_fit_beyond_any_device():
+    cfg = parse_synthetic(TINY)
+    points = [(cfg, n, "fused", 4, cm.predict(cfg, n, cm.PI4, threads=4).total_ms * 1e6) for n in (8, 16, 32)]
+    with pytest.raises(ValueError, match="beyond any real device"):
+        calibrate.recalibrate(cm.PI4, points)
+    slower = calibrate.recalibrate(cm.PI4, [(c, n, v, t, ms / 1e4 * 3) for c, n, v, t, ms in points])
+    assert slower.overhead_us < 1e6 and all(math.isfinite(x) for x in (slower.gemm_gflops, slower.overhead_us))
+
+
+@pytest.mark.parametrize("field", ["overhead_us", "gemm_gflops", "dram_gbs"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 0.0, -1.0, 1e300])
+def test_a_profile_with_an_absurd_figure_is_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        cm.DeviceProfile(**{**cm.PI4.__dict__, field: value})
+
+
+@pytest.mark.parametrize("flag", ["--max-seconds", "--max-mem-mb", "--deadline"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_cli_refuses_non_finite_budgets(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench_cli.main(["--model", TINY, "--seq-lens", "8", flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and flag in err and repr(value) in err
+
+
+@pytest.mark.parametrize("budget", [float("nan"), float("inf"), 0.0, -5.0])
+def test_library_budgets_must_be_finite_and_positive(budget):
+    est = sweep.Estimate(seconds=10.0, peak_mb=100.0, points=1)
+    with pytest.raises(ValueError, match="time budget"):
+        est.check(budget, None)
+    with pytest.raises(ValueError, match="memory budget"):
+        est.check(None, budget)
+    plan = sweep.SweepPlan(models=[TINY], seq_lens=[8], repeats=1, warmup=0, memory=False)
+    if budget == 0.0:  # a deadline of 0 s is a deadline (it stops at once); NaN would never stop
+        assert sweep.run_sweep(plan, {TINY: bench_model()}, deadline=jobs.Deadline(budget)).attrs["stopped"]
+    else:
+        with pytest.raises(ValueError, match="deadline"):
+            sweep.run_sweep(plan, {TINY: bench_model()}, deadline=jobs.Deadline(budget))

@@ -244,10 +244,11 @@ def upload_page(monkeypatch, upload: Upload) -> tuple[AppTest, list]:
     return page(), labels
 
 
-def device_csv(model: str = "minilm", cpu: str = "Raspberry Pi 4 Model B Rev 1.4") -> bytes:
+def device_csv(model: str = "minilm", cpu: str = "Raspberry Pi 4 Model B Rev 1.4",
+               times=((8, 5.0), (16, 7.0), (32, 12.0))) -> bytes:
     cfg = results.parse_synthetic(TINY)
     rows = []
-    for n, ms in ((8, 5.0), (16, 7.0), (32, 12.0)):
+    for n, ms in times:
         rows.append(dict(schema=results.SCHEMA, backend="cpu", measured=True, model=model,
                          shape=results.config_spec(cfg), variant="fused", seq_len=n, n_heads=4, threads=4,
                          median_ms=ms, p10_ms=ms * 0.9, p90_ms=ms * 1.1, peak_mem_mb=1.0, cpu=cpu, torch="2.x"))
@@ -288,3 +289,75 @@ def test_import_is_checked_and_modelled_once_per_file(monkeypatch):
     at.selectbox(key="latency.import_profile").select("pi5").run()
     assert not at.exception and len(calls) == 1 and len(modelled) == 2
     assert "pi5" in at.metric[-1].label
+
+
+# ---------------------------------------------------------------- issue 17.3: a CSV with a model name per row
+def model_per_row_csv(rows: int = 2000) -> bytes:
+    """The hostile file of issue 17.3: one distinct model name per row (2,000 rows)."""
+    lines = ["backend,measured,model,shape,variant,seq_len,n_heads,threads,median_ms,p10_ms,p90_ms,peak_mem_mb,"
+             "cpu,torch"]
+    for i in range(rows):
+        n = 8 << (i % 4)
+        lines.append(f'cpu,true,m{i},"{TINY}",fused,{n},4,4,{1 + n / 10:.2f},{1 + n / 11:.2f},{1 + n / 9:.2f},'
+                     "1.0,Raspberry Pi 4,2.x")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_a_model_per_row_draws_a_bounded_number_of_series_modelled_once(monkeypatch):
+    from attnviz.figures import latency as lf
+    modelled, drawn = [], []
+    real_like, real_overlay = compare.modelled_like, lf.overlay_figure
+    monkeypatch.setattr(compare, "modelled_like", lambda *a, **k: modelled.append(1) or real_like(*a, **k))
+    monkeypatch.setattr(lf, "overlay_figure", lambda *a, **k: drawn.append(1) or real_overlay(*a, **k))
+    at, _ = upload_page(monkeypatch, Upload("many.csv", model_per_row_csv()))
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    overlay = next(f for t, f in figures(at).items() if t.startswith("Measured on the device"))
+    assert len(overlay["data"]) == 2 * (lf.MAX_SERIES + 1)   # 12 series each, and one grey trace of the rest
+    names = [t["name"] for t in overlay["data"]]
+    assert "1,988 more series measured" in names and "1,988 more series modelled" in names
+    measured_points = sum(int(np.isfinite(np.array(values(t["y"]), dtype=float)).sum())
+                          for t in overlay["data"] if t["name"].endswith("measured"))
+    assert measured_points == 2000                             # every point is still drawn
+    assert f"{lf.MAX_SERIES} of 2,000 series drawn" in overlay["layout"]["title"]["text"]
+    assert any("2,000 series in this file" in c.value for c in at.caption)
+    assert len(at.dataframe[0].value) == 2000                  # the table lists every point
+    assert modelled == [1] and drawn == [1]
+    at.run()
+    at.checkbox(key="latency.recalibrate").check().run()
+    at.checkbox(key="latency.recalibrate").uncheck().run()
+    assert not at.exception and modelled == [1, 1] and drawn == [1, 1]  # once per file and profile, not per rerun
+
+
+def test_a_csv_import_holds_a_heavy_job_slot():
+    """Checking and modelling a file is heavy work: on a busy server it is refused with a message."""
+    data = model_per_row_csv(40)
+    with contextlib.ExitStack() as held:
+        for i in range(max(LIMITS.max_heavy_jobs, 1)):
+            held.enter_context(jobs.heavy_job(f"someone else's job {i}"))
+        mp = pytest.MonkeyPatch()
+        try:
+            at, _ = upload_page(mp, Upload("pi.csv", data))
+        finally:
+            mp.undo()
+    assert any("Cannot import pi" in e.value and "busy" in e.value for e in at.error), [e.value for e in at.error]
+    assert not at.get("plotly_chart") and jobs.running_jobs() == []
+
+
+# ---------------------------------------------------------------- issue 17.8: absurd numbers
+@pytest.mark.parametrize("ms", [1e308, 1e-308])
+def test_absurd_times_in_a_csv_are_refused_and_no_profile_is_kept(monkeypatch, ms):
+    at, _ = upload_page(monkeypatch, Upload("pi.csv", device_csv(times=((8, ms), (16, ms), (32, ms)))))
+    assert any("Cannot use pi" in e.value and "median\\_ms" in e.value for e in at.error), [e.value for e in at.error]
+    assert not at.session_state["latency.profiles"] and not at.get("plotly_chart")
+
+
+def test_a_fit_beyond_any_device_is_refused_and_the_profile_not_kept(monkeypatch):
+    """Times a million times the pi4 profile's (seconds typed as microseconds): the fit is refused
+    with a message, the page compares with the published profile, and later sweeps do too."""
+    slow = device_csv(times=((8, 5e6), (16, 7e6), (32, 12e6)))
+    at, _ = upload_page(monkeypatch, Upload("pi.csv", slow))
+    assert not at.error, [e.value for e in at.error]
+    at.checkbox(key="latency.recalibrate").check().run()
+    assert any("beyond any real device" in e.value for e in at.error), [e.value for e in at.error]
+    assert "pi4" not in at.session_state["latency.profiles"] and not at.exception
+    assert "pi4" in at.metric[-1].label and "recalibrated" not in at.metric[-1].label
