@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
 import attnviz  # noqa: E402
+from attnviz.base.timing import measure  # noqa: E402
 
 
 def reference(key: str, model: attnviz.Model, impl: str):
@@ -33,9 +33,8 @@ def reference(key: str, model: attnviz.Model, impl: str):
 
 
 def timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+    """Seconds of one call, by the one timer (one call at a time: the pairs alternate)."""
+    return measure(fn, 1, 0).times[0]
 
 
 def pairs(ours, theirs, n: int) -> list[float]:
