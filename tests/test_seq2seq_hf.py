@@ -148,6 +148,11 @@ def test_cached_greedy_decoding_matches_transformers(family):
     assert beam.logprob / beam.n_tgt >= tr.logprob / tr.n_tgt - 1e-5
 
 
+def test_a_model_without_a_shortlist_says_so():
+    with pytest.raises(ValueError, match="no lexical shortlist"):
+        attnviz.from_hf(tiny("marian")).translate(SRC, shortlist=True)
+
+
 def test_unsupported_layouts_are_refused_with_a_reason():
     with pytest.raises(ValueError, match="pre-norm"):
         attnviz.from_hf(tiny("bart", normalize_before=True))

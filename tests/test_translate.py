@@ -125,6 +125,19 @@ def test_greedy_output_is_identical_to_the_native_engine(key, sentences, en_pt, 
     assert differ == [], f"{len(differ)} of {len(sentences)} differ: {differ}"
 
 
+@pytest.mark.parametrize("key, sentences", [("en-pt", EN), ("pt-en", PT)])
+def test_with_the_lexical_shortlist_too(key, sentences, en_pt, pt_en):
+    """Scoring only the shortlist, as the native engine does: the same output again."""
+    model, reference = {"en-pt": en_pt, "pt-en": pt_en}[key], native(key)
+    differ = [s for s in sentences if model.translate(s, shortlist=True, attentions=False).text
+              != reference.translate(s)]
+    assert differ == [], f"{len(differ)} of {len(sentences)} differ: {differ}"
+    tr = model.translate(sentences[1], shortlist=True, beam=3)
+    allowed = set(model.shortlist.candidates(tr.source_ids).tolist())
+    assert set(tr.target_ids.tolist()) <= allowed and set(tr.top_ids.flatten().tolist()) <= allowed
+    assert set(range(model.shortlist.first)) <= allowed and len(allowed) < 1000
+
+
 def test_i_love_you(en_pt, pt_en):
     assert en_pt.translate("I love you.").text == "Eu te amo."
     assert pt_en.translate("Eu te amo.").text == "I love you."

@@ -19,6 +19,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from attnviz.base.jobs import Deadline, heavy_job
 from attnviz.base.limits import LIMITS
@@ -109,13 +110,32 @@ class Translation:
         return [t for t in self.source_tokens if t.endswith("⟨unk⟩")]
 
 
+@dataclass(frozen=True)
+class Shortlist:
+    """A lexical shortlist (Marian's `lex.*.s2t.bin`): the `first` most frequent target pieces plus,
+    for every source piece w, its likeliest translations `pieces[offsets[w]:offsets[w + 1]]`.
+    Scoring only these (a few hundred of 32,000) is what the native engine does at every step."""
+    first: int
+    offsets: torch.Tensor   # [vocab + 1] int64
+    pieces: torch.Tensor    # [n] int64
+
+    def candidates(self, source_ids: torch.Tensor) -> torch.Tensor:
+        """Sorted target ids a sentence may use."""
+        parts = [torch.arange(self.first)]
+        for w in source_ids.tolist():
+            if 0 <= w < len(self.offsets) - 1:
+                parts.append(self.pieces[int(self.offsets[w]):int(self.offsets[w + 1])])
+        return torch.unique(torch.cat(parts))
+
+
 class Seq2SeqModel:
     """An encoder-decoder of ours plus its tokenizer. Shared, never mutated by a call."""
 
-    def __init__(self, net: Seq2Seq, info: ModelInfo, tokenizer=None):
+    def __init__(self, net: Seq2Seq, info: ModelInfo, tokenizer=None, shortlist: Shortlist | None = None):
         self.net = net.eval()
         self.info = info
         self.pieces = None if tokenizer is None else Pieces(tokenizer, net.cfg.eos_id)
+        self.shortlist = shortlist
         for p in self.net.parameters():
             p.requires_grad_(False)
         if LIMITS.packed_linear:
@@ -123,13 +143,13 @@ class Seq2SeqModel:
 
     @classmethod
     def build(cls, cfg: Seq2SeqConfig, state: dict, key: str, source: str, tokenizer=None,
-              **info) -> "Seq2SeqModel":
+              shortlist: Shortlist | None = None, **info) -> "Seq2SeqModel":
         """Adopt converted tensors (a family's weights half, or the cache) as a shared model."""
         net = Seq2Seq.from_state(cfg, state)
         info = ModelInfo(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_enc_layers + cfg.n_dec_layers,
                          n_heads=cfg.n_heads, source=source, n_kv_heads=cfg.n_heads,
                          max_positions=cfg.max_positions, params=sum(p.numel() for p in net.parameters()), **info)
-        return cls(net, info, tokenizer)
+        return cls(net, info, tokenizer, shortlist)
 
     @property
     def cfg(self) -> Seq2SeqConfig:
@@ -218,13 +238,18 @@ class Seq2SeqModel:
 
     def translate(self, text, beam: int = 1, max_tokens: int | None = None, head_mask=None,
                   encoder_head_mask=None, self_head_mask=None, *, attentions: bool = True,
-                  cache: bool = True) -> Translation:
+                  cache: bool = True, shortlist: bool = False) -> Translation:
         """Translate `text` (or source token ids). `head_mask` [L_dec, H] masks cross-attention heads;
-        `encoder_head_mask` [L_enc, H] the encoder's; `cache=False` recomputes every prefix (tests)."""
+        `encoder_head_mask` [L_enc, H] the encoder's; `cache=False` recomputes every prefix (tests).
+        `shortlist=True` scores only the lexical shortlist's pieces, as the native engine does
+        (log-probabilities and top candidates are then over the shortlist)."""
         if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
             raise ValueError(f"beam must be a whole number from 1 to {MAX_BEAM}, got {beam!r}")
+        if shortlist and self.shortlist is None:
+            raise ValueError(f"model {self.info.key!r} has no lexical shortlist; translate with shortlist=False")
         masks = self._masks(head_mask, encoder_head_mask, self_head_mask)
         src, labels, cut = self.source(text)
+        masks["vocab"] = self._vocabulary(src) if shortlist else None
         n_max = self.target_limit(len(src), max_tokens)
         heavy = beam > 1 and len(src) > LIMITS.heavy_beam_tokens
         deadline = Deadline(LIMITS.max_translate_seconds, "the translation")
@@ -275,6 +300,15 @@ class Seq2SeqModel:
                            top_logprobs=tops[0], self_attentions=self_att, stopped=stopped,
                            truncated=cut, max_tokens=n_max, beam=beam)
 
+    def _vocabulary(self, src: torch.Tensor):
+        """(candidate ids, their output weights [n, d], biases [n]) for a shortlisted decoding."""
+        cand = self.shortlist.candidates(src)
+        return cand, self.net.tok.weight[cand], self.net.lm_head.bias[cand]
+
+    def _logits(self, out, vocab):
+        """Full-vocabulary logits, or the shortlist's (the step ran with logits=False)."""
+        return out.logits if vocab is None else F.linear(out.logits, vocab[1], vocab[2])
+
     def _greedy(self, memory, masks, n_max, deadline, attentions, cache):
         net, eos = self.net, self.cfg.eos_id
         state = net.start(memory)
@@ -286,15 +320,18 @@ class Seq2SeqModel:
                 state = net.start(memory)
                 feed = torch.cat([self._start_ids(), torch.tensor([ids], dtype=torch.long)], 1) if ids \
                     else self._start_ids()
+            vocab = masks["vocab"]
             out = net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
-                           need_weights=attentions, need_self=attentions)
-            logp = torch.log_softmax(self.adjust_logits(out.logits[0, -1].float(), len(ids)), dim=-1)
-            nxt = int(logp.argmax())
+                           need_weights=attentions, need_self=attentions, logits=vocab is None)
+            logits = self._logits(out, vocab)[0, -1].float()
+            logp = torch.log_softmax(self.adjust_logits(logits, len(ids)) if vocab is None else logits, dim=-1)
+            best = int(logp.argmax())
+            nxt = best if vocab is None else int(vocab[0][best])
             ids.append(nxt)
-            logps.append(logp[nxt])
-            v, i = logp.topk(TOP_K)
+            logps.append(logp[best])
+            v, i = logp.topk(min(TOP_K, len(logp)))
             top_v.append(v)
-            top_i.append(i)
+            top_i.append(i if vocab is None else vocab[0][i])
             if attentions:
                 rows.append(torch.stack([out.cross[j][0, :, -1] for j in range(len(net.decoder))]))
                 if out.self_att:
@@ -313,18 +350,21 @@ class Seq2SeqModel:
     def _beam(self, memory, masks, beam: int, n_max: int, deadline) -> tuple[list[int], str]:
         """Marian's beam search: the beam shrinks by one for every hypothesis that ends; the best
         finished hypothesis by score / length^LENGTH_NORMALISE wins."""
-        net, eos, V = self.net, self.cfg.eos_id, self.cfg.vocab_size
+        net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
+        V = self.cfg.vocab_size if vocab is None else len(vocab[0])
         state: DecoderState = net.start(memory)
         hyps, scores, feed = [[]], torch.zeros(1), self._start_ids()
         finished, live, stopped = [], beam, "eos"
         for t in range(n_max):
-            logits = net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"]).logits
+            logits = self._logits(net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
+                                           logits=vocab is None), vocab)
             total = (scores[:, None] + torch.log_softmax(logits[:, -1].float(), dim=-1)).flatten()  # (B*V,)
             best = total.topk(live)
             last = t == n_max - 1 or deadline.expired()
             keep = []
             for score, flat in zip(best.values.tolist(), best.indices.tolist()):
                 row, tok = divmod(flat, V)
+                tok = tok if vocab is None else int(vocab[0][tok])
                 seq = hyps[row] + [tok]
                 if tok == eos or last:
                     finished.append((score / len(seq) ** LENGTH_NORMALISE, seq))
@@ -346,13 +386,17 @@ class Seq2SeqModel:
         """Feed [start] + ids[:-1] at once; score ids. -> (ids, logprobs, tops, cross, self)."""
         target = torch.tensor(ids, dtype=torch.long)
         feed = torch.cat([self._start_ids(), target[None, :-1]], dim=1)
-        out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"],
-                            self_head_mask=masks["self"], need_weights=attentions, need_self=attentions)
-        logp = torch.log_softmax(out.logits[0].float(), dim=-1)       # (n_tgt, vocab)
-        tops = logp.topk(TOP_K, dim=-1)
+        vocab = masks.get("vocab")
+        out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"], self_head_mask=masks["self"],
+                            need_weights=attentions, need_self=attentions, logits=vocab is None)
+        logp = torch.log_softmax(self._logits(out, vocab)[0].float(), dim=-1)   # (n_tgt, vocab or shortlist)
+        tops = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
+        # a beam over the shortlist only ever picks shortlisted pieces: their column in it
+        column = target if vocab is None else torch.searchsorted(vocab[0], target)
+        top_ids = tops.indices if vocab is None else vocab[0][tops.indices]
         cross = torch.cat([out.cross[j] for j in range(len(self.net.decoder))]) if attentions else None
         self_att = torch.cat([out.self_att[j] for j in range(len(self.net.decoder))]) if out.self_att else None
-        return target, logp.gather(1, target[:, None])[:, 0], (tops.values, tops.indices), cross, self_att
+        return target, logp.gather(1, column[:, None])[:, 0], (tops.values, top_ids), cross, self_att
 
     # ---------------------------------------------------------------- bookkeeping
     def fingerprint(self) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from attnviz.core.seq2seq import Seq2SeqConfig
-from attnviz.core.translate import Seq2SeqModel
+from attnviz.core.translate import Seq2SeqModel, Shortlist
 
 FLOAT32, INT8, TEXT = 0x404, 0x4101, 0x101  # TEXT: `special:model.yml`, the training config
 MAX_ITEMS = 10_000             # a tiny student holds ~200; more is not a Marian model
@@ -230,6 +230,27 @@ def model_file(folder: str | Path) -> Path:
     return found[0]
 
 
+SHORTLIST_MAGIC = 0xF11A48D5013417F5  # Marian's binary shortlist header
+
+
+def read_shortlist(folder: str | Path) -> Shortlist | None:
+    """The folder's `lex*.s2t.bin` (Marian's binary lexical shortlist), or None when it has none.
+    Header: magic, checksum, firstNum, bestNum, offsets length, lists length (8 bytes each);
+    then the offsets (uint64) and the target ids (uint32)."""
+    found = sorted(Path(folder).glob("lex*.s2t.bin"))
+    if not found:
+        return None
+    data = np.fromfile(found[0], dtype=np.uint8)
+    if data.size < 48:
+        raise ValueError(f"{found[0].name}: shorter than a shortlist header")
+    magic, _, first, _, n_offsets, n_pieces = (int(v) for v in data[:48].view("<u8"))
+    if magic != SHORTLIST_MAGIC or 48 + 8 * n_offsets + 4 * n_pieces != data.size:
+        raise ValueError(f"{found[0].name}: not a Marian binary shortlist")
+    offsets = data[48:48 + 8 * n_offsets].view("<u8").astype(np.int64)
+    pieces = data[48 + 8 * n_offsets:].view("<u4").astype(np.int64)
+    return Shortlist(first, torch.from_numpy(offsets), torch.from_numpy(pieces))
+
+
 def for_cache(folder: str | Path, key: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """What the safetensors cache stores: ({"config": ...}, our state)."""
     cfg, state = convert_bin(model_file(folder), key)
@@ -244,4 +265,4 @@ def build(meta: dict, state: dict[str, torch.Tensor], folder: str | Path, key: s
     if not path.is_file() or path.stat().st_size > MAX_TOKENIZER_BYTES:
         raise ValueError(f"{key}: tokenizer.json is missing or over {MAX_TOKENIZER_BYTES >> 20} MiB")
     return Seq2SeqModel.build(Seq2SeqConfig(**meta["config"]), state, key, source,
-                              Tokenizer.from_file(str(path)), **info)
+                              Tokenizer.from_file(str(path)), read_shortlist(folder), **info)
