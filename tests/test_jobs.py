@@ -304,3 +304,32 @@ def test_training_and_its_memory_measurement_stop_within_one_step():
     with pytest.raises(jobs.JobCancelled):
         training_memory(s, check=gone.check)
     assert len(polls) == 2    # polled before the warm-up step, then before its first block: gone
+
+
+def _head_scores_view_whose_session_goes_away():
+    import streamlit as st
+    from streamlit import runtime
+
+    from attnviz.base import jobs
+    from attnviz.ui import attention_views
+    from attnviz.weights.catalogue import random_model
+    from tests.tiny import LLAMA
+
+    polls = []
+    # live for two polls (before layers 0 and 1 of the first batch), then the tab is closed
+    runtime.get_instance().is_active_session.side_effect = lambda sid: polls.append(sid) or len(polls) <= 2
+    try:
+        attention_views.head_score_table("tiny", 8, 2, 0, random_model(LLAMA, seed=3))
+        st.write("finished")
+    except jobs.JobCancelled as err:
+        st.write(f"cancelled after {len(polls)} polls: {err}; slots held {len(jobs.running_jobs())}")
+
+
+def test_attention_head_scores_stop_when_their_session_goes_away():
+    """Attention › Compute head scores (the view's own cached function) with the tab closed mid-run."""
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_function(_head_scores_view_whose_session_goes_away).run(timeout=120)
+    assert not at.exception
+    assert [m.value for m in at.markdown] == [
+        "cancelled after 3 polls: the browser session that started this job has gone; slots held 0"]
+    assert jobs.running_jobs() == []
