@@ -122,7 +122,7 @@ class SpeechModel(Seq2SeqModel):
         cross-attention heads off (1 keeps, 0 removes); `encoder_head_mask` [L_enc, H] and
         `self_head_mask` [L_dec, H] the others."""
         c = self.cfg
-        masks = self._masks(head_mask, encoder_head_mask, self_head_mask)
+        masks = dict(self._masks(head_mask, encoder_head_mask, self_head_mask), vocab=None)  # whole vocabulary
         heard = audio if isinstance(audio, Audio) else read_audio(
             audio, rate=rate, cut=cut, max_seconds=c.n_samples / RATE)
         n_max = self.target_limit(0, max_tokens)
@@ -149,9 +149,10 @@ class SpeechModel(Seq2SeqModel):
             raise ValueError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
         return min(max_tokens, bound)
 
-    def encode_audio(self, feats: torch.Tensor, masks: dict, attentions: bool):
+    def encode_audio(self, feats: torch.Tensor, masks: dict | None = None, attentions: bool = False):
         """feats [n_mels, 3000] -> (memory (1, n_frames, d), [L_enc, H, n_frames, n_frames] or None)."""
         c = self.cfg
+        masks = masks or self._masks(None, None, None)
         buf = torch.empty(c.n_enc_layers, c.n_heads, c.n_audio_ctx, c.n_audio_ctx) if attentions else None
         memory, _ = self.net.encode(feats[None], head_mask=masks["encoder"],
                                     weights_out=None if buf is None else {i: buf[i:i + 1] for i in range(len(buf))})

@@ -112,6 +112,7 @@ def _decode(raw: np.ndarray, kind: int, shape: tuple[int, ...], var: str, name: 
 
 # ---------------------------------------------------------------- a Whisper folder
 MAX_SIDE_FILE_BYTES = 64 * 2**20   # config.json, tokenizer.json
+CONVERTER_VERSION = 2              # raise when the converted config or state changes
 
 
 def _side_file(folder: Path, name: str) -> Path:
@@ -148,5 +149,6 @@ def build(meta: dict, state: dict, folder: str | Path, key: str, **info) -> Spee
 def load_folder(folder: str | Path, key: str, **info) -> SpeechModel:
     """A CTranslate2 Whisper folder, converted once into the safetensors cache."""
     folder = Path(folder)
-    meta, state, _ = cached(key, folder / "model.bin", lambda tmp: for_cache(folder, key))
+    # the cache entry is named after the converter's version too: a fixed converter never reads an old entry
+    meta, state, _ = cached(f"{key}.v{CONVERTER_VERSION}", folder / "model.bin", lambda tmp: for_cache(folder, key))
     return build(meta, state, folder, key, **info)

@@ -22,6 +22,7 @@ NAME = "whisper"
 TASK = "speech"          # an encoder-decoder: built as `Whisper`, not the core `Transformer`
 PREFIXES = ("model.",)
 SPECIALS = ("<|startoftranscript|>", "<|notimestamps|>", "<|endoftext|>")
+MULTILINGUAL_VOCAB = 51865  # Whisper's rule: English-only models have 51,864 tokens
 POSITION_TOLERANCE = 1e-3  # the stored encoder positions: Whisper's sinusoids, up to half-precision rounding
 
 
@@ -37,7 +38,7 @@ def config(hf, sd: dict | None = None, *, alignment_heads=(), suppress_ids=(), s
         raise ValueError("this converter reads Whisper with GELU only")
     vocab = get(hf, "vocab_size")
     sot = get(hf, "decoder_start_token_id", 50257)
-    multilingual = vocab >= 51865
+    multilingual = vocab >= MULTILINGUAL_VOCAB
     nots = no_timestamps_id if no_timestamps_id is not None else (50363 if multilingual else 50362)
     return whisper_config(
         n_enc_layers=get(hf, "encoder_layers"), n_dec_layers=get(hf, "decoder_layers"),
@@ -74,7 +75,7 @@ def ct2_config(variables: dict[str, np.ndarray], settings: dict, tokenizer) -> W
         if i is None:
             raise ValueError(f"the Whisper tokenizer has no {name}")
         ids[name] = i
-    multilingual = tokenizer.token_to_id("<|en|>") is not None
+    multilingual = int(vocab) >= MULTILINGUAL_VOCAB  # English-only tokenizers hold the language tokens too
     heads_ = settings.get("alignment_heads") or []
     return whisper_config(
         n_enc_layers=count("encoder"), n_dec_layers=count("decoder"), n_heads=heads, d_model=int(d),
