@@ -1,0 +1,223 @@
+"""The Readouts page: logit lens, direct logit attribution (with heads switched off live),
+generation (attnviz.ui.generate) and two prompts side by side. Only the chosen view computes."""
+from __future__ import annotations
+
+import streamlit as st
+import torch
+
+from attnviz.analysis import ablation, prompt_pair, readouts
+from attnviz.analysis.effects import single_token, token_names
+from attnviz.base import exports, names
+from attnviz.base.limits import LIMITS
+from attnviz.figures import attention as viz
+from attnviz.figures import readouts as figs
+from attnviz.ui import common, generate as generate_view, head_editor, jobs as ui_jobs
+from attnviz.ui.common import plain
+
+PAGE = "readouts"
+VIEWS = ["Logit lens", "Attribution", "Generation", "Two prompts"]
+DEFAULT_TEXT = "When Mary and John went to the store, John gave a drink to"
+PAIR = ("The trophy didn't fit in the suitcase because it was too big",
+        "The trophy didn't fit in the suitcase because it was too small")
+FROZEN_NOTE = ("Direct logit attribution, as TransformerLens computes it: the final norm's scale is frozen at "
+               "the value the full residual gives it (1/RMS here), which makes the norm linear, so every "
+               "part's contribution adds up to the logit difference. A part's direct effect is not its total "
+               "effect: later layers also read what it writes (switch heads off below to see that).")
+
+
+def key(name: str) -> str:
+    return names.session_key(PAGE, name)
+
+
+def results():
+    return common.shared_cache("readouts.results", 16, LIMITS.result_cache_mb / 4)
+
+
+def model_id(model) -> str:
+    return f"{model.info.key}@{id(model)}"
+
+
+@st.cache_resource(show_spinner=False)
+def _means() -> dict:
+    return {}
+
+
+def head_means(model) -> torch.Tensor:
+    """The heads' mean outputs over the evaluation text, once per model for the server (a few
+    models' worth: [L, H, d_head] each)."""
+    store, mid = _means(), model_id(model)
+    if mid not in store:
+        with st.spinner("Mean ablation: every head's mean output over the evaluation text (once per model)…"), \
+                ui_jobs.heavy_job("the heads' means") as cancel:
+            means = ablation.head_means(model, check=cancel.check)
+        while len(store) >= LIMITS.model_cache_entries:
+            store.pop(next(iter(store)))
+        store[mid] = means
+    return store[mid]
+
+
+def page():
+    model = common.model_picker(tasks=("lm",), default="smollm2")
+    if model is None:
+        st.stop()
+    view = common.view_choice(PAGE, VIEWS)
+    try:
+        if view == "Two prompts":
+            pair_view(model)
+            return
+        st.session_state.setdefault(key("text"), DEFAULT_TEXT)
+        text = st.text_area("Prompt", key=key("text"), height=80)
+        if not text.strip():
+            st.info("Type a prompt.")
+            return
+        if view == "Logit lens":
+            lens_view(model, text)
+        elif view == "Attribution":
+            attribution_view(model, text)
+        else:
+            generate_view.view(model, text, PAGE, head_means)
+    except ValueError as err:
+        st.error(plain(err))
+
+
+# ---------------------------------------------------------------- logit lens
+def lens_view(model, text: str):
+    lens = common.cached(results(), ("lens", model_id(model), text), lambda: readouts.logit_lens(model, text))
+    tok = model.tokenizer
+    n_rows, n = len(lens.rows), len(lens.tokens)
+    chart_key, row_key, pos_key = key("lens_chart"), key("lens_row"), key("lens_pos")
+    common.follow_owner(key("lens_owner"), (model_id(model), text), {row_key: n_rows - 1, pos_key: n - 1})
+    picked = common.picked_cell(chart_key, n)
+    if picked is not None and picked != st.session_state.get(key("lens_picked")):
+        st.session_state[key("lens_picked")] = picked
+        st.session_state[row_key], st.session_state[pos_key] = picked
+    common.keep_in_options({row_key: (range(n_rows), n_rows - 1), pos_key: (range(n), n - 1)})
+    top_labels = [token_names(tok, lens.top_ids[r, :, 0].tolist()) for r in range(n_rows)]
+    final_labels = token_names(tok, lens.final_ids.tolist())
+    last = int(lens.final_ids[-1])
+    first = lens.first_top1(last)
+    st.caption(f"Each residual (after the embeddings, after each block) through the final norm and the "
+               f"unembedding, as if the model stopped there. Text: that layer's top token; colour: the "
+               f"probability it gives the model's final prediction at that position. At the last position "
+               f"the final prediction {plain(repr(final_labels[-1]))} is first top-1 at "
+               f"**{lens.rows[first] if first is not None else 'no layer'}**. Click a cell for its top-10.")
+    figure = figs.lens_figure(lens.final_probs, top_labels, lens.top_probs[:, :, 0], lens.tokens, lens.rows,
+                              final_labels)
+    st.plotly_chart(figure, key=chart_key, on_select="rerun", selection_mode="points", width="stretch")
+    left, right = st.columns(2)
+    row = left.selectbox("Layer", range(n_rows), key=row_key, format_func=lambda r: lens.rows[r])
+    pos = right.selectbox("Position", range(n), key=pos_key, format_func=lambda j: f"{j}: {lens.tokens[j]}")
+    cell = readouts.cell_top(lens, row, pos, tok)
+    st.plotly_chart(viz.bar_topk(list(cell["token"]), cell["probability"].to_numpy(),
+                                 f"Top-10 after {lens.rows[row]} at position {pos} ({lens.tokens[pos]})"),
+                    key=key("lens_top"), width="stretch")
+    st.download_button("Logit lens CSV", lambda: exports.csv_text(readouts.lens_frame(lens, tok)),
+                       file_name="logit_lens.csv", mime="text/csv", key=key("lens_csv"), on_click="ignore")
+
+
+# ---------------------------------------------------------------- attribution
+def tokens_asked(model) -> tuple[int, int | None]:
+    st.session_state.setdefault(key("target"), " Mary")
+    st.session_state.setdefault(key("minus"), " John")
+    left, right = st.columns(2)
+    target_text = left.text_input("Target token", key=key("target"), help="one token, with its leading space")
+    minus_text = right.text_input("Minus token (optional)", key=key("minus"))
+    target, note = single_token(model.tokenizer, target_text)
+    minus, note_minus = (None, None) if not minus_text.strip() else single_token(model.tokenizer, minus_text)
+    for n in (note, note_minus):
+        if n:
+            st.caption(plain(n))
+    return target, minus
+
+
+def attribution_view(model, text: str):
+    target, minus = tokens_asked(model)
+    att = common.cached(results(), ("dla", model_id(model), text, target, minus),
+                        lambda: readouts.attribution(model, text, target, minus))
+    label = "logit difference" if minus is not None else "logit"
+    a, b, c = st.columns(3)
+    a.metric(f"Model's {label}", f"{att.logit_diff:.4f}")
+    b.metric("Sum of the parts", f"{att.total:.4f}")
+    c.metric("Embeddings + biases", f"{att.embed + att.bias:.4f}")
+    st.caption(FROZEN_NOTE + f" Here the sum differs from the model's {label} by {abs(att.total - att.logit_diff):.1e}.")
+    st.plotly_chart(figs.head_map(att.heads, f"Direct contribution to the {label} (last position)",
+                                  "contribution", diverging=True, mlps=att.mlps),
+                    key=key("dla_map"), width="stretch")
+    frame = readouts.attribution_frame(att)
+    st.dataframe(frame.reindex(frame["contribution"].abs().sort_values(ascending=False).index).head(12),
+                 hide_index=True, key=key("dla_table"))
+    st.download_button("Attribution CSV", lambda: exports.csv_text(frame), file_name="logit_attribution.csv",
+                       mime="text/csv", key=key("dla_csv"), on_click="ignore")
+    switch_off(model, text, att, target, minus)
+
+
+def switch_off(model, text: str, att, target: int, minus: int | None):
+    """The top-k heads off in this page's head editor, and what that does to the prediction."""
+    cfg, mkey = model.cfg, model.info.key
+    st.subheader("Switch the top contributors off")
+    left, mid, right = st.columns([1, 2, 2], vertical_alignment="bottom")
+    k = left.number_input("k", 1, cfg.n_layers * cfg.n_heads, 5, key=key("top_k"))
+    mode = mid.radio("Ablation", ablation.MODES, key=key("ablation"), horizontal=True,
+                     format_func=lambda m: f"{m} ablation")
+    right.button(f"Switch the top {int(k)} heads off", key=key("top_off"), type="primary",
+                 on_click=lambda: head_editor.set_applied(cfg, PAGE, readouts.top_off_mask(att, int(k)), mkey))
+    full = common.cached(results(), ("logits", model_id(model), text),
+                         lambda: ablation.logits(model, text)[-1])
+
+    def effect(keep):
+        means = head_means(model) if mode == "mean" and not keep.all() else None
+        masked = common.cached(results(), ("logits", model_id(model), text, mode, tuple(keep.flatten().tolist())),
+                               lambda: ablation.logits(model, text, keep, mode, means)[-1])
+
+        def draw():
+            def diff(lg):
+                return float(lg[target] - (lg[minus] if minus is not None else 0))
+            p_full, p_masked = (float(lg.softmax(-1)[target]) for lg in (full, masked))
+            one, two = st.columns(2)
+            one.metric("Logit difference" if minus is not None else "Logit", f"{diff(masked):.3f}",
+                       f"{diff(masked) - diff(full):+.3f} from {diff(full):.3f}")
+            two.metric("p(target)", f"{p_masked:.3f}", f"{p_masked - p_full:+.3f} from {p_full:.3f}")
+            top = token_names(model.tokenizer, [int(full.argmax()), int(masked.argmax())])
+            st.caption(f"{ablation.describe(mode).capitalize()}. Top-1: {plain(top[0])} with every head on, "
+                       f"{plain(top[1])} with this mask.")
+        return draw
+
+    head_editor.head_editor(cfg, PAGE, att.heads, model_key=mkey, effect=effect, score_label="logit attribution")
+    st.button("Use this mask on the Heads page", key=key("to_heads"),
+              on_click=lambda: head_editor.set_applied(cfg, "heads", head_editor.applied_mask(cfg, PAGE, mkey), mkey))
+
+
+# ---------------------------------------------------------------- two prompts
+def pair_view(model):
+    st.session_state.setdefault(key("pair_a"), PAIR[0])
+    st.session_state.setdefault(key("pair_b"), PAIR[1])
+    left, right = st.columns(2)
+    text_a = left.text_area("First prompt", key=key("pair_a"), height=80)
+    text_b = right.text_area("Second prompt", key=key("pair_b"), height=80)
+    if not text_a.strip() or not text_b.strip():
+        st.info("Type two prompts.")
+        return
+    pair = common.cached(results(), ("pair", model_id(model), text_a, text_b),
+                         lambda: prompt_pair.compare(model, text_a, text_b))
+    st.caption("How much each head's pattern differs between the prompts: the mean over query rows of the "
+               "total-variation distance between the two rows (0 = the same, 1 = nothing in common). A causal "
+               "model's rows before the first different token are identical, so only the rows from there on "
+               "add to it." + (f" {pair.note}" if pair.note else " Both have as many tokens: compared position by position."))
+    st.plotly_chart(figs.head_map(pair.difference, "Pattern difference per head", "difference"),
+                    key=key("pair_map"), width="stretch")
+    layer0, head0, _ = pair.top(1)[0]
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    common.follow_owner(key("pair_owner"), (model_id(model), text_a, text_b),
+                        {key("pair_layer"): layer0, key("pair_head"): head0})
+    common.keep_in_options({key("pair_layer"): (range(L), layer0), key("pair_head"): (range(H), head0)})
+    one, two = st.columns(2)
+    layer = one.selectbox("Layer", range(L), key=key("pair_layer"))
+    head = two.selectbox("Head", range(H), key=key("pair_head"),
+                         help="opens on the head whose pattern differs most")
+    name = names.head_name(layer, head)
+    cols = st.columns(2)
+    for j, col in enumerate(cols):
+        col.plotly_chart(viz.head_heatmap(pair.attentions[j][layer, head], pair.tokens[j], title=f"{name}, prompt {j + 1}",
+                                          causal=model.cfg.causal), key=key(f"pair_head_{j}"), width="stretch")
+    st.download_button("Differences CSV", lambda: exports.csv_text(prompt_pair.difference_frame(pair)),
+                       file_name="prompt_pair.csv", mime="text/csv", key=key("pair_csv"), on_click="ignore")

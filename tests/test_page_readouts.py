@@ -1,0 +1,121 @@
+"""Readouts page (AppTest, SmolLM2): logit lens, attribution with heads switched off, generation,
+two prompts; the view choice is remembered and only the chosen view computes; bad input."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from attnviz.analysis import ablation, readouts
+from attnviz.analysis.effects import single_token
+from attnviz.ui import common
+from attnviz.weights import catalogue
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "8_Readouts.py")
+TEXT = "When Mary and John went to the store, John gave a drink to"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return catalogue.load_model("smollm2")
+
+
+def app() -> AppTest:
+    return AppTest.from_file(PAGE, default_timeout=300).run()
+
+
+def chart(at, key):
+    return json.loads(next(c for c in at.get("plotly_chart") if c.key == key).proto.spec)
+
+
+def view(at, name):
+    return at.radio(key="readouts.view").set_value(name).run()
+
+
+def test_logit_lens_view(smollm2):
+    at = app()
+    assert not at.exception and not at.error
+    lens = readouts.logit_lens(smollm2, TEXT)
+    fig = chart(at, "readouts.lens_chart")
+    assert fig["layout"]["yaxis"]["ticktext"][0] == "embed" and len(fig["layout"]["yaxis"]["ticktext"]) == 31
+    mary = single_token(smollm2.tokenizer, " Mary")[0]
+    assert int(lens.final_ids[-1]) == mary
+    assert f"first top-1 at **{lens.rows[lens.first_top1(mary)]}**" in at.caption[0].value
+    bars = chart(at, "readouts.lens_top")
+    assert "L29 out at position 13" in bars["layout"]["title"]["text"]
+    at.selectbox(key="readouts.lens_row").set_value(12).run()
+    assert not at.exception
+    assert "L11 out" in chart(at, "readouts.lens_top")["layout"]["title"]["text"]
+    assert not at.metric  # the attribution view did not run
+    assert any(b.proto.label == "Logit lens CSV" for b in at.get("download_button"))
+
+
+def test_attribution_view_and_switching_heads_off(smollm2):
+    at = view(app(), "Attribution")
+    assert not at.exception and not at.error
+    metrics = {m.label: m.value for m in at.metric}
+    target, minus = (single_token(smollm2.tokenizer, t)[0] for t in (" Mary", " John"))
+    att = readouts.attribution(smollm2, TEXT, target, minus)
+    assert float(metrics["Model's logit difference"]) == pytest.approx(att.logit_diff, abs=1e-3)
+    assert abs(float(metrics["Sum of the parts"]) - float(metrics["Model's logit difference"])) < 1e-3
+    assert any("frozen" in c.value and "TransformerLens" in c.value for c in at.caption)
+    fig = chart(at, "readouts.dla_map")
+    assert len(fig["data"]) == 2  # heads and MLPs beside them
+    at.button(key="readouts.top_off").click().run()
+    assert not at.exception
+    keep = readouts.top_off_mask(att, 5)
+    lg = ablation.logits(smollm2, TEXT, keep, "zero")[-1]
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["Logit difference"]) == pytest.approx(float(lg[target] - lg[minus]), abs=1e-3)
+    assert any("Zero ablation" in c.value for c in at.caption)
+    at.radio(key="readouts.ablation").set_value("mean").run()
+    assert not at.exception
+    means = ablation.head_means(smollm2)
+    lg = ablation.logits(smollm2, TEXT, keep, "mean", means)[-1]
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["Logit difference"]) == pytest.approx(float(lg[target] - lg[minus]), abs=1e-3)
+    assert any("Mean ablation" in c.value for c in at.caption)
+    at.button(key="readouts.to_heads").click().run()
+    assert at.session_state["heads.applied:smollm2:30x9"] == at.session_state["readouts.applied:smollm2:30x9"]
+
+
+def test_generation_view_with_heads_off(smollm2):
+    at = view(app(), "Attribution")
+    at.button(key="readouts.top_off").click().run()
+    at = view(at, "Generation")
+    assert not at.exception and not at.error
+    at.number_input(key="readouts.gen_n").set_value(6)   # inside the form: sent with the submit
+    at.checkbox(key="readouts.gen_compare").check()
+    at.button(key="readouts.gen_go").click().run()
+    assert not at.exception and not at.error
+    texts = [m.value for m in at.markdown if m.value.startswith("**")]
+    assert len(texts) == 2 and "every head on" in texts[0] and "5 head" in texts[1]
+    bars = chart(at, "readouts.gen_bars")
+    assert bars["layout"]["title"]["text"].startswith("Step 0: chose")
+    rows = chart(at, "readouts.gen_rows")
+    assert len(rows["layout"]["xaxis"]["ticktext"]) == len(smollm2.tokenizer(TEXT)["input_ids"])
+    at.button(key="readouts.gen_forward").click().run()
+    assert not at.exception and at.session_state["readouts.gen_step"] == 1
+    assert chart(at, "readouts.gen_bars")["layout"]["title"]["text"].startswith("Step 1:")
+    assert any("differ" in c.value or "agree" in c.value for c in at.caption)
+
+
+def test_two_prompts_view():
+    at = view(app(), "Two prompts")
+    assert not at.exception and not at.error
+    assert any("position by position" in c.value for c in at.caption)
+    assert chart(at, "readouts.pair_head_0") and chart(at, "readouts.pair_head_1")
+    at.text_area(key="readouts.pair_b").input("The golden trophy didn't fit in the suitcase because it was too big").run()
+    assert not at.exception
+    assert any("word by word" in c.value for c in at.caption)
+    at = view(at, "Logit lens")
+    assert at.radio(key="readouts.view").value == "Logit lens"
+
+
+def test_bad_input():
+    at = view(app(), "Attribution")
+    at.text_input(key="readouts.target").input("Mary Poppins").run()
+    assert not at.exception and at.error and "not one" in at.error[0].value
+    at.text_area(key="readouts.text").input("   ").run()
+    assert not at.exception and at.info
