@@ -21,6 +21,7 @@ import torch  # noqa: E402
 
 import attnviz  # noqa: E402
 from attnviz.analysis import vision  # noqa: E402
+from attnviz.figures import images  # noqa: E402
 from attnviz.core.images import load_sample  # noqa: E402
 
 TARGET_S = 1.5
@@ -32,7 +33,7 @@ def one_run(model, photo, size: int) -> dict[str, float]:
     t1 = time.perf_counter()
     maps = vision.cls_maps(trace)                                     # (12, 6, 16, 16)
     t2 = time.perf_counter()
-    grid = vision.head_overlays(photo, maps, trace.layers)            # 72 labelled tiles
+    grid = images.head_overlays(photo, maps, trace.layers)            # 72 labelled tiles
     t3 = time.perf_counter()
     assert grid.size[0] > 0
     return {"trace": t1 - t0, "maps": t2 - t1, "overlays": t3 - t2, "total": t3 - t0}
@@ -58,7 +59,7 @@ def main() -> None:
                         help="comma-separated torch thread counts to run (0 = torch's default)")
     args = parser.parse_args()
     model = attnviz.load_model("dinov2")
-    photo = vision.display_image(load_sample("cat"))                 # what the page overlays on
+    photo = images.display_image(load_sample("cat"))                 # what the page overlays on
     reference = reference_model()
     default_threads = torch.get_num_threads()
     for threads in [int(t) for t in args.threads.split(",")]:

@@ -162,7 +162,7 @@ def test_importance_run_then_top_k_preset_and_a_cancelled_run():
     assert not at.exception
     result, _ = at.session_state["heads.imp:minilm"]
     assert result.complete and len(frame_with(at, "rank")) == 72
-    at.slider(key="heads.k").set_value(50).run()
+    at.slider(key="heads.share").set_value(50).run()
     at.button(key="heads.top").click().run()
     assert torch.equal(mask_of(at), result.keep_top(0.5))
     # a run interrupted by Cancel: its partial result stays, with a message; the mask stays too

@@ -14,7 +14,20 @@ from tests.test_imageio import padded_png, png_header_only
 from tests.test_parity import tiny
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "3_Images.py")
-HEADS_KEY = "img_heads:12x6"
+VIEWS = ("CLS → patches", "Patch query", "Rollout & saliency", "Artefact tokens", "Attention distance",
+         "Head-mask effect", "Export")
+
+
+def row_key(layer: int) -> str:
+    """The head editor's row of this layer (the heads that are on) for the bundled DINOv2."""
+    return f"images.row:dinov2:12x6:{layer}"
+
+
+def show(at, view) -> AppTest:
+    """Choose the view beside the head editor (only the chosen one is computed)."""
+    at.button_group(key="images.view_choice").set_value(view).run()
+    assert not at.exception, at.exception
+    return at
 
 
 def png(width=90, height=60) -> bytes:
@@ -44,31 +57,40 @@ def test_sample_photo_shows_every_view():
     assert not at.error
     assert at.sidebar.selectbox(key="model_choice:vision").value == "dinov2"
     assert "**cat**" in photo_caption(at) and "16×16 patches of 14 px · 257 tokens" in photo_caption(at)
+    assert at.button_group(key="images.view_choice").value == VIEWS[0]   # the default view
     captions = image_captions(at)
     assert any("Attention from CLS" in c for c in captions)
+    assert not at.get("plotly_chart") and not at.get("download_button")  # other views: not computed
+    captions = image_captions(show(at, "Patch query"))
     assert any("Where patch (8, 8)" in c for c in captions)          # centre patch by default
+    assert not any("Attention from CLS" in c for c in captions)
+    captions = image_captions(show(at, "Rollout & saliency"))
     assert any("rollout" in c for c in captions) and any("saliency output" in c for c in captions)
+    captions = image_captions(show(at, "Artefact tokens"))
     assert any("flagged patches outlined" in c for c in captions)
     assert any("patches flagged" in m.value for m in at.markdown)
-    assert len(at.get("plotly_chart")) == 1                          # distance vs depth
-    assert [b.key for b in at.get("download_button")] == ["img_png_view", "img_png", "img_npz"]
-    assert "All heads are on" in at.info[0].value
+    assert len(show(at, "Attention distance").get("plotly_chart")) == 1   # distance vs depth
+    assert [b.key for b in show(at, "Export").get("download_button")] == [
+        "images.png_view", "images.png", "images.npz"]
+    assert "All heads are on" in show(at, "Head-mask effect").info[0].value
+    assert at.button_group(key="images.view_choice").value == "Head-mask effect"   # remembered
+    show(at, "CLS → patches")
 
-    size = at.sidebar.select_slider(key="img_size")
+    size = at.sidebar.select_slider(key="images.size")
     assert size.options[0].startswith("112 px · 65 tokens") and size.options[-1].startswith("448 px")
-    at.sidebar.selectbox(key="img_sample").set_value("coffee")
+    at.sidebar.selectbox(key="images.sample").set_value("coffee")
     size.set_value(112)
-    at.radio(key="img_view").set_value("Every layer × head")
+    at.radio(key="images.view").set_value("Every layer × head")
     at.run()
     assert not at.exception and not at.error
     assert "**coffee**" in photo_caption(at) and "8×8 patches" in photo_caption(at)
-    assert at.number_input(key="img_row").value == 7                 # clamped into the 8 x 8 grid
+    assert show(at, "Patch query").number_input(key="images.row").value == 7   # clamped into the 8 x 8 grid
 
 
 def test_uploads_good_and_bad_keep_the_page_working():
     at = run_page()
-    at.sidebar.radio(key="img_source").set_value("Upload").run()
-    uploader = at.sidebar.file_uploader(key="img_upload")
+    at.sidebar.radio(key="images.source").set_value("Upload").run()
+    uploader = at.sidebar.file_uploader(key="images.upload")
     assert set(uploader.allowed_type) >= {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tiff"}
     assert "**cat**" in photo_caption(at)                            # nothing uploaded yet
 
@@ -82,7 +104,7 @@ def test_uploads_good_and_bad_keep_the_page_working():
            ("notes.png", b"just some text, not a picture\n" * 20, "not an image"),
            ("cut.png", png()[:120], "truncated")]
     for name, data, reason in bad:
-        at.sidebar.file_uploader(key="img_upload").set_value((name, data, "image/png"))
+        at.sidebar.file_uploader(key="images.upload").set_value((name, data, "image/png"))
         at.run()
         assert not at.exception, name
         shown = plain(name)  # the file name is escaped: markdown shows it as typed
@@ -93,11 +115,11 @@ def test_uploads_good_and_bad_keep_the_page_working():
 
 def test_switching_heads_off_shows_the_effect():
     layer, head = 0, 3
-    at = AppTest.from_file(PAGE, default_timeout=180)
-    at.session_state[HEADS_KEY] = {"edited_rows": {layer: {f"H{head}": False}},
-                                   "added_rows": [], "deleted_rows": []}
-    at.run()
-    assert not at.exception, at.exception
+    at = run_page()
+    at.button_group(key=row_key(layer)).unselect(head).run()       # an edit: nothing runs yet
+    assert not at.exception and "heads off" not in photo_caption(at)
+    at.button(key="images.apply").click().run()
+    show(at, "Head-mask effect")
     assert "1 heads off" in photo_caption(at)
     metrics = {m.label: float(m.value) for m in at.metric}
     assert set(metrics) == {"CLS embedding cosine", "Saliency IoU at 0.5", "Saliency mean |change|"}
@@ -106,7 +128,7 @@ def test_switching_heads_off_shows_the_effect():
     captions = image_captions(at)
     assert "Saliency, 1 heads off" in captions and "Rollout, heads off" in captions
 
-    at.button(key="img_all_on").click().run()
+    at.button(key="images.reset").click().run()
     assert not at.exception and "heads off" not in photo_caption(at)
     assert "All heads are on" in at.info[0].value and not at.metric
 
@@ -124,10 +146,10 @@ def test_a_local_vit_folder_works_too(tmp_path, monkeypatch, set_limits):
     at.run()
     assert not at.exception, at.exception
     assert not at.error
-    size = at.sidebar.select_slider(key="img_size")
+    size = at.sidebar.select_slider(key="images.size")
     assert size.value == 112 and size.options[1].startswith("120 px")   # multiples of 8
     assert "14×14 patches of 8 px · 197 tokens" in photo_caption(at)
-    assert any("no saliency decoder" in i.value for i in at.info)
+    assert any("no saliency decoder" in i.value for i in show(at, "Rollout & saliency").info)
 
 
 def gif(width=1, height=1) -> bytes:
@@ -137,7 +159,7 @@ def gif(width=1, height=1) -> bytes:
 
 
 def upload(at, name, data, kind="image/png") -> AppTest:
-    at.sidebar.file_uploader(key="img_upload").set_value((name, data, kind))
+    at.sidebar.file_uploader(key="images.upload").set_value((name, data, kind))
     at.run()
     assert not at.exception, (name, at.exception)
     return at
@@ -145,7 +167,7 @@ def upload(at, name, data, kind="image/png") -> AppTest:
 
 def upload_page() -> AppTest:
     at = run_page()
-    at.sidebar.radio(key="img_source").set_value("Upload").run()
+    at.sidebar.radio(key="images.source").set_value("Upload").run()
     return at
 
 
@@ -178,7 +200,7 @@ def test_strips_beyond_20_to_1_get_a_message(size):
 
 def test_upload_cap_is_stated_and_exact():
     at = upload_page()
-    assert "Up to 20 MB (20,000,000 bytes) per file" in at.sidebar.file_uploader(key="img_upload").help
+    assert "Up to 20 MB (20,000,000 bytes) per file" in at.sidebar.file_uploader(key="images.upload").help
     upload(at, "big.png", padded_png(20_000_000))
     assert not at.error and "**big\\.png** · 32×24 px" in photo_caption(at)
     upload(at, "bigger.png", padded_png(20_000_001))

@@ -3,8 +3,9 @@
 Everything takes a `Trace` of a vision model (``trace.grid`` set) and returns tensors over the
 patch grid, so a map's element [r, c] belongs to the patch in row r, column c of the model input.
 `Model.pixels` squeezes the whole photo to the input square, so patch (r, c) also covers the
-fraction [r/gh, (r+1)/gh) x [c/gw, (c+1)/gw) of the original photo: `viz.overlay_patch_map` draws
-maps over the photo at any size with exactly that mapping.
+fraction [r/gh, (r+1)/gh) x [c/gw, (c+1)/gw) of the original photo: `render.overlay_patch_map` draws
+maps over the photo at any size with exactly that mapping, and `attnviz.figures.images` draws the
+overlay grids and outlined patches (`patch_box` here is the pixel box both use).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from attnviz.analysis import stats as analysis
-from attnviz.figures import render
 from attnviz.core.model import Model, Trace
 from attnviz.core.images import check_aspect
 from attnviz.base.limits import LIMITS
@@ -30,16 +30,6 @@ from attnviz.base.limits import LIMITS
 # five sample photos the bundled ViT-S/14's strongest outliers reach 7.5-13 MAD at the last
 # block's input (the rocket has none above 4); large DINOv2 models show far stronger ones.
 ARTEFACT_K = 6.0
-
-# A trace holds L x H x n^2 float32 weights: DINOv2 ViT-S at 448 px is 302 MB. Sides whose
-# weights would pass LIMITS.image_attention_mb are not offered (ViT-B/8 at 448 px would need 5.7 GB).
-DISPLAY_MAX_SIDE = 640   # photos are shown (and overlaid) at most this large: fast, still sharp
-MARK_COLOUR = (0, 255, 255)
-# Every picture this module draws (overlay grids, marked photos) has at most this many pixels,
-# whatever the shape of the photo (LIMITS.max_render_pixels): a grid that would be larger is drawn
-# with smaller tiles.
-# render.grid_of_overlays' layout: a label strip above each tile and a gap between tiles.
-_TILE_LABEL_PX, _TILE_GAP_PX = 18, 4
 
 
 # --- Input checks ------------------------------------------------------------------------------
@@ -76,7 +66,9 @@ def resolution_options(patch_size: int, low: int | None = None, high: int | None
 
 
 def attention_bytes(side: int, model: Model) -> int:
-    """Memory of one trace's attention weights at a side x side input."""
+    """Memory of one trace's attention weights at a side x side input: L x H x n^2 float32 (DINOv2
+    ViT-S at 448 px: 302 MB; ViT-B/8 would need 5.7 GB, so sides past LIMITS.image_attention_mb
+    are not offered)."""
     c = model.cfg
     return c.n_layers * c.n_heads * token_count(side, c.patch_size, 1 + c.n_registers) ** 2 * 4
 
@@ -156,84 +148,6 @@ def attention_distance_px(trace: Trace, patch_size: int) -> torch.Tensor:
     return analysis.mean_attention_distance(attn, coords * patch_size, is_patch, causal=False)
 
 
-def layer_head_labels(layers: list[int], n_heads: int, off=None) -> list[str]:
-    """"L3 H2" per (layer, head), rows first; " (off)" where `off` ([L, H] bool) is True."""
-    labels = []
-    for i, layer in enumerate(layers):
-        for head in range(n_heads):
-            switched_off = off is not None and bool(off[i][head])
-            labels.append(f"L{layer} H{head}" + (" (off)" if switched_off else ""))
-    return labels
-
-
-def head_overlays(image: Image.Image, maps, layers: list[int], tile: int = 128,
-                  alpha: float = 0.5, cmap: str = "inferno", off=None,
-                  max_pixels: int | None = None) -> Image.Image:
-    """One labelled tile per head: rows = layers, columns = heads (maps [L, H, gh, gw]).
-
-    Each tile is scaled to its own min..max, so weak heads still show their pattern. `off`
-    ([L, H] bool, rows matching `layers`) marks switched-off heads in the labels. Tiles are
-    `tile` px wide unless the whole grid would then pass `max_pixels` (many heads, a tall photo):
-    then they are as wide as fits. Raises ValueError when not even 1-px-wide tiles fit."""
-    maps = torch.as_tensor(maps)
-    if maps.ndim != 4:
-        raise ValueError(f"maps must be [layers, heads, grid_h, grid_w], got {tuple(maps.shape)}")
-    n_layers, n_heads = maps.shape[:2]
-    if len(layers) != n_layers:
-        raise ValueError(f"{n_layers} layers of maps but {len(layers)} layer labels")
-    fitting = overlay_tile(image.size, n_layers, n_heads, tile, max_pixels)
-    flat = maps.reshape(n_layers * n_heads, *maps.shape[2:])                  # (L*H, gh, gw)
-    return render.grid_of_overlays(image, flat, layer_head_labels(layers, n_heads, off),
-                                   columns=n_heads, tile=fitting, alpha=alpha, cmap=cmap)
-
-
-def overlay_grid_size(image_size: tuple[int, int], rows: int, columns: int, tile: int
-                      ) -> tuple[int, int]:
-    """(width, height) of `render.grid_of_overlays` for `rows` x `columns` tiles `tile` px wide
-    of an image of `image_size` = (width, height)."""
-    width, height = image_size
-    tile_h = max(1, round(tile * height / width))
-    return (columns * (tile + _TILE_GAP_PX) - _TILE_GAP_PX,
-            rows * (tile_h + _TILE_LABEL_PX + _TILE_GAP_PX) - _TILE_GAP_PX)
-
-
-def overlay_tile(image_size: tuple[int, int], rows: int, columns: int, tile: int,
-                 max_pixels: int | None = None) -> int:
-    """The widest tile, at most `tile` px, whose overlay grid has at most `max_pixels` pixels
-    (LIMITS.max_render_pixels)."""
-    max_pixels = LIMITS.max_render_pixels if max_pixels is None else max_pixels
-    if tile < 1 or rows < 1 or columns < 1 or min(image_size) < 1:
-        raise ValueError(f"cannot draw {rows} x {columns} tiles {tile} px wide of a "
-                         f"{image_size[0]}×{image_size[1]} image")
-
-    def area(t: int) -> int:
-        width, height = overlay_grid_size(image_size, rows, columns, t)
-        return width * height
-
-    if area(1) > max_pixels:
-        raise ValueError(
-            f"{rows} x {columns} overlays of a {image_size[0]}×{image_size[1]} px image do not "
-            f"fit in {max_pixels:,} pixels even as 1-px tiles: show fewer layers or heads, or "
-            "crop the image closer to square.")
-    low, high = 1, tile                      # area grows with the tile: largest fitting one
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if area(middle) <= max_pixels else (low, middle - 1)
-    return low
-
-
-def display_image(image: Image.Image, max_side: int = DISPLAY_MAX_SIDE) -> Image.Image:
-    """A copy no larger than `max_side` on its longer side (aspect kept) for overlays.
-
-    `max_side` is capped so the copy never has more than LIMITS.max_render_pixels pixels."""
-    max_side = min(max_side, int(LIMITS.max_render_pixels ** 0.5))
-    scale = max_side / max(image.size)
-    if scale >= 1:
-        return image.convert("RGB")
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    return image.convert("RGB").resize(size, Image.Resampling.BILINEAR)
-
-
 def patch_box(row: int, col: int, grid: tuple[int, int], size: tuple[int, int]
               ) -> tuple[int, int, int, int]:
     """Pixel box (left, top, right, bottom), inclusive, of patch (row, col) in an image of
@@ -247,18 +161,6 @@ def patch_box(row: int, col: int, grid: tuple[int, int], size: tuple[int, int]
     left, right = -(-col * width // grid_w), -(-(col + 1) * width // grid_w) - 1
     top, left = min(top, height - 1), min(left, width - 1)
     return left, top, max(left, right), max(top, bottom)
-
-
-def mark_patches(image: Image.Image, patches: list[tuple[int, int]], grid: tuple[int, int],
-                 colour=MARK_COLOUR, width: int | None = None) -> Image.Image:
-    """A copy of the image with each (row, col) patch outlined (line width ~1 % of the image,
-    so the outline survives being shrunk into a tile)."""
-    marked = image.convert("RGB").copy()
-    width = width or max(2, max(marked.size) // 100)
-    draw = ImageDraw.Draw(marked)
-    for row, col in patches:
-        draw.rectangle(patch_box(row, col, grid, marked.size), outline=colour, width=width)
-    return marked
 
 
 # --- High-norm artefact tokens -----------------------------------------------------------------

@@ -28,8 +28,9 @@ reruns the page. Without `effect`, Apply sits under the grid and reruns the page
 
 Keys (for tests and links): row `<page>.row:<model>:<layer>` (the list of heads on), layer box
 `<page>.layer:<model>:<layer>`, `<page>.apply`, `<page>.reset`, `<page>.top`, `<page>.random`,
-`<page>.only_btn`, `<page>.only:<model>` (layer), `<page>.k` (share kept, %), `<page>.seed`,
-applied mask `<page>.applied:<model>` (an `encode_mask` string).
+`<page>.only_btn`, `<page>.only:<model>` (layer), `<page>.share` (k, % kept), `<page>.seed`,
+applied mask `<page>.applied:<model>` (an `encode_mask` string); also `<page>.saved:<model>`,
+`<page>.link_read`, `<page>.rerun_page`. A view must not use these names for its own widgets.
 """
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def presets(ed: Editor, scores, score_label: str, score_hint: str | None):
     right.button("Reset: all heads on", key=ed.key("reset"), on_click=ed.set_mask,
                  args=(torch.ones(ed.L, ed.H, dtype=torch.bool),))
     with left.popover("Presets", help="set the whole mask at once (applied at once)"):
-        share = st.slider("k (% of heads kept)", 5, 100, 70, 5, key=ed.key("k"))
+        share = st.slider("k (% of heads kept)", 5, 100, 70, 5, key=ed.key("share"))
         if scores is not None or score_hint:
             st.button(f"Keep top k% by {score_label}", key=ed.key("top"), disabled=scores is None,
                       help=score_hint if scores is None else None, on_click=lambda: ed.set_mask(
