@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 from attnviz.base.jobs import Deadline, JobTimeout
-from attnviz.latency.measure import variant_name
 from attnviz.latency.results import COLUMNS, config_spec, read_results
 from attnviz.weights.catalogue import BUNDLED
 
@@ -57,7 +56,7 @@ def measure_in_child(plan, models: dict, threads: int, deadline: Deadline | None
     child process, and whether the deadline stopped it (the rows are then those it finished)."""
     args = {key: child_model_arg(key, model) for key, model in models.items() if key in plan.models}
     argv = [a for key in plan.models for a in ("--model", args[key])]
-    variants = [v if isinstance(v, str) else variant_name(v) for v in plan.variants]
+    variants = [v if isinstance(v, str) else v.name for v in plan.variants]
     argv += ["--seq-lens", ",".join(str(int(n)) for n in plan.seq_lens), "--variants", ",".join(variants),
              "--heads", "all" if plan.heads is None else ",".join(str(int(k)) for k in plan.heads),
              "--threads", str(int(threads)), "--repeats", str(plan.repeats), "--warmup", str(plan.warmup),

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from attnviz.base.timing import Timing, measure
-from attnviz.core.attention import SOFTMAX, Variant
+from attnviz.core.attention import Variant
 from attnviz.latency import costmodel as cm
 from attnviz.latency.results import parse_synthetic
 from attnviz.weights.catalogue import load_model, random_model
@@ -121,10 +121,6 @@ def load(spec: str):
                              "memory available; choose fewer layers or a smaller d")
         return random_model(cfg, key=spec.strip())
     return load_model(spec)
-
-
-def variant_name(v: Variant) -> str:
-    return "fused" if v == SOFTMAX else v.label
 
 
 def grid_side(cfg, n: int) -> int:

@@ -25,8 +25,7 @@ from attnviz.core.config import Config
 from attnviz.latency import costmodel as cm
 from attnviz.latency.calibrate import host_profile
 from attnviz.latency.child import measure_in_child
-from attnviz.latency.measure import (load, machine_metadata, measure_point, thread_count, token_count,
-                                     variant_name)
+from attnviz.latency.measure import load, machine_metadata, measure_point, thread_count, token_count
 from attnviz.latency.results import COLUMNS, MAX_SEQ_LEN, MAX_THREADS, SCHEMA, config_spec, parse_synthetic, with_heads
 
 BACKENDS = ("cpu", "cpu-model", "pi4", "pi5")  # cpu is measured here; the others are the cost model
@@ -193,8 +192,8 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
                     pruned[(key, k)] = model.prune(keep)
                 model = pruned[(key, k)]
             if progress:
-                progress(i, total, f"{key} · {variant_name(v)} · {k} heads · {t} threads · n={n}")
-            base = dict(schema=SCHEMA, model=key, shape=config_spec(models[key].cfg), variant=variant_name(v),
+                progress(i, total, f"{key} · {v.name} · {k} heads · {t} threads · n={n}")
+            base = dict(schema=SCHEMA, model=key, shape=config_spec(models[key].cfg), variant=v.name,
                         n_heads=k, threads=t, repeats=plan.repeats, warmup=plan.warmup, clock=plan.clock, **meta)
             tokens = token_count(model.cfg, n)  # vision: the nearest square grid, so tokens may differ from n
             for backend in plan.backends:
