@@ -235,3 +235,38 @@ def test_pool_words_by_hand():
     pooled = prompt_pair.pool_words(att, [0, 1, 1], 2)
     torch.testing.assert_close(pooled[0, 0], torch.tensor([[1.0, 0.0], [0.35, 0.65]]))
     assert prompt_pair.align(["a", "b", "c"], ["a", "x", "b", "c"]) == ([(0, 0), (1, 2), (2, 3)], 1)
+
+
+# ---------------------------------------------------------------- attention sinks
+def test_artefact_share_and_sink_role():
+    from attnviz.analysis import stats
+    g = torch.Generator().manual_seed(0)
+    attn = torch.rand(2, 3, 6, 6, generator=g).softmax(-1)
+    attn[1, 2, :, 4] += 20                                            # head L1H2 dumps its weight on token 4
+    attn = attn / attn.sum(-1, keepdim=True)
+    marked = torch.tensor([False, False, False, False, True, False])
+    table = stats.head_stats(attn, artefacts=marked)
+    row = table[(table["layer"] == 1) & (table["head"] == 2)].iloc[0]
+    assert row["artefact_share"] == pytest.approx(float(attn[1, 2, :, 4].mean()), abs=1e-6)
+    assert row["role"] == "sink"
+    assert math.isnan(stats.head_stats(attn).loc[0, "artefact_share"])
+    assert table["first_share"].iloc[0] == pytest.approx(float(attn[0, 0, :, 0].mean()), abs=1e-6)
+
+
+def test_rollout_with_artefact_tokens_discounted():
+    from attnviz.analysis import stats, vision
+    from attnviz.core.model import Trace
+    g = torch.Generator().manual_seed(1)
+    attn = torch.rand(3, 2, 5, 5, generator=g).softmax(-1)            # CLS + a 2 x 2 grid
+    tr = Trace(tokens=["CLS", "p0,0", "p0,1", "p1,0", "p1,1"], attentions=attn, hidden=torch.zeros(5, 4),
+               logits=None, grid=(2, 2), n_prefix=1)
+    flags = torch.tensor([[False, True], [False, False]])
+    drop = vision.artefact_tokens(tr, vision.Artefacts(0, torch.ones(2, 2), flags, 1.0, 0.0, 1.0, 3.0))
+    assert drop.tolist() == [False, False, True, False, False]
+    by_hand = attn.clone()
+    by_hand[..., 2] = 0
+    by_hand = by_hand / by_hand.sum(-1, keepdim=True)
+    torch.testing.assert_close(vision.discount_tokens(attn, drop), by_hand)
+    want = stats.rollout(by_hand)[0, 1:].reshape(2, 2)
+    torch.testing.assert_close(vision.rollout_map(tr, discount=drop), want)
+    assert float(vision.rollout_map(tr, discount=drop)[0, 1]) == 0.0

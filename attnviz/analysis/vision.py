@@ -126,12 +126,31 @@ def patch_query_maps(trace: Trace, row: int, col: int) -> torch.Tensor:
     return analysis.to_patch_grid(attn[:, :, query, :], trace.n_prefix, trace.grid)
 
 
-def rollout_map(trace: Trace, head_mask=None, residual: bool = True) -> torch.Tensor:
+def discount_tokens(attn: torch.Tensor, drop) -> torch.Tensor:
+    """Attention [..., n, n] with the keys `drop` ([n] bool, e.g. artefact patches: attention
+    sinks) taken out and every row renormalised over the rest (a row left with nothing stays 0)."""
+    drop = torch.as_tensor(drop, dtype=torch.bool)
+    kept = attn.masked_fill(drop, 0.0)
+    return kept / kept.sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+def artefact_tokens(trace: Trace, artefacts: "Artefacts") -> torch.Tensor:
+    """[n] bool: the tokens of the flagged artefact patches."""
+    out = torch.zeros(trace.n, dtype=torch.bool)
+    out[trace.n_prefix:] = artefacts.flags.flatten()
+    return out
+
+
+def rollout_map(trace: Trace, head_mask=None, residual: bool = True, discount=None) -> torch.Tensor:
     """CLS row of attention rollout over every captured layer, on the patch grid: [gh, gw].
 
     With `head_mask` ([L, H], 0 = off) switched-off heads are left out of each layer's average,
-    which is what the masked model's information flow looks like."""
+    which is what the masked model's information flow looks like. `discount` ([n] bool, e.g.
+    `artefact_tokens`): those keys are taken out of every layer first (`discount_tokens`), so one
+    artefact patch that collects most of the weight no longer makes the rest look empty."""
     attn = _attentions(trace)
+    if discount is not None:
+        attn = discount_tokens(attn, discount)
     flow = analysis.rollout(attn, residual=residual, head_mask=head_mask)      # (n, n)
     return analysis.to_patch_grid(flow[0], trace.n_prefix, trace.grid)
 
