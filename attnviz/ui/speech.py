@@ -1,0 +1,199 @@
+"""The Speech page's views: Whisper tiny.en hearing a clip (bundled, uploaded or recorded), the
+log-mel spectrogram with cross-attention tokens x time under it, every head, word timestamps
+from the alignment heads (each word playable from its start), and heads switched off with the
+shared head editor. The page itself is a title plus calls to these functions."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import streamlit as st
+import torch
+
+from attnviz.base import names
+from attnviz.base.limits import LIMITS
+from attnviz.figures import speech as sfig
+from attnviz.ui.common import load_model, plain
+from attnviz.ui.head_editor import head_editor
+from attnviz.ui.translate import diff_markdown
+
+PAGE = "speech"
+MODEL = "whisper-tiny-en"
+CLIP = Path(__file__).resolve().parent.parent / "data" / "audio" / "hello_world.wav"
+SOURCES = ("Bundled clip", "Upload WAV / FLAC", "Record")
+ALIGNMENT = "alignment heads (average)"
+MAX_PLAYERS = 40   # words with their own player; the rest are listed
+
+
+def key(name: str) -> str:
+    return names.session_key(PAGE, name)
+
+
+# ---------------------------------------------------------------- inputs
+def inputs():
+    """Sidebar source and the audio -> (model, audio bytes), or None after showing why."""
+    with st.sidebar:
+        source = st.radio("Audio", SOURCES, key=key("source"))
+        st.caption(f"Limits: {LIMITS.max_audio_bytes / 1e6:.0f} MB per file, {LIMITS.max_audio_seconds:.0f} s "
+                   "(Whisper hears 30 s at a time: a longer file is cut to its first 30 s), "
+                   f"{LIMITS.max_transcribe_seconds:g} s per transcription.")
+    data = None
+    if source == SOURCES[0]:
+        st.caption("The bundled clip is **synthetic speech** made with eSpeak NG (\"Hello world, this is a "
+                   "test of speech recognition.\"), not a recording; tiny.en mishears one word of it.")
+        data = CLIP.read_bytes()
+    elif source == SOURCES[1]:
+        up = st.file_uploader("A WAV or FLAC file", type=["wav", "flac"], key=key("upload"))
+        if up is None:
+            st.info("Upload a WAV or FLAC recording of speech (any sample rate; stereo is mixed down).")
+            return None
+        if up.size > LIMITS.max_audio_bytes:
+            st.error(f"The file is {up.size / 1e6:.1f} MB; the limit is {LIMITS.max_audio_bytes / 1e6:.1f} MB. "
+                     "Upload a shorter recording.")
+            return None
+        data = up.getvalue()
+    else:
+        rec = st.audio_input("Record a sentence", key=key("record"))
+        if rec is None:
+            st.info("Press the microphone, say a sentence in English, press stop.")
+            return None
+        data = rec.getvalue()
+    try:
+        with st.spinner(f"Loading {MODEL}…"):
+            model = load_model(MODEL)
+    except ValueError as err:
+        st.error(plain(str(err)))
+        return None
+    return model, data
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _transcribed(model_key: str, digest: str, mask_key: bytes, _model, _data: bytes, _mask):
+    # cache_resource: one transcript per audio and mask, shared, never changed by a view
+    return _model.transcribe(_data, head_mask=_mask, cut=True)
+
+
+def transcript(model, data: bytes, mask=None):
+    """The (cached) transcript, or None after showing the error."""
+    digest = hashlib.sha256(data).hexdigest()
+    mask_key = b"" if mask is None else mask.numpy().tobytes()
+    try:
+        with st.spinner("Transcribing…"):
+            return _transcribed(model.info.key, digest, mask_key, model, data, mask)
+    except ValueError as err:
+        st.error(plain(str(err)))
+        return None
+
+
+# ---------------------------------------------------------------- views
+def explain(model):
+    c = model.cfg
+    heads = ", ".join(names.head_name(l, h) for l, h in model.alignment_heads)
+    with st.expander("Where Q, K and V come from", expanded=False):
+        st.markdown(
+            f"Whisper turns the sound into a **log-mel spectrogram** (80 frequency bands, one column per "
+            f"10 ms, always 30 s: shorter audio is padded with silence). Two convolutions halve time to "
+            f"{c.n_audio_ctx:,} **audio frames of 20 ms**, which the encoder ({c.n_enc_layers} layers) reads "
+            f"with self-attention. The decoder ({c.n_dec_layers} layers) writes text tokens one at a time; "
+            "in its **cross-attention** the **query** is the text position about to be written and the "
+            "**keys and values** are the audio frames: row *t* says which moments of the sound the "
+            "decoder listened to while choosing token *t*.\n\n"
+            f"A few heads follow the speech so closely that Whisper times words with them — the "
+            f"**alignment heads** listed in the model's `config.json`: {heads} (★ below). Their maps, "
+            "normalised, median-filtered and averaged, are aligned with the tokens by dynamic time "
+            "warping: where the path moves to the next word is that word's start.")
+
+
+def summary(model, tr):
+    st.subheader(tr.text or "(nothing heard)")
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("tokens", str(tr.n_tokens))
+    c2.metric("log-probability", f"{float(tr.logprobs.sum()):.2f}")
+    c3.metric("audio", f"{tr.seconds:.2f} s")
+    c4.metric("source", f"{tr.audio.source_rate / 1000:g} kHz · {tr.audio.channels} ch")
+    st.audio(tr.audio.samples, sample_rate=16_000)
+    if tr.truncated_seconds:
+        st.warning(f"The audio is {tr.audio.seconds:.1f} s long; Whisper hears 30 s at a time, so only the "
+                   f"first 30 s are transcribed ({tr.truncated_seconds:.1f} s left out).")
+    if tr.stopped == "deadline":
+        st.warning(f"Decoding stopped at the time limit ({LIMITS.max_transcribe_seconds:g} s); the text is "
+                   "what was written until then.")
+    elif tr.stopped == "max_tokens":
+        st.warning("Decoding stopped at the decoder's last position before the end of text.")
+
+
+def head_options(model) -> list[str]:
+    c, marked = model.cfg, set(model.alignment_heads)
+    return [ALIGNMENT] + [names.head_name(l, h) + (" ★" if (l, h) in marked else "")
+                          for l in range(c.n_dec_layers) for h in range(c.n_heads)]
+
+
+def rows_of(model, tr, choice: str):
+    """[n_tokens, n_frames]: one head's cross-attention, or the alignment heads' average."""
+    if choice == ALIGNMENT:
+        return torch.stack([tr.cross_attentions[l, h] for l, h in model.alignment_heads]).mean(0)
+    layer, head = names.parse_head_name(choice.replace(" ★", ""))
+    return tr.cross_attentions[layer, head]
+
+
+def attention(model, tr):
+    choice = st.selectbox("Cross-attention of", head_options(model), key=key("head"),
+                          help="★ marks the alignment heads (config.json) that time the words.")
+    fig = sfig.spectrogram_and_attention(tr.features, rows_of(model, tr, choice), tr.tokens, tr.audio_frames,
+                                         tr.words, title=f"cross-attention · {choice} · tokens × time")
+    st.plotly_chart(fig, key=key("spectrogram"))
+    st.caption("Row t: where in the sound the decoder listened while choosing token t (the first row is "
+               "chosen after the prompt <|startoftranscript|><|notimestamps|>). Dotted lines: word starts.")
+
+
+def every_head(model, tr):
+    st.plotly_chart(sfig.heads_grid(tr.cross_attentions, tr.audio_frames, model.alignment_heads),
+                    key=key("grid"))
+    st.caption("Every decoder layer and head, tokens × time over the audio; ★ the alignment heads.")
+
+
+def words(model, tr):
+    if not tr.words:
+        st.info("No words to time (nothing was heard, or the model has no alignment heads).")
+        return
+    st.plotly_chart(sfig.words_figure(tr.audio.samples, 16_000, tr.words), key=key("words_fig"))
+    st.dataframe([{"word": w.text.strip(), "start (s)": round(w.start, 2), "end (s)": round(w.end, 2),
+                   "probability": round(w.probability, 3)} for w in tr.words], hide_index=True)
+    for i, w in enumerate(tr.words[:MAX_PLAYERS]):
+        left, right = st.columns([1, 4], vertical_alignment="center")
+        left.markdown(f"**{plain(w.text.strip())}** · {w.start:.2f}–{w.end:.2f} s")
+        with right:
+            st.audio(tr.audio.samples, sample_rate=16_000, start_time=w.start, end_time=max(w.end, w.start + 0.1))
+    if len(tr.words) > MAX_PLAYERS:
+        st.caption(f"Players for the first {MAX_PLAYERS} words; the table lists all {len(tr.words)}.")
+
+
+def heads_off(model, data: bytes, tr):
+    """Switch cross-attention heads off with the shared editor; transcribe again beside it."""
+    c = model.cfg
+    shape = SimpleNamespace(n_layers=c.n_dec_layers, n_heads=c.n_heads)
+    marked = torch.zeros(c.n_dec_layers, c.n_heads)
+    for l, h in model.alignment_heads:
+        marked[l, h] = 1.0
+    st.caption("Cross-attention heads of the decoder (their output is zeroed before the output "
+               "projection). Coloured: the alignment heads (1) and the rest (0).")
+
+    def effect(keep):
+        if bool(keep.all()):
+            st.info("Switch heads off in the grid, then Apply: the clip is transcribed again without them.")
+            return None
+        masked = transcript(model, data, keep)
+        if masked is None:
+            return None
+
+        def draw():
+            st.markdown("**With those heads off:** " + plain(masked.text or "(nothing)"))
+            st.markdown(diff_markdown(tr.text, masked.text).replace("translation", "transcript"))
+            st.plotly_chart(sfig.heads_grid(masked.cross_attentions, masked.audio_frames, model.alignment_heads,
+                                            off=np.asarray(keep.numpy() == 0)), key=key("off_grid"))
+        return draw
+
+    head_editor(shape, PAGE, marked, model_key=model.info.key, effect=effect,
+                score_label="alignment head")

@@ -1,0 +1,28 @@
+"""Speech: Whisper's text tokens attending to the audio, and word timestamps from those heads."""
+import streamlit as st
+
+from attnviz.ui import speech as view
+
+st.set_page_config(page_title="attnviz · Speech", layout="wide")
+st.title("Speech — where the text listens")
+
+picked = view.inputs()
+if picked is None:
+    st.stop()
+model, data = picked
+view.explain(model)
+tr = view.transcript(model, data)
+if tr is None:
+    st.stop()
+view.summary(model, tr)
+
+listen, grid, words, off = st.tabs(["Spectrogram & cross-attention", "Every head", "Word timestamps",
+                                    "Switch heads off"])
+with listen:
+    view.attention(model, tr)
+with grid:
+    view.every_head(model, tr)
+with words:
+    view.words(model, tr)
+with off:
+    view.heads_off(model, data, tr)

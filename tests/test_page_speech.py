@@ -1,0 +1,42 @@
+"""AppTest of pages/7_Speech.py with the bundled whisper-tiny-en: the bundled clip through every
+view, a head chosen, and cross-attention heads switched off with the shared editor. (AppTest cannot
+fill a file uploader: bad audio bytes are tested on the library in test_speech.py; the page shows
+their ValueError with st.error.)"""
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "7_Speech.py")
+ROW = "speech.row:whisper-tiny-en:4x6:{}"   # the head editor's row of a decoder layer (heads on)
+
+
+def run_page() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_bundled_clip_is_transcribed_with_every_view():
+    at = run_page()
+    assert at.subheader[0].value == "Hello World, this is a test on speech recognition."
+    assert any("synthetic speech" in c.value for c in at.caption)
+    keys = {c.key for c in at.get("plotly_chart")}
+    assert {"speech.spectrogram", "speech.grid", "speech.words_fig"} <= keys
+    words = [m.value for m in at.markdown if " s" in m.value and m.value.startswith("**")]
+    assert words[0].startswith("**Hello** · 0.00") and len(words) == 9
+    assert len(at.get("audio")) == 1 + 9                      # the clip, and each word from its start
+    at.selectbox(key="speech.head").set_value("L3H1 ★").run()
+    assert not at.exception, at.exception
+
+
+def test_switching_cross_attention_heads_off_changes_the_transcript():
+    at = run_page()
+    for layer in (2, 3):
+        at.button_group(key=ROW.format(layer)).set_value([]).run()
+    at.button(key="speech.apply").click().run()
+    assert not at.exception, at.exception
+    off = [m.value for m in at.markdown if m.value.startswith("**With those heads off:**")]
+    assert off and "Hello World, this is a test on speech recognition." not in off[0]
+    assert any(m.value.startswith("Change: ") for m in at.markdown)
+    assert "speech.off_grid" in {c.key for c in at.get("plotly_chart")}
