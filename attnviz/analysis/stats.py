@@ -39,7 +39,7 @@ ROLES = ("previous-token", "self", "sink", "local", "broad", "long-range", "mixe
 
 STAT_COLUMNS = (
     "layer", "head", "entropy", "norm_entropy", "mean_distance", "first_share", "special_share",
-    "prev_share", "self_share", "max_weight", "role", "collapsed", "uniform",
+    "prev_share", "self_share", "max_weight", "role", "collapsed", "uniform", "artefact_share",
 )
 
 
@@ -96,17 +96,20 @@ def _masked_row_mean(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 # --- Head statistics and roles ---------------------------------------------------------------
 def head_stats(attn: torch.Tensor, special: torch.Tensor | None = None,
-               causal: bool | None = None) -> pd.DataFrame:
+               causal: bool | None = None, artefacts: torch.Tensor | None = None) -> pd.DataFrame:
     """One row per (layer, head) with entropy, distances, shares, a role and two flags.
 
     Means are over query rows that have a choice: in a causal trace row 0 can only see itself,
     so it says nothing about the head and is left out (an encoder's rows all count).
     ``special`` ([n] bool) marks [CLS]/[SEP]/<|im_start|>/image CLS and registers; without it
     ``special_share`` is NaN. ``causal`` is guessed from the upper triangle when None.
+    ``artefacts`` ([n] bool, e.g. DINOv2's high-norm patches) gives ``artefact_share`` (else NaN):
+    like the first token's share, an attention sink a head may dump its weight into.
     """
     attn = _as_attention(attn)
     n_layers, n_heads, n, _ = attn.shape
     special = _as_special(special, n)
+    artefacts = _as_special(artefacts, n)
     causal = is_causal(attn) if causal is None else causal
     n_visible = visible_keys(n, causal)
     has_choice = n_visible > 1                      # (n,) rows that say something about the head
@@ -135,6 +138,8 @@ def head_stats(attn: torch.Tensor, special: torch.Tensor | None = None,
             "prev_share": _masked_row_mean(row_prev, has_previous),
             "self_share": _masked_row_mean(A.diagonal(0, -2, -1), has_choice),
             "max_weight": _masked_row_mean(row_max, has_choice),
+            "artefact_share": (_masked_row_mean(A[..., artefacts].sum(-1), has_choice)
+                               if artefacts is not None else torch.full((n_heads,), math.nan)),
         }
         worst_row_max = row_max[:, has_choice].min(-1).values if has_choice.any() else row_max[:, 0]
         for head in range(n_heads):
@@ -160,7 +165,8 @@ def _uniform_distance(n: int, causal: bool) -> float:
 
 def _role(stats: dict, uniform_distance: float) -> str:
     """Pick one role; the positional roles win when a single key holds the majority."""
-    sink_share = max(stats["first_share"], np.nan_to_num(stats["special_share"]))
+    sink_share = max(stats["first_share"], np.nan_to_num(stats["special_share"]),
+                     np.nan_to_num(stats.get("artefact_share", math.nan)))
     positional = {"previous-token": stats["prev_share"], "self": stats["self_share"],
                   "sink": sink_share}
     best = max(positional, key=positional.get)
