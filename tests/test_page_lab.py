@@ -269,3 +269,15 @@ def test_toy_heads_off_in_the_shared_head_editor():
     keep[0, 0] = 0
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Exact accuracy with these heads off"] == f"{toys.evaluate(toy, keep).exact:.1%}"
+
+
+def test_permutation_stops_at_the_lab_time_limit(set_limits):
+    """Issue 17.1: the permutation test had no deadline (64-114 s for SmolLM2 at 512 tokens); it
+    now checks the Lab's time limit before every block and says what to do."""
+    from attnviz.base import jobs
+    at = view(app(), "Positional encodings")
+    set_limits(max_lab_seconds=0.0)
+    at.button(key="lab.perm_go").click().run()
+    assert not at.exception
+    assert "the permutation test stopped at its time limit of 0 s. Use a shorter sentence" in shown(at.error)
+    assert "lab.perm_for" not in at.session_state and jobs.running_jobs() == []

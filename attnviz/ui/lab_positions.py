@@ -46,18 +46,21 @@ def positionless(_model, model_key: str):
 
 def shuffle(model, text: str, seed: int, layer: int) -> Shuffled:
     """Both permutation tests (without and with positions) under one heavy-job slot and the Lab's
-    time limit, keeping one layer of attention (a full result is 4 x [L, H, n, n]: 1 GB for
-    SmolLM2 at 512 tokens)."""
+    time limit (checked before every block), keeping one layer of attention (a full result was
+    4 x [L, H, n, n]: 1 GB for SmolLM2 at 512 tokens)."""
     deadline = jobs.Deadline(LIMITS.max_lab_seconds, "the permutation test")
     bar = st.progress(0.0, "Running the model without positions, on both orders…")
     try:
         with ui_jobs.heavy_job("a permutation test") as cancel:
+            def check():   # before every block: the time limit, and whether the session is still there
+                deadline.check()
+                cancel.check()
+
             plain = lab.permutation_test(positionless(model, f"{model.info.key}@{id(model)}"), text,
-                                         seed=seed, layers=[layer])
-            deadline.check()
-            cancel.check()
+                                         seed=seed, layers=[layer], check=check)
             bar.progress(0.5, f"Running the model with its {model.cfg.positional} positions…")
-            with_pos = lab.permutation_test(model, text, order=plain.order, layers=[layer])
+            with_pos = lab.permutation_test(model, text, order=plain.order, layers=[layer],
+                                            check=check)
     finally:
         bar.empty()
     return Shuffled(plain.tokens, plain.order, layer, plain.attentions[0].float(),
