@@ -24,7 +24,6 @@ from attnviz.core.attention import softmax_weights
 from attnviz.base.cache import LRU  # noqa: F401  (pages keep their capture store here)
 from attnviz.base.jobs import Cancel, Deadline, JobTimeout, heavy_job
 from attnviz.base.limits import LIMITS
-from attnviz.core.positional import apply_rope
 from attnviz.core.transformer import sentence_embedding
 
 CHUNK_FLOATS = 1 << 24     # H x chunk x n floats per scored query chunk (64 MB) in the long path
@@ -158,13 +157,7 @@ def truncation_message(capture: TextCapture, max_positions: int) -> str | None:
 
 def _queries_keys(attn_module, x, rope):
     """(q, k) of one attention module, each (1, h, n, dh), K expanded to the query heads."""
-    _, T, _ = x.shape
-    h, hkv, dh = attn_module.n_heads, attn_module.n_kv, attn_module.d_head
-    q, k, _ = attn_module.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
-    q = q.view(1, T, h, dh).transpose(1, 2)       # (1, h, T, dh)
-    k = k.view(1, T, hkv, dh).transpose(1, 2)     # (1, hkv, T, dh)
-    if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    q, k, _ = attn_module.project(x, rope)
     return q, k[:, attn_module.kv_of_head]        # (1, h, T, dh): the K each query head reads
 
 

@@ -118,15 +118,9 @@ class Attention(nn.Module):
         (B, h, T, dh), before the output projection, are appended to (logit attribution);
         `head_fill` [H, dh]: added to each head's output after the mask (mean ablation)."""
         B, T, _ = x.shape
-        h, hkv, dh = self.n_heads, self.n_kv, self.d_head
-        if h == 0:  # every head of this layer pruned: the layer adds only the output bias
+        if self.n_heads == 0:  # every head of this layer pruned: the layer adds only the output bias
             return self.out(x.new_zeros(B, T, 0)), None
-        q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
-        q = q.view(B, T, h, dh).transpose(1, 2)      # (B, h, T, dh)
-        k = k.view(B, T, hkv, dh).transpose(1, 2)    # (B, hkv, T, dh)
-        v = v.view(B, T, hkv, dh).transpose(1, 2)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = self.project(x, rope)
         if past is not None:  # the keys and values of the tokens before these, then these
             if "k" in past:
                 k, v = torch.cat([past["k"], k], 2), torch.cat([past["v"], v], 2)  # (B, hkv, S, dh)
@@ -140,8 +134,19 @@ class Attention(nn.Module):
             y = y + head_fill[self.heads].to(y.dtype)[:, None, :][None]          # (1, h, 1, dh)
         if heads_out is not None:
             heads_out.append(y)
-        y = y.transpose(1, 2).reshape(B, T, h * dh)  # (B, T, h*dh)
+        y = y.transpose(1, 2).reshape(B, T, -1)      # (B, T, h*dh)
         return self.out(y), att
+
+    def project(self, x, rope=None):
+        """x (B, T, d) -> q (B, h, T, dh), k and v (B, hkv, T, dh); RoPE applied to q and k."""
+        B, T, _ = x.shape
+        h, hkv, dh = self.n_heads, self.n_kv, self.d_head
+        q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
+        q = q.view(B, T, h, dh).transpose(1, 2)
+        k, v = (t.view(B, T, hkv, dh).transpose(1, 2) for t in (k, v))
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
 
 
 class MLP(nn.Module):
