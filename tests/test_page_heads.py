@@ -362,3 +362,50 @@ def test_live_pickers_read_before_they_are_drawn_still_drive_the_run():
     assert spec["layout"]["title"]["text"].startswith("layer 3, head 1")
     # layer 3 sees layer 2's changed output: the change is drawn, not the all-zero of another layer
     assert np.abs(np.nan_to_num(values(spec["data"][0]["z"]))).max() > 0
+
+
+# ---------------------------------------------------------------- issue 17.6: typed boxes are bounded
+def counting(monkeypatch, module, name):
+    """Wrap module.name so the test sees every call's arguments."""
+    calls, real = [], getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+def test_token_boxes_are_bounded_cached_and_warn_briefly(monkeypatch):
+    """100,000 CJK characters in a token box took 3.8 s and a 1.8 MB warning on every live rerun."""
+    from attnviz.analysis import effects
+    calls = counting(monkeypatch, effects, "single_token")
+    at = app(model="smollm2")
+    # set_value, not input: what a client that ignores the box's max length would send
+    at.text_input(key="heads.target:smollm2").set_value("漢" * 100_000).run()
+    assert not at.exception
+    said = [w.value for w in at.warning if "instead" in w.value]
+    assert len(said) == 1 and len(said[0]) < 500
+    assert all(len(args[1]) <= 64 for args, _ in calls)       # never tokenized beyond the bound
+    before = len(calls)
+    at.button_group(key="heads.chart").set_value("per-token loss").run()   # live reruns
+    apply(switch(at, (3, 1), key="smollm2"))
+    assert not at.exception and len(calls) == before               # cached on the typed text
+    assert any("instead" in w.value for w in at.warning)
+
+
+def test_ranking_sentences_are_bounded(monkeypatch):
+    """20 lines of 100,000 characters cost 6.6 s on every Apply: each line is cut, the page says so."""
+    from attnviz.analysis import effects
+    calls = counting(monkeypatch, effects, "outputs")
+    at = app()
+    at.text_area(key="heads.sentences").set_value("\n".join(["a cat " * 20_000] * 25)).run()
+    apply(switch(at, (1, 1)))
+    assert not at.exception
+    sentences = [list(args[4]) for args, _ in calls if len(args) > 4 and args[4]]
+    assert sentences and all(len(s) <= 20 and max(map(len, s)) <= 300 for s in sentences)
+    assert any("Ranking the first 20 sentences, each cut to 300 characters" in c.value for c in at.caption)
+    at.text_area(key="heads.sentences").input("\n".join(f"Sentence {i} is about a cat." for i in range(25))).run()
+    assert not at.exception
+    assert set(frame_with(at, "sentence")["sentence"]) == {f"Sentence {i} is about a cat." for i in range(20)}
+    assert any("(of 25)" in c.value for c in at.caption)

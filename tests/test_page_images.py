@@ -234,3 +234,29 @@ def test_upload_names_never_render_as_markdown():
     upload(at, EVIL, b"just some text, not a picture\n" * 20)
     assert len(at.error) == 1
     assert_no_markup_from(at)                                # the error and "Showing ... until"
+
+
+def test_a_file_that_fails_to_decode_is_not_decoded_again_on_every_rerun(monkeypatch):
+    """Issue 17.4: exceptions are not cached, so a bad file was decoded again on every slider nudge
+    (a 20 MB RLE8 BMP: 8 s of CPU each time). The failure is remembered by content digest."""
+    from attnviz.core import images as imageio
+    calls, real = [], imageio.open_image
+
+    def counting(data, *args, **kwargs):
+        calls.append(len(data))
+        return real(data, *args, **kwargs)
+    monkeypatch.setattr(imageio, "open_image", counting)
+    at = upload_page()
+    upload(at, "stripes.png", png())
+    bad = png()[:120]
+    upload(at, "cut.png", bad)
+    assert len(at.error) == 1 and "truncated" in at.error[0].value
+    decodes = calls.count(len(bad))
+    assert decodes == 1
+    for opacity in (0.3, 0.8):                                   # slider nudges: rerun, no decode
+        at.sidebar.slider(key="images.alpha").set_value(opacity).run()
+        assert not at.exception
+        assert len(at.error) == 1 and "truncated" in at.error[0].value   # still said
+        assert "**stripes\\.png**" in photo_caption(at)                   # the last good photo stays
+    show(at, "Patch query")
+    assert calls.count(len(bad)) == decodes
