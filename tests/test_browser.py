@@ -64,6 +64,35 @@ def test_attention_paste_run_heatmap(page, server):
     page.screenshot(path=str(ARTIFACTS / "attention.png"))
 
 
+def test_attention_view_choice_outlives_downloads_and_buttons(page, server):
+    """Issue 16.4: a first download (and "Compute head scores") jumped back to the Detail tab and
+    hid the result. The chosen view is remembered; a download does not even rerun the page."""
+    open_page(page, server, "Attention")
+    views = page.get_by_role("radiogroup", name="View")
+    views.get_by_text("Statistics", exact=True).click()
+    wait_idle(page)
+    expect(page.get_by_role("button", name="Statistics CSV")).to_be_visible()
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Statistics CSV").click()
+    assert download.value.suggested_filename == "head_stats.csv"
+    wait_idle(page)
+    expect(views.get_by_role("radio", name="Statistics", exact=True)).to_be_checked()
+    expect(page.get_by_role("button", name="Statistics CSV")).to_be_visible()
+    page.get_by_text("Scale each head to its own maximum").click()   # another widget's rerun
+    wait_idle(page)
+    expect(views.get_by_role("radio", name="Statistics", exact=True)).to_be_checked()
+    views.get_by_text("Export", exact=True).click()
+    wait_idle(page)
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Attentions NPZ").click()
+    assert download.value.suggested_filename == "attentions.npz"
+    wait_idle(page)
+    expect(views.get_by_role("radio", name="Export", exact=True)).to_be_checked()
+    expect(page.get_by_role("button", name="Overview PNG")).to_be_visible()
+    assert_no_errors(page)
+    page.screenshot(path=str(ARTIFACTS / "attention-views.png"))
+
+
 def test_images_upload_photo(page, server, tmp_path):
     from attnviz.core.images import sample_images
     open_page(page, server, "Images")
