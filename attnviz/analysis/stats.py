@@ -1,8 +1,8 @@
 """Head statistics, roles and attention rollout, computed from captured attention alone.
 
-Contract (DESIGN.md): ``attn`` is a float tensor ``[L, H, n, n]`` of post-softmax weights whose
-rows sum to 1 (queries are rows, keys are columns); decoders are causal, so their upper triangle
-is 0. Nothing here needs the model, so every function works on any trace, cached or imported.
+Contract (the public `Trace.attentions`): ``attn`` is a float tensor ``[L, H, n, n]`` of
+post-softmax weights whose rows sum to 1 (queries are rows, keys are columns); decoders are
+causal, so their upper triangle is 0. Nothing here needs the model, so every function works on any trace, cached or imported.
 """
 
 from __future__ import annotations
