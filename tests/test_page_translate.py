@@ -38,10 +38,8 @@ def test_default_sentence_is_translated_with_every_view():
 
 def test_switching_cross_attention_heads_off_changes_the_translation():
     at = run_page()
-    editor = at.multiselect(key="translate.off")
-    for head in range(8):
-        editor = editor.select(f"L1H{head}")
-    editor.run()
+    assert any("Every head is on" in i.value for i in at.info)
+    at.checkbox(key="translate.layer:en-pt:2x8:1").uncheck().run()  # the shared editor's layer box
     assert not at.exception, at.exception
     assert any(m.value.startswith("Change: ~~") for m in at.markdown)
     metrics = {m.label: m.value for m in at.metric}
@@ -78,3 +76,17 @@ def test_portuguese_into_en_pt_still_translates():
     at = run_page("Eu te amo muito.")
     assert at.subheader[0].value
     assert not at.error
+
+
+def test_single_heads_wait_for_apply():
+    at = run_page()
+    at.pills(key="translate.row:en-pt:2x8:1").set_value([1, 2, 3, 4, 5, 6, 7]).run()
+    assert not at.exception, at.exception
+    assert not any(m.value.startswith("Change:") or "did not change" in m.value for m in at.markdown)
+    at.button(key="translate.apply").click().run()
+    assert not at.exception, at.exception
+    # one head of the last layer off: the same words, a lower log-probability, no differing step
+    assert any(m.value == "The translation did not change." for m in at.markdown)
+    metrics = [(m.label, m.value) for m in at.metric]
+    assert ("first differing step", "none") in metrics
+    assert float(dict(metrics)["original translation's log-probability"]) < -0.147

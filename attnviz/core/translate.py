@@ -16,7 +16,6 @@ the start symbol (t = 0) or target token t - 1.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,107 +24,15 @@ from attnviz.base.jobs import Deadline, heavy_job
 from attnviz.base.limits import LIMITS
 from attnviz.core.model import ModelInfo
 from attnviz.core.seq2seq import DecoderState, Seq2Seq, Seq2SeqConfig
+from attnviz.core.translation import Pieces, Shortlist, Translation
+
+__all__ = ["Seq2SeqModel", "Translation", "Pieces", "Shortlist", "MAX_BEAM", "TOP_K"]
 
 MAX_BEAM = 5
 TOP_K = 10                  # next-token candidates kept per step (the page's step-through)
 LENGTH_FACTOR = 2.5         # decoding stops at 2.5 x source + 5 tokens (Marian's max-length-factor)
 LENGTH_SLACK = 5
 LENGTH_NORMALISE = 1.0      # beam: score / length^1.0, as Marian's --normalize 1.0 (eos counted)
-
-
-class Pieces:
-    """What translation needs from a tokenizer, over a `tokenizers.Tokenizer` (Bergamot's
-    tokenizer.json: no end of sentence added, so we add it) or a transformers tokenizer (which
-    adds its own)."""
-
-    def __init__(self, tokenizer, eos_id: int, unk_id: int | None = None):
-        self.tokenizer, self.eos_id = tokenizer, eos_id
-        self.native = hasattr(tokenizer, "id_to_token")  # tokenizers.Tokenizer, not transformers'
-        if unk_id is None:
-            unk_id = tokenizer.token_to_id("<unk>") if self.native else getattr(tokenizer, "unk_token_id", None)
-        self.unk_id = unk_id
-
-    def encode(self, text: str) -> tuple[list[int], list[str]]:
-        """(ids ending with the end of sentence, labels); an unknown piece is labelled with the
-        text it stands for, marked ⟨unk⟩."""
-        if self.native:
-            enc = self.tokenizer.encode(text)
-            ids, labels = list(enc.ids), list(enc.tokens)
-            ids.append(self.eos_id)
-            labels.append(self.label(self.eos_id))
-        else:
-            ids = list(self.tokenizer(text)["input_ids"])
-            labels = [self.label(i) for i in ids]
-            if not ids or ids[-1] != self.eos_id:
-                ids.append(self.eos_id)
-                labels.append(self.label(self.eos_id))
-        labels = [f"{lab}⟨unk⟩" if i == self.unk_id else lab for i, lab in zip(ids, labels)]
-        return ids, labels
-
-    def label(self, i: int) -> str:
-        if self.native:
-            return self.tokenizer.id_to_token(int(i)) or f"<{i}>"
-        return self.tokenizer.convert_ids_to_tokens(int(i)) or f"<{i}>"
-
-    def decode(self, ids: list[int]) -> str:
-        ids = [int(i) for i in ids if int(i) != self.eos_id]
-        if self.native:
-            return self.tokenizer.decode(ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-@dataclass
-class Translation:
-    text: str
-    source_tokens: list[str]
-    target_tokens: list[str]
-    source_ids: torch.Tensor                    # [n_src], the end of sentence included
-    target_ids: torch.Tensor                    # [n_tgt]
-    cross_attentions: torch.Tensor | None       # [L_dec, H, n_tgt, n_src]
-    encoder_attentions: torch.Tensor | None     # [L_enc, H, n_src, n_src]
-    logprobs: torch.Tensor                      # [n_tgt]
-    top_ids: torch.Tensor | None = None         # [n_tgt, TOP_K] the likeliest next tokens at each step
-    top_logprobs: torch.Tensor | None = None    # [n_tgt, TOP_K]
-    self_attentions: torch.Tensor | None = None  # [L_dec, H, n_tgt, n_tgt] (attention decoders)
-    stopped: str = "eos"                        # eos | max_tokens | deadline | given (teacher-forced)
-    truncated: int = 0                          # source tokens cut to fit LIMITS.max_source_tokens
-    max_tokens: int = 0                         # the target-token bound this decoding ran under
-    beam: int = 1
-
-    @property
-    def logprob(self) -> float:
-        return float(self.logprobs.sum())
-
-    @property
-    def n_src(self) -> int:
-        return len(self.source_tokens)
-
-    @property
-    def n_tgt(self) -> int:
-        return len(self.target_tokens)
-
-    @property
-    def unknown(self) -> list[str]:
-        """Source pieces outside the vocabulary (shown, not dropped)."""
-        return [t for t in self.source_tokens if t.endswith("⟨unk⟩")]
-
-
-@dataclass(frozen=True)
-class Shortlist:
-    """A lexical shortlist (Marian's `lex.*.s2t.bin`): the `first` most frequent target pieces plus,
-    for every source piece w, its likeliest translations `pieces[offsets[w]:offsets[w + 1]]`.
-    Scoring only these (a few hundred of 32,000) is what the native engine does at every step."""
-    first: int
-    offsets: torch.Tensor   # [vocab + 1] int64
-    pieces: torch.Tensor    # [n] int64
-
-    def candidates(self, source_ids: torch.Tensor) -> torch.Tensor:
-        """Sorted target ids a sentence may use."""
-        parts = [torch.arange(self.first)]
-        for w in source_ids.tolist():
-            if 0 <= w < len(self.offsets) - 1:
-                parts.append(self.pieces[int(self.offsets[w]):int(self.offsets[w + 1])])
-        return torch.unique(torch.cat(parts))
 
 
 class Seq2SeqModel:

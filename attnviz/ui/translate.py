@@ -3,6 +3,8 @@ layer and head, alignment lines, decoding step by step, the encoder's self-atten
 cross-attention heads switched off. The page itself is a title plus calls to these functions."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import streamlit as st
 import torch
@@ -13,6 +15,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.figures import attention as viz
 from attnviz.figures import translate as tfig
 from attnviz.ui.common import load_model, plain
+from attnviz.ui.head_editor import head_editor
 from attnviz.weights.catalogue import list_models
 
 PAGE = "translate"
@@ -194,39 +197,46 @@ def encoder(model, tr):
                                      title=viz.lines_title(layer, [head])), key=key("enc_lines"))
 
 
+@dataclass(frozen=True)
+class CrossShape:
+    """What the shared head editor reads of a config: the cross-attention heads' grid."""
+    n_layers: int
+    n_heads: int
+
+
 def heads_off(model, text: str, beam: int, tr):
-    """Switch cross-attention heads off; show what changes."""
+    """Switch cross-attention heads off with the shared head editor; show what changes."""
     c = model.cfg
-    every = names.head_names(c.n_dec_layers, c.n_heads)
-    st.caption("Switch cross-attention heads off (their output is zeroed before the output projection) "
-               "and translate again.")
-    off = st.multiselect("Cross-attention heads off", every, key=key("off"))
-    if not off:
-        st.info("Pick heads to switch off, e.g. every head of the last layer.")
-        return
-    mask = torch.ones(c.n_dec_layers, c.n_heads)
-    for name in off:
-        layer, head = names.parse_head_name(name)
-        mask[layer, head] = 0.0
-    masked = translation(model, text, beam, mask)
-    if masked is None:
-        return
+    st.caption("Switch cross-attention heads off (their output is zeroed before the output projection; "
+               "a layer box switches the whole layer), then Apply: the sentence is translated again.")
+    head_editor(CrossShape(c.n_dec_layers, c.n_heads), PAGE, model_key=model.info.key,
+                effect=lambda keep: masked_effect(model, text, beam, tr, keep))
+
+
+def masked_effect(model, text: str, beam: int, tr, keep: torch.Tensor):
+    """The editor's effect: the masked translation's work first, then a callable that draws it."""
+    if bool(keep.all()):
+        return lambda: st.info("Every head is on: switch some off in the grid (e.g. the layer 1 box), then Apply.")
     try:
-        same_text = _traced(model.info.key, text, tuple(tr.target_ids.tolist()), _mask_key(mask), model, mask)
+        masked = _translated(model.info.key, text, beam, _mask_key(keep), model, keep)
+        same_text = _traced(model.info.key, text, tuple(tr.target_ids.tolist()), _mask_key(keep), model, keep)
     except ValueError as err:
-        st.error(plain(str(err)))
-        return
-    st.markdown("**With those heads off:** " + plain(masked.text or "(empty)"))
-    st.markdown(diff_markdown(tr.text, masked.text))
-    first = alignment.first_difference(tr.target_ids.tolist(), masked.target_ids.tolist())
-    c1, c2, c3 = st.columns(3)
-    c1.metric("log-probability", f"{masked.logprob:.3f}", f"{masked.logprob - tr.logprob:+.3f}")
-    c2.metric("original translation's log-probability", f"{same_text.logprob:.3f}",
-              f"{same_text.logprob - tr.logprob:+.3f}")
-    c3.metric("first differing step", "none" if first is None else str(first))
-    off_grid = np.asarray(mask.numpy() == 0)
-    st.plotly_chart(tfig.cross_grid_figure(masked.cross_attentions, masked.source_tokens,
-                                           masked.target_tokens, off=off_grid), key=key("off_grid"))
+        message = plain(str(err))
+        return lambda: st.error(message)
+
+    def draw():
+        st.markdown("**With those heads off:** " + plain(masked.text or "(empty)"))
+        st.markdown(diff_markdown(tr.text, masked.text))
+        first = alignment.first_difference(tr.target_ids.tolist(), masked.target_ids.tolist())
+        c1, c2, c3 = st.columns(3)
+        c1.metric("log-probability", f"{masked.logprob:.3f}", f"{masked.logprob - tr.logprob:+.3f}")
+        c2.metric("original translation's log-probability", f"{same_text.logprob:.3f}",
+                  f"{same_text.logprob - tr.logprob:+.3f}")
+        c3.metric("first differing step", "none" if first is None else str(first))
+        st.plotly_chart(tfig.cross_grid_figure(masked.cross_attentions, masked.source_tokens,
+                                               masked.target_tokens, off=np.asarray(keep.numpy() == 0)),
+                        key=key("off_grid"))
+    return draw
 
 
 def diff_markdown(before: str, after: str) -> str:
