@@ -119,3 +119,13 @@ def test_bad_input():
     assert not at.exception and at.error and "not one" in at.error[0].value
     at.text_area(key="readouts.text").input("   ").run()
     assert not at.exception and at.info
+
+
+def test_images_rollout_with_artefacts_discounted():
+    """The Images page's rollout with DINOv2's high-norm artefact patches discounted and outlined."""
+    at = AppTest.from_file(str(Path(PAGE).parent / "3_Images.py"), default_timeout=300).run()
+    at.button_group(key="images.view_choice").set_value("Rollout & saliency").run()
+    at.checkbox(key="images.discount").check().run()
+    assert not at.exception
+    captions = [t for image in at.get("image") for t in image.captions]
+    assert any("artefact patch(es) discounted, outlined" in c for c in captions)

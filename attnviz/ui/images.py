@@ -178,10 +178,17 @@ class View:
                  caption=f"Where patch ({row}, {col}) (outlined) attends, per head of layer {q_layer}")
 
     def rollout_view(self, tr, off, head_mask):
+        discount = st.checkbox("Discount the high-norm artefact patches", key=K("discount"),
+                               help="attention sinks: their keys are taken out of every layer before the rollout "
+                                    "(flagged as in the artefacts view), and they are outlined")
+        found = self.artefacts(tr) if discount else None
+        drop = None if found is None else vision.artefact_tokens(tr, found)
+        shown = self.shown if not (found and found.patches) else pictures.mark_patches(self.shown, found.patches, tr.grid)
         left, middle, right = st.columns(3)
         left.image(self.shown, caption="Photo")
-        middle.image(render.overlay_patch_map(self.shown, vision.rollout_map(tr, head_mask), self.alpha),
-                     caption="Attention rollout from CLS over all layers (kept heads)")
+        middle.image(render.overlay_patch_map(shown, vision.rollout_map(tr, head_mask, discount=drop), self.alpha),
+                     caption="Attention rollout from CLS over all layers (kept heads)"
+                     + ("" if found is None else f"; {len(found.patches)} artefact patch(es) discounted, outlined"))
         if tr.saliency is not None:
             right.image(render.overlay_patch_map(self.shown, tr.saliency, self.alpha, normalise=False),
                         caption="The model's saliency output (0…1)")
