@@ -413,3 +413,150 @@ def test_load_sample_gives_an_rgb_photo():
 def test_unknown_sample_is_refused():
     with pytest.raises(ValueError, match="cat"):
         load_sample("dog")
+
+
+# Failures remembered, decodes bounded, large images shrunk before converting (issue 17.4, 17.5)
+# --------------------------------------------------------------------------------------------
+from attnviz.core import colour, images  # noqa: E402
+
+
+def corrupt_png(seed: int = 0) -> bytes:
+    data = bytearray(encode(Image.new("RGB", (32, 24 + seed)), "PNG"))
+    idat = data.index(b"IDAT")
+    data[idat + 4 : idat + 12] = b"\xff" * 8  # break the zlib stream
+    return bytes(data)
+
+
+def test_a_file_that_failed_is_not_decoded_again(monkeypatch):
+    """A 20 MB RLE8 BMP spent 8 s in Pillow's decoder on every rerun: the same bytes now re-raise
+    the same message at once; memory is bounded (the oldest failure is forgotten first)."""
+    opened = []
+    real_open = images.Image.open
+    monkeypatch.setattr(images.Image, "open", lambda *a, **kw: opened.append(1) or real_open(*a, **kw))
+    bad = corrupt_png()
+    messages = []
+    for _ in range(3):
+        with pytest.raises(ValueError, match="corrupt|truncated") as err:
+            open_image(bad)
+        messages.append(str(err.value))
+    assert len(opened) == 1 and len(set(messages)) == 1
+    with pytest.raises(ValueError, match="over the limit of 700"):  # other bounds: decoded again
+        open_image(bad, max_pixels=700)
+    assert len(opened) == 2
+    for seed in range(1, images.REMEMBERED_FAILURES + 1):  # as many other failures: the first goes
+        with pytest.raises(ValueError):
+            open_image(corrupt_png(seed))
+    opened.clear()
+    with pytest.raises(ValueError, match="corrupt|truncated"):
+        open_image(bad)
+    assert len(opened) == 1
+
+
+def test_decodes_are_bounded_and_busy_is_not_a_failure(set_limits):
+    set_limits(max_image_decodes=1)
+    data = encode(quadrants(), "PNG")
+    with images.decode_slot():
+        with pytest.raises(ValueError, match="The server is busy") as err:
+            open_image(data)
+        assert isinstance(err.value, images.DecodersBusy)
+    assert open_image(data).size == (32, 24)  # not remembered as a failure
+
+
+def image_bytes(kind: str, size=(64, 48)) -> tuple[bytes, Image.Image]:
+    """(file, what open_image gives at full size) for each high-bit-depth or odd mode."""
+    w, h = size
+    ramp = np.add.outer(np.arange(h), np.arange(w)).astype(np.float64) / (w + h)  # (h, w) in [0, 1)
+    if kind == "F":
+        image, fmt = Image.fromarray(ramp.astype(np.float32) * 4 - 1), "TIFF"   # stretched min..max
+    elif kind == "I":
+        image, fmt = Image.fromarray((ramp * 3e6).astype(np.int32)), "TIFF"
+    elif kind == "I;16":
+        image, fmt = Image.fromarray((ramp * 65535).astype(np.uint16)), "PNG"
+    elif kind == "LA":
+        image, fmt = Image.fromarray(np.stack([(ramp * 255).astype(np.uint8),
+                                               (255 - ramp * 255).astype(np.uint8)], -1)), "PNG"
+    elif kind == "P":
+        image, fmt = Image.fromarray((ramp * 255).astype(np.uint8)).convert("P"), "GIF"
+    else:
+        image, fmt = Image.fromarray(np.stack([(ramp * 255).astype(np.uint8)] * 3, -1)), kind
+    data = encode(image, fmt, **({"transparency": 0} if kind == "P" else {}))
+    with set_max_decoded(10**9):
+        full = open_image(data)
+    return data, full
+
+
+class set_max_decoded:
+    def __init__(self, n):
+        from attnviz.base import limits
+        self.cm = limits.override(max_decoded_pixels=n)
+
+    def __enter__(self):
+        return self.cm.__enter__()
+
+    def __exit__(self, *exc):
+        return self.cm.__exit__(*exc)
+
+
+@pytest.mark.parametrize("kind", ["F", "I", "I;16", "LA", "P", "PNG", "JPEG"])
+def test_a_large_image_is_shrunk_by_a_whole_factor_while_it_is_decoded(kind):
+    """A 40 Mpx float32 TIFF peaked at 2.0 GB becoming RGB: now it is shrunk first (to at most
+    LIMITS.max_decoded_pixels), and its levels and colours are those of the full-size result."""
+    data, full = image_bytes(kind)
+    with set_max_decoded(64 * 48 // 4):       # factor 2
+        small = open_image(data)
+    assert small.mode == "RGB" and small.size == (32, 24)
+    expected = np.asarray(full.reduce(2), np.int16)
+    # JPEG: decoded at half scale by libjpeg; LA: averaged premultiplied in 8 bits, then composited
+    tolerance = {"JPEG": 6, "LA": 2}.get(kind, 1)
+    assert np.abs(np.asarray(small, np.int16) - expected).max() <= tolerance, kind
+    with set_max_decoded(64 * 48 // 4 - 1):   # one pixel less: factor 3 (JPEG: libjpeg's 1/2, then 1/2)
+        assert open_image(data).size == ((16, 12) if kind == "JPEG" else (22, 16))
+
+
+def test_a_shrunk_photo_keeps_its_orientation():
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise to display
+    data = encode(Image.new("RGB", (40, 20), RED), "JPEG", quality=95, exif=exif)
+    with set_max_decoded(200):
+        assert open_image(data).size == (10, 20)
+
+
+def test_high_bit_depth_conversion_makes_no_full_size_float_copies():
+    """The float64 copies of the whole image went: numpy's peak is a few strips, whatever the size."""
+    import tracemalloc
+    w, h = 4000, 3000  # 12 Mpx, under the shrink cap: converted at full size
+    steps = (np.arange(12, dtype=np.float32).reshape(3, 4) - 5) * 1000  # outside every range: stretched
+    blocks = np.kron(steps, np.ones((1000, 1000), np.float32))
+    data = encode(Image.fromarray(blocks), "TIFF", compression="tiff_deflate")
+    tracemalloc.start()
+    try:
+        opened = open_image(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert opened.size == (w, h) and opened.getpixel((3999, 2999))[0] == 255
+    assert peak < 48 * colour.STRIP_PIXELS, f"{peak / 2**20:.0f} MB"  # before: ~580 MB
+
+
+def test_peak_memory_of_a_40_mpx_float_tiff(tmp_path):
+    """Peak RSS of decoding a 40 Mpx float32 TIFF in a fresh process: 1.7 GB before; now the
+    decoded file (4 bytes a pixel) and its shrunk RGB copy, under 6 bytes per pixel in all."""
+    import subprocess
+    import sys
+    blocks = np.random.default_rng(0).random((10, 16)).astype(np.float32)
+    path = tmp_path / "big.tif"
+    Image.fromarray(np.kron(blocks, np.ones((500, 500), np.float32))).save(path, compression="tiff_deflate")
+    code = (  # VmHWM: this process's own peak (ru_maxrss would carry the parent's over exec)
+        "import sys\n"
+        "from attnviz.core.images import open_image\n"
+        "def hwm():\n"
+        "    line = next(x for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
+        "    return int(line.split()[1]) * 1024\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "base = hwm()\n"
+        "image = open_image(data)\n"
+        "print(image.size, hwm() - base)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    size, extra = out.stdout.rsplit(" ", 1)
+    assert size == "(4000, 2500)"
+    assert int(extra) < 6 * 40_000_000, f"{int(extra) / 2**20:.0f} MB"

@@ -52,6 +52,10 @@ class Limits:
                                         # the browser widget counts MB as 10^6 bytes (2^20 on Windows),
                                         # so every file it lets through gets our message or is read
     max_image_pixels: int = 40_000_000  # decoded pixels; Pillow's bomb guard becomes a ValueError
+    max_decoded_pixels: int = 16_000_000  # a larger upload is shrunk to this while it is decoded (Pillow's
+                                        # box filter, before any mode conversion): no view draws more
+                                        # (max_render_pixels), and an RGB image this size holds 64 MB
+    max_image_decodes: int = 2          # server-wide uploads decoded at once; one more is told the server is busy
     min_image_side: int = 112           # model input side offered in the app
     max_image_side: int = 448
     image_attention_mb: int = 512       # images page: resolutions whose attention weights exceed this are not offered

@@ -2,8 +2,11 @@
 
 `open_image` is the one door through which uploaded bytes become pixels: it caps the file size
 and the pixel count (read from the header, before anything is decoded), accepts only a short list
-of formats, and turns every colour mode Pillow can produce into plain 8-bit RGB. Every refusal is
-a ValueError whose message says what was wrong and what to do.
+of formats, shrinks what is larger than LIMITS.max_decoded_pixels while decoding, and turns every
+colour mode Pillow can produce into plain 8-bit RGB (`attnviz.core.colour`). Every refusal is a
+ValueError whose message says what was wrong and what to do. At most LIMITS.max_image_decodes
+decodes run at once, server-wide; bytes that failed once fail again at once (remembered by their
+SHA-256), without being decoded again.
 
 Nothing here touches Pillow's global settings (`Image.MAX_IMAGE_PIXELS`,
 `ImageFile.LOAD_TRUNCATED_IMAGES`): one process serves many browser sessions at once, and a
@@ -12,11 +15,15 @@ global changed for one upload would race with another.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import io
 import logging
 import re
 import struct
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +31,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from attnviz.base.limits import LIMITS
+from attnviz.core.colour import orient, sample_range, shrink, shrink_factor, to_rgb
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +79,35 @@ _ISOBMFF_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"avif": "
 _DECODE_ERRORS = (OSError, SyntaxError, EOFError, ValueError, struct.error, IndexError, KeyError,
                   TypeError, ZeroDivisionError)
 
-# Upload → RGB conversions
+# Failed decodes, remembered by the file's SHA-256 and the bounds it was read under: a message
+# each (a few hundred bytes), the oldest forgotten first.
+REMEMBERED_FAILURES = 256
+_failures: OrderedDict[tuple, str] = OrderedDict()
+_failures_lock = threading.Lock()
+_decoding = 0                 # decodes running now, server-wide
+_decoding_lock = threading.Lock()
+
+
+class DecodersBusy(ValueError):
+    """Every decode slot is taken: the upload is not refused, only deferred (never remembered)."""
+
+
+@contextmanager
+def decode_slot():
+    """Hold one of the LIMITS.max_image_decodes decode slots; DecodersBusy when none is free."""
+    global _decoding
+    with _decoding_lock:
+        if _decoding >= LIMITS.max_image_decodes:
+            raise DecodersBusy("The server is busy; upload the image again in a moment.")
+        _decoding += 1
+    try:
+        yield
+    finally:
+        with _decoding_lock:
+            _decoding -= 1
+
+
+# Upload → RGB
 # --------------------------------------------------------------------------------------------
 
 
@@ -84,13 +120,15 @@ def open_image(
 ) -> Image.Image:
     """Decode the bytes of an uploaded file into a fully loaded 8-bit RGB image.
 
-    Applies the EXIF orientation, takes the first frame of an animation and puts transparency
-    on white. Raises ValueError saying why for empty, oversized, truncated, corrupt, non-image
+    Applies the EXIF orientation, takes the first frame of an animation, puts transparency on
+    white, and shrinks an image of more than LIMITS.max_decoded_pixels by a whole factor (a JPEG
+    is decoded at that scale; others are box-filtered before any conversion). Raises ValueError saying why for empty, oversized, truncated, corrupt, non-image
     or unsupported files, and for images whose longer side is more than `max_aspect` times the
     shorter one (read from the header, before decoding). `max_bytes` counts bytes exactly: a
     file of `max_bytes` is accepted, one byte more is refused. `max_pixels` above Pillow's own
     bomb limit (2 x 89 Mpx) has no effect: Pillow refuses those first, and we do not raise its
-    global limit. Each bound defaults to its LIMITS value.
+    global limit. Each bound defaults to its LIMITS value. When every decode slot is taken it
+    raises `DecodersBusy` (a ValueError) saying so.
     """
     max_bytes = LIMITS.max_upload_bytes if max_bytes is None else max_bytes
     max_pixels = LIMITS.max_image_pixels if max_pixels is None else max_pixels
@@ -105,7 +143,23 @@ def open_image(
             f"The file is {len(data):,} bytes, over the limit of {max_bytes:,} bytes "
             f"({_megabytes(max_bytes)}): save it smaller (e.g. as JPEG) and upload again."
         )
+    key = (hashlib.sha256(data).digest(), max_pixels, max_aspect, LIMITS.max_decoded_pixels)
+    with _failures_lock:
+        known = _failures.get(key)
+    if known is not None:
+        raise ValueError(known)
+    with decode_slot():
+        try:
+            return _decode(data, max_pixels, max_aspect)
+        except ValueError as err:
+            with _failures_lock:
+                _failures[key] = str(err)
+                while len(_failures) > REMEMBERED_FAILURES:
+                    _failures.popitem(last=False)
+            raise
 
+
+def _decode(data: bytes, max_pixels: int, max_aspect: float) -> Image.Image:
     try:
         # Image.open reads only the header; pixels are decoded by load() below.
         image = Image.open(io.BytesIO(data), formats=list(ACCEPTED_FORMATS))
@@ -133,15 +187,26 @@ def open_image(
                 f"{max_pixels:,} pixels: resize it before uploading."
             )
         check_aspect(width, height, max_aspect)
+        factor = shrink_factor(width, height, LIMITS.max_decoded_pixels)
         try:
+            if factor > 1 and image.format == "JPEG":  # decoded at 1/2, 1/4 or 1/8 scale
+                image.draft(image.mode, (-(-width // factor), -(-height // factor)))
             # An animation opens on its first frame; load() decodes just that frame.
             image.load()
-            oriented = ImageOps.exif_transpose(image)
+            levels = None
+            if factor == 1:
+                oriented = ImageOps.exif_transpose(image)
+            else:  # a shrunk copy has no EXIF of its own, nor the full image's levels: read them first
+                orientation = image.getexif().get(0x0112, 1)
+                levels = sample_range(image) if image.mode in ("I", "F") else None
+                oriented = orient(shrink(image, shrink_factor(*image.size, LIMITS.max_decoded_pixels)),
+                                  orientation)
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
             raise ValueError(f"The image is too large to open safely ({err}).") from None
         except _DECODE_ERRORS as err:
             raise ValueError(_describe_decode_error(err, data)) from None
-    return to_rgb(oriented)
+    del image  # closing keeps Pillow's pixels: a shrunk image's full-size decode goes only now
+    return to_rgb(oriented, levels)
 
 
 def check_aspect(width: int, height: int, max_aspect: float | None = None) -> None:
@@ -165,58 +230,6 @@ def check_aspect(width: int, height: int, max_aspect: float | None = None) -> No
 def _megabytes(count: int) -> str:
     """'20 MB' for 20,000,000 bytes (decimal megabytes, as the upload widget counts them)."""
     return f"{count / 10**6:g} MB"
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """Any Pillow mode → 8-bit RGB; transparency is composited on white.
-
-    Returns `image` itself when it is already plain RGB, else a new image.
-    """
-    mode = image.mode
-    if mode == "RGB" and "transparency" not in image.info:
-        return image  # already right: no copy of a possibly 40 Mpx image
-    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        # High bit depth grayscale: Pillow's own convert("L") clips instead of rescaling.
-        return Image.fromarray(_to_uint8(np.asarray(image))).convert("RGB")
-    if mode == "CMYK":
-        # Pillow's CMYK→RGB is a plain formula (no ICC profile): good enough to look at.
-        return image.convert("RGB")
-    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in image.info:
-        # P with a transparent index, L/RGB with a tRNS colour and real alpha all become RGBA;
-        # premultiplied La converts only through LA.
-        rgba = (image.convert("LA") if mode == "La" else image).convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    try:
-        return image.convert("RGB")  # 1, L, P, RGBX, YCbCr, HSV, LAB (Pillow maps Lab to sRGB)
-    except ValueError as err:
-        raise ValueError(
-            f"Colour mode {mode!r} cannot be shown; save the image as 8-bit RGB and upload again."
-        ) from err
-
-
-def _to_uint8(values: np.ndarray) -> np.ndarray:
-    """Map integer or float grayscale samples to 0..255.
-
-    Unsigned 16-bit data keeps its absolute levels (x / 257, so 65535 → 255). Other data keeps
-    its levels when it already fits a common range (floats in 0..1, anything in 0..255 or
-    0..65535) and is stretched min..max otherwise.
-    """
-    if values.dtype.kind == "u" and values.dtype.itemsize == 2:  # I;16, I;16B, ...
-        return np.round(values.astype(np.float64) / 257.0).astype(np.uint8)
-    samples = np.nan_to_num(values.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    low, high = float(samples.min()), float(samples.max())
-    if np.issubdtype(values.dtype, np.floating) and low >= 0.0 and high <= 1.0:
-        scaled = samples * 255.0
-    elif low >= 0.0 and high <= 255.0:
-        scaled = samples
-    elif low >= 0.0 and high <= 65535.0:
-        scaled = samples / 257.0
-    elif high > low:
-        scaled = (samples - low) * (255.0 / (high - low))
-    else:
-        scaled = np.zeros_like(samples)  # a constant image outside every range: no contrast
-    return np.clip(np.round(scaled), 0, 255).astype(np.uint8)
 
 
 def _describe_unidentified(data: bytes) -> str:
