@@ -90,3 +90,23 @@ def test_single_heads_wait_for_apply():
     metrics = [(m.label, m.value) for m in at.metric]
     assert ("first differing step", "none") in metrics
     assert float(dict(metrics)["original translation's log-probability"]) < -0.147
+
+
+def test_an_allowed_local_bart_folder_runs_on_the_page(tmp_path, set_limits):
+    from tests.test_seq2seq_hf import tiny, word_tokenizer
+    hf = tiny("bart", seed=3)
+    hf.save_pretrained(tmp_path / "tiny-bart")
+    word_tokenizer(hf).save_pretrained(tmp_path / "tiny-bart")
+    (tmp_path / "tiny-bert").mkdir()
+    set_limits(allowed_model_dirs=str(tmp_path))
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    at.session_state["translate.direction"] = "local folder…"
+    at.run()
+    assert not at.exception, at.exception
+    assert any("Type the folder" in i.value for i in at.info)
+    at.text_input(key="translate.folder").input(str(tmp_path / "tiny-bart")).run()
+    at.text_area(key="translate.text").input("w5 w9 w17").run()
+    assert not at.exception, at.exception
+    assert at.subheader and len(at.get("plotly_chart")) >= 8   # self-attention decoder: same views
+    at.text_input(key="translate.folder").input(str(tmp_path / "elsewhere")).run()
+    assert not at.exception and at.error

@@ -158,3 +158,36 @@ def test_unsupported_layouts_are_refused_with_a_reason():
         attnviz.from_hf(tiny("bart", normalize_before=True))
     with pytest.raises(ValueError, match="separate source and target"):
         attnviz.from_hf(tiny("marian", share_encoder_decoder_embeddings=False))
+
+
+def word_tokenizer(hf):
+    """A tiny word-level tokenizer over the tiny model's vocabulary (no download, no sentencepiece)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    cfg = hf.config
+    specials = {cfg.pad_token_id: "<pad>", cfg.eos_token_id: "</s>"}
+    if family_of(hf) == "bart":
+        specials.update({cfg.bos_token_id: "<s>", 3: "<unk>"})
+    vocab = {specials.get(i, f"w{i}"): i for i in range(cfg.vocab_size)}
+    vocab.setdefault("<unk>", 3)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>",
+                                      unk_token="<unk>")
+
+
+def family_of(hf) -> str:
+    return hf.config.model_type
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_local_folder_loads_as_a_translator(family, tmp_path):
+    hf = tiny(family, seed=3)
+    hf.save_pretrained(tmp_path)
+    word_tokenizer(hf).save_pretrained(tmp_path)
+    folder = attnviz.load_model(str(tmp_path))
+    assert isinstance(folder, Seq2SeqModel) and folder.info.task == "translation"
+    text = " ".join(f"w{i}" for i in SRC)
+    tr = folder.translate(text, max_tokens=8)
+    assert tr.source_ids.tolist() == SRC + [hf.config.eos_token_id]
+    assert tr.target_ids.tolist() == attnviz.from_hf(hf).translate(SRC, max_tokens=8).target_ids.tolist()
+    assert tr.source_tokens[:2] == ["w5", "w9"] and tr.cross_attentions.shape[-1] == len(SRC) + 1

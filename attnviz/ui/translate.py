@@ -14,7 +14,8 @@ from attnviz.base import names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention as viz
 from attnviz.figures import translate as tfig
-from attnviz.ui.common import load_model, plain
+from attnviz.core.translate import Seq2SeqModel
+from attnviz.ui.common import LOCAL, load_folder, load_model, local_folders_allowed, plain
 from attnviz.ui.head_editor import head_editor
 from attnviz.weights.catalogue import list_models
 
@@ -34,10 +35,13 @@ def directions() -> list[str]:
 # ---------------------------------------------------------------- inputs
 def inputs():
     """Sidebar and text box -> (model, text, beam), or None after showing why."""
-    keys = directions()
+    keys = directions() + ([LOCAL] if local_folders_allowed() else [])
     with st.sidebar:
         direction = st.radio("Direction", keys, key=key("direction"), horizontal=True,
                              format_func=lambda k: k.replace("-", " → "))
+        typed = st.text_input("Marian (opus-mt) or BART folder", key=key("folder"),
+                              help="A Hugging Face folder inside this server's allowed model folders") \
+            if direction == LOCAL else ""
         beam = st.select_slider("Beam size", options=[1, 2, 3, 4, 5], value=1, key=key("beam"),
                                 help="1 is greedy decoding. Beams are ranked by log-probability per "
                                      "token (Marian's length normalisation).")
@@ -49,11 +53,21 @@ def inputs():
     if not text.strip():
         st.error("The text is empty: type or paste a sentence to translate.")
         return None
+    if direction == LOCAL and not typed.strip():
+        st.info("Type the folder of a Marian (opus-mt) or BART checkpoint.")
+        return None
     try:
-        with st.spinner(f"Loading {direction}…"):
-            model = load_model(direction)
+        with st.spinner(f"Loading {typed or direction}…"):
+            model = load_folder(typed) if direction == LOCAL else load_model(direction)
     except ValueError as err:
         st.error(plain(str(err)))
+        return None
+    if not isinstance(model, Seq2SeqModel) or model.info.task != "translation":
+        st.error(f"{plain(typed)} holds a {plain(model.info.family)} model, not a translator: "
+                 "give a Marian (opus-mt) or BART folder.")
+        return None
+    if model.pieces is None:
+        st.error(f"{plain(typed)} has no tokenizer: this page needs one to read text.")
         return None
     return model, text, beam
 

@@ -24,7 +24,8 @@ from attnviz.core.config import Config
 from attnviz.core.images import IMAGENET_MEAN, IMAGENET_STD
 from attnviz.core.model import Model, ModelInfo
 from attnviz.core.transformer import Transformer
-from attnviz.weights.families import SUPPORTED, convert, family
+from attnviz.core.translate import Seq2SeqModel
+from attnviz.weights.families import SEQ2SEQ, SUPPORTED, convert, family
 from attnviz.weights.mapper import get
 
 SMALL_JSON = ("config.json", "preprocessor_config.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -220,7 +221,7 @@ class Bounds:
 
 def check_size(folder: Folder, hf, name: str) -> int:
     """Bound every size the family reads from the config; refuse what would not fit the budget."""
-    params = family(name).size(hf, Bounds(folder, hf))
+    params = (translator(name) or family(name)).size(hf, Bounds(folder, hf))
     budget = folder.limits.max_weight_bytes
     if 4 * params > budget:
         raise folder.fail(f"its config describes about {params / 1e9:.2f} G parameters ({size_text(4 * params)} "
@@ -257,8 +258,9 @@ def _load(folder: Folder, key, source, info) -> Model:
                           "(config.json + model.safetensors)")
     hf_cfg = folder.read_json("config.json")
     kind = hf_cfg.get("model_type")
-    if not isinstance(kind, str) or kind not in SUPPORTED:
-        raise ValueError(f"architecture {kind!r:.40} is not supported; supported: {', '.join(SUPPORTED)}")
+    if not isinstance(kind, str) or (kind not in SUPPORTED and translator(kind) is None):
+        raise ValueError(f"architecture {kind!r:.40} is not supported; supported: {', '.join(SUPPORTED)}, "
+                         "and for translation marian, bart")
     for file in SMALL_JSON + TOKENIZER_FILES:  # everything transformers may open, before it does
         if file in entries:
             if file in SMALL_JSON:
@@ -272,6 +274,8 @@ def _load(folder: Folder, key, source, info) -> Model:
     except Exception as err:
         raise folder.fail(f"config.json has values transformers refuses ({str(err)[:200]})") from None
     check_size(folder, hf_config, kind)
+    if translator(kind) is not None:  # opus-mt (marian), BART: an encoder-decoder for the Translate page
+        return _load_translator(folder, entries, hf_config, kind, key, source, info)
     cfg, state = convert(hf_config, folder.read_state(folder.weight_files(entries)))
     net = Transformer.from_state(cfg, state)
     tokenizer = None
@@ -285,6 +289,27 @@ def _load(folder: Folder, key, source, info) -> Model:
     mean, std, size = image_settings(folder, entries, cfg)
     about = ModelInfo.of(key or folder.name, cfg, source or f"local folder {folder.name}", net, **info)
     return Model(net, about, tokenizer, image_mean=mean, image_std=std, image_size=size)
+
+
+def translator(kind):
+    """The family of an encoder-decoder translation checkpoint (marian, bart), or None."""
+    fam = SEQ2SEQ.get(kind) if isinstance(kind, str) else None
+    return fam if getattr(fam, "TASK", None) == "translation" else None
+
+
+def _load_translator(folder: Folder, entries: dict, hf_config, kind: str, key, source, info) -> Seq2SeqModel:
+    fam, state = translator(kind), folder.read_state(folder.weight_files(entries))
+    cfg = fam.config(hf_config, state)
+    tokenizer = None
+    if any(f in entries for f in TOKENIZER_FILES + ("source.spm", "target.spm")):
+        from transformers import AutoTokenizer
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder.path), local_files_only=True)
+        except Exception as err:  # opus-mt's MarianTokenizer needs the sentencepiece package
+            raise folder.fail(f"its tokenizer files could not be read ({type(err).__name__}; a Marian "
+                              "tokenizer needs the sentencepiece package)") from None
+    return Seq2SeqModel.build(cfg, fam.weights(cfg, state), key or folder.name,
+                              source or f"local folder {folder.name}", tokenizer, **info)
 
 
 def image_settings(folder: Folder, entries: dict, cfg: Config):
