@@ -129,3 +129,22 @@ def test_images_rollout_with_artefacts_discounted():
     assert not at.exception
     captions = [t for image in at.get("image") for t in image.captions]
     assert any("artefact patch(es) discounted, outlined" in c for c in captions)
+
+
+def test_attention_lines_view_windows_a_long_text():
+    """The Attention page's lines view on a long text: a window of labelled tokens that follows the query."""
+    at = AppTest.from_file(str(Path(PAGE).parent / "1_Attention.py"), default_timeout=300).run()
+    at.text_area(key="attention.text_input").input(" ".join(["the cat sat on the mat and looked around"] * 12))
+    at.button[0].click().run()
+    at.radio(key="attention.view").set_value("Lines").run()
+    assert not at.exception
+    spec = chart(at, "attention.lines")
+    labels = [t for t in spec["data"] if t.get("mode") == "markers+text"]
+    assert [len(t["text"]) for t in labels] == [48, 48]
+    assert [a["text"] for a in spec["layout"]["annotations"]] == ["<b>queries</b>", "<b>keys</b>"]
+    assert "→" in labels[0]["customdata"][-1]
+    at.selectbox(key="attention.line_q").set_value(10).run()
+    assert not at.exception
+    start = at.slider(key="attention.line_start").value
+    assert start <= 10 < start + 48
+    assert any("Hover a token" in c.value for c in at.caption)

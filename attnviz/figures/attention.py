@@ -154,10 +154,12 @@ def lines_title(layer: int, heads: list[int]) -> str:
 
 def lines_figure(attn_layer, tokens: list[str], heads: list[int], query: int | None = None,
                  threshold: float = LINE_THRESHOLD, max_lines: int = MAX_LINES,
-                 title: str = "") -> go.Figure:
+                 title: str = "", window: tuple[int, int] | None = None) -> go.Figure:
     """BertViz-style head view: queries on the left, keys on the right, a line per weight above
     ``threshold`` with opacity and width growing with it, one colour per head. ``query`` limits
-    the lines to one query token; ``title`` (e.g. `lines_title`) names what is drawn."""
+    the lines to one query token; ``title`` (e.g. `lines_title`) names what is drawn.
+    ``window`` (lo, hi): only tokens lo..hi-1 on both sides (a long text's hundreds of labels
+    would overlap). Hovering a token names its three strongest links in the drawn heads."""
     attn_layer = _numpy(attn_layer)
     n = len(tokens)
     if attn_layer.ndim != 3 or attn_layer.shape[1:] != (n, n):
@@ -168,10 +170,15 @@ def lines_figure(attn_layer, tokens: list[str], heads: list[int], query: int | N
         raise ValueError(f"heads must be in 0..{n_heads - 1}, got {list(heads)}")
     if query is not None and not 0 <= query < n:
         raise ValueError(f"query must be in 0..{n - 1}, got {query}")
+    lo, hi = (0, n) if window is None else (max(0, int(window[0])), min(n, int(window[1])))
+    if lo >= hi:
+        raise ValueError(f"window must hold at least one of the {n} tokens, got {window}")
     chosen_heads = attn_layer[np.asarray(heads, dtype=int)]               # (len(heads), n, n)
     drawn = chosen_heads >= threshold
     if query is not None:
         drawn &= np.arange(n)[None, :, None] == query
+    inside = (np.arange(n) >= lo) & (np.arange(n) < hi)
+    drawn &= inside[None, :, None] & inside[None, None, :]
     slot_idx, q_idx, k_idx = np.nonzero(drawn)
     weights = chosen_heads[slot_idx, q_idx, k_idx]
     if len(weights) > max_lines:
@@ -194,15 +201,22 @@ def lines_figure(attn_layer, tokens: list[str], heads: list[int], query: int | N
                 showlegend=False, hoverinfo="skip"))
         figure.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"head {head}",
                                     legendgroup=str(head), line=dict(color=colour, width=3)))
-    labels = [token_label(t) for t in tokens]
-    for x, side, position in ((0.0, "query", "middle left"), (1.0, "key", "middle right")):
+    labels = [token_label(t) for t in tokens[lo:hi]]
+    strongest = chosen_heads[:, lo:hi, lo:hi].max(0)                       # (w, w) over the drawn heads
+    for x, side, position, links in ((0.0, "query", "middle left", strongest),
+                                     (1.0, "key", "middle right", strongest.T)):
+        hover = ["<br>".join(f"{'→' if side == 'query' else '←'} {labels[j]} ({lo + j}) {row[j]:.2f}"
+                             for j in np.argsort(row)[::-1][:3] if row[j] > 0) for row in links]
         figure.add_trace(go.Scatter(
-            x=np.full(n, x), y=np.arange(n), mode="markers+text", text=labels,
+            x=np.full(hi - lo, x), y=np.arange(lo, hi), mode="markers+text", text=labels,
             textposition=position, marker=dict(size=4, color="#888"), showlegend=False,
-            hovertemplate=f"{side} %{{y}} %{{text}}<extra></extra>"))
+            customdata=hover, hovertemplate=f"{side} %{{y}} %{{text}}<br>%{{customdata}}<extra></extra>"))
+    for x, side in ((0.0, "queries"), (1.0, "keys")):
+        figure.add_annotation(x=x, y=1.0, xref="x", yref="paper", yanchor="bottom", text=f"<b>{side}</b>",
+                              showarrow=False)
     figure.update_xaxes(visible=False, range=[-0.8, 1.8])
-    figure.update_yaxes(visible=False, autorange="reversed")
-    figure.update_layout(title=title, height=int(np.clip(20 * n + 80, 250, 2000)),
+    figure.update_yaxes(visible=False, range=[hi - 0.5, lo - 0.5])
+    figure.update_layout(title=title, height=int(np.clip(20 * (hi - lo) + 100, 250, 2000)),
                          margin=dict(l=10, r=10, t=50 if title else 30, b=10),
                          plot_bgcolor="white")
     return figure

@@ -21,6 +21,7 @@ from attnviz.ui import jobs as ui_jobs
 PAGE = "attention"
 COMPARE_TEXT = "The creature stayed on the pavement because it was exhausted."
 SCORE_COLUMNS = ("previous_token", "induction", "duplicate_token")
+LINES_WINDOW = 48  # tokens per side the lines view shows at once: more labels overlap at any height
 
 
 def key(name: str) -> str:
@@ -123,8 +124,19 @@ def lines(s: Shown):
     query = st.selectbox("Only from query", [None] + list(range(len(s.tokens))), key=key("line_q"),
                          format_func=token_name(s.tokens), persist_state="page")
     line_heads = [s.head, *sorted(h for h in extra if h != s.head)]
+    n, window = len(s.tokens), None
+    if n > LINES_WINDOW:  # hundreds of labels overlap: a window of tokens, following the chosen query
+        start_key = key("line_start")
+        ss = st.session_state
+        ss[start_key] = min(int(ss.get(start_key, n - LINES_WINDOW)), n - LINES_WINDOW)
+        if query is not None and not ss[start_key] <= query < ss[start_key] + LINES_WINDOW:
+            ss[start_key] = max(0, min(query - LINES_WINDOW // 2, n - LINES_WINDOW))
+        start = st.slider(f"First token shown ({LINES_WINDOW} at a time)", 0, n - LINES_WINDOW, key=start_key)
+        window = (start, start + LINES_WINDOW)
+        st.caption(f"Tokens {start}–{start + LINES_WINDOW - 1} of {n}: lines within the window only. "
+                   "Hover a token for its three strongest links.")
     st.plotly_chart(viz.lines_figure(s.cap.attentions[s.layer], s.tokens, line_heads, query,
-                                     title=viz.lines_title(s.layer, line_heads)), key=key("lines"))
+                                     title=viz.lines_title(s.layer, line_heads), window=window), key=key("lines"))
 
 
 def find_heads(s: Shown):
