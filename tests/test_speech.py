@@ -14,7 +14,7 @@ import torch
 
 import attnviz
 from attnviz.core import audio as audio_mod
-from attnviz.core.speech import Transcript, alignment_matrix, dtw, merge_punctuation, Word
+from attnviz.core.speech import APPENDED, Transcript, Word, alignment_matrix, dtw, merge_punctuation
 from attnviz.weights import ctranslate2 as ct2_reader
 from attnviz.weights.catalogue import bundled_path
 
@@ -165,7 +165,9 @@ def test_bundled_model_is_listed_and_converted_once(model):
     assert attnviz.load_model("whisper-tiny-en").fingerprint() == model.fingerprint()
 
 
-def test_bundled_weights_match_transformers_eager(model, heard):
+@pytest.fixture(scope="module")
+def hf_heard(model, heard):
+    """transformers' eager Whisper with the bundled weights, teacher-forced on our transcript."""
     folder = bundled_path("whisper-tiny-en")
     variables, header = ct2_reader.read_model_bin(folder / "model.bin")
     assert header["spec"] == "WhisperSpec"
@@ -181,7 +183,12 @@ def test_bundled_weights_match_transformers_eager(model, heard):
     feats = heard.features[None]
     dec = torch.tensor([c.prompt() + heard.ids.tolist()])
     with torch.no_grad():
-        ref = hf(input_features=feats, decoder_input_ids=dec, output_attentions=True)
+        return hf(input_features=feats, decoder_input_ids=dec, output_attentions=True)
+
+
+def test_bundled_weights_match_transformers_eager(model, heard, hf_heard):
+    ref, c = hf_heard, model.cfg
+    dec = torch.tensor([c.prompt() + heard.ids.tolist()])
     with torch.inference_mode():
         memory, enc = model.encode_audio(heard.features, attentions=True)
         out = model.net.step(dec, model.net.start(memory), need_weights=True)
@@ -234,6 +241,26 @@ def test_word_times_follow_the_speech(heard):
     a, b = int(words[1].start * 50), int(words[2].start * 50)
     quiet = a + int(np.argmin(np.convolve(energy[a:b], np.ones(5), "same")))
     assert words[1].end - 0.2 <= quiet / 50 <= words[2].start + 0.2
+
+
+def test_word_times_equal_transformers_whisper_timing(model, heard, hf_heard):
+    """transformers' own median filter and DTW (its Whisper token timestamps) on its own cross-
+    attention give the same word boundaries."""
+    from transformers.models.whisper.generation_whisper import _dynamic_time_warping, _median_filter
+    w = torch.stack([hf_heard.cross_attentions[l][0, h] for l, h in model.cfg.alignment_heads])
+    w = w[:, :, :heard.audio_frames]
+    w = w / w.sum(-1, keepdim=True)
+    std, mean = torch.std_mean(w, dim=-2, keepdim=True, unbiased=False)
+    matrix = _median_filter((w - mean) / std, 7).mean(0)[len(model.cfg.prompt()) - 1:-1]
+    rows, cols = _dynamic_time_warping(-matrix.double().numpy())
+    starts = cols[np.concatenate([[True], np.diff(rows) > 0])] * 0.02     # the first frame of each token
+    first = [w.tokens[0] for w in heard.words]
+    assert [w.start for w in heard.words] == pytest.approx(starts[first].tolist())
+    # a word ends where the token after it starts; a closing mark joins its word keeping that end
+    def last(w):
+        marks = [t for t in w.tokens if model.tokenizer.decode([int(heard.ids[t])]).strip() in APPENDED]
+        return w.tokens[-1] - len(marks)
+    assert [w.end for w in heard.words] == pytest.approx(starts[[last(w) + 1 for w in heard.words]].tolist())
 
 
 def whisper_dtw(x):
