@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 SPACE = "▁"  # leading-space marker (as SentencePiece shows it)
+LEADING_SPACE_MARKS = (SPACE, "Ġ")  # how pieces start a word: SentencePiece's and byte-level BPE's
 # The one table of whitespace symbols: token labels, figure axes and exports all show these.
 WHITESPACE_SYMBOLS = {" ": SPACE, "\n": "↵", "\r": "⏎", "\t": "⇥"}
 _SURROGATE = re.compile("[\ud800-\udfff]")
