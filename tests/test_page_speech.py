@@ -1,7 +1,6 @@
 """AppTest of pages/7_Speech.py with the bundled whisper-tiny-en: the bundled clip through every
-view, a head chosen, and cross-attention heads switched off with the shared editor. (AppTest cannot
-fill a file uploader: bad audio bytes are tested on the library in test_speech.py; the page shows
-their ValueError with st.error.)"""
+view, a head chosen, cross-attention heads switched off with the shared editor, and bad audio bytes
+through the page's transcript view (st.error, no traceback; every kind is in test_speech.py)."""
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
@@ -40,3 +39,15 @@ def test_switching_cross_attention_heads_off_changes_the_transcript():
     assert off and "Hello World, this is a test on speech recognition." not in off[0]
     assert any(m.value.startswith("Change: ") for m in at.markdown)
     assert "speech.off_grid" in {c.key for c in at.get("plotly_chart")}
+
+
+def test_bad_audio_gets_a_message_not_a_traceback():
+    def script():
+        from attnviz.ui import speech
+        model = speech.load_model("whisper-tiny-en")
+        for data in (b"this is not audio at all" * 10, b"", b"RIFF" + bytes(40)):
+            speech.transcript(model, data)
+    at = AppTest.from_function(script, default_timeout=180).run()
+    assert not at.exception, at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 3 and "not audio" in errors[0] and "empty" in errors[1] and "WAV or FLAC" in errors[2]
