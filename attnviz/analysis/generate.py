@@ -51,7 +51,9 @@ class Generation:
         return [s.token for s in self.steps]
 
     def text(self, tokenizer) -> str:
-        return tokenizer.decode(self.ids) if tokenizer is not None else " ".join(map(str, self.ids))
+        if hasattr(tokenizer, "decode"):
+            return tokenizer.decode(self.ids)
+        return " ".join(token_names(tokenizer, self.ids))  # the toys' few-symbol tokenizer, or none
 
 
 def check_settings(temperature: float, top_k: int, top_p: float, max_new: int):

@@ -56,6 +56,11 @@ def head_means(model) -> torch.Tensor:
     return store[mid]
 
 
+def default_text(model) -> str:
+    task = getattr(model, "task", None)
+    return task.example_prompt() if task is not None else DEFAULT_TEXT
+
+
 def page():
     model = common.model_picker(tasks=("lm",), default="smollm2")
     if model is None:
@@ -65,7 +70,8 @@ def page():
         if view == "Two prompts":
             pair_view(model)
             return
-        st.session_state.setdefault(key("text"), DEFAULT_TEXT)
+        # a toy reads its own symbols: its example prompt replaces the text when it is picked
+        common.follow_owner(key("text_for"), model.info.key, {key("text"): default_text(model)})
         text = st.text_area("Prompt", key=key("text"), height=80)
         if not text.strip():
             st.info("Type a prompt.")
