@@ -21,7 +21,6 @@ import torch
 
 from attnviz.base.limits import LIMITS
 from attnviz.core.config import Config
-from attnviz.core.images import IMAGENET_MEAN, IMAGENET_STD
 from attnviz.core.model import Model, ModelInfo
 from attnviz.core.transformer import Transformer
 from attnviz.core.translate import Seq2SeqModel
@@ -260,7 +259,7 @@ def _load(folder: Folder, key, source, info) -> Model:
     kind = hf_cfg.get("model_type")
     if not isinstance(kind, str) or (kind not in SUPPORTED and translator(kind) is None):
         raise ValueError(f"architecture {kind!r:.40} is not supported; supported: {', '.join(SUPPORTED)}, "
-                         "and for translation marian, bart")
+                         f"and for translation {', '.join(SEQ2SEQ)}")
     for file in SMALL_JSON + TOKENIZER_FILES:  # everything transformers may open, before it does
         if file in entries:
             if file in SMALL_JSON:
@@ -316,9 +315,9 @@ def image_settings(folder: Folder, entries: dict, cfg: Config):
     """(mean, std, input side) of a vision folder, from preprocessor_config.json when it has one."""
     if not cfg.is_vision:
         return None, None, 0
-    default = (IMAGENET_MEAN, IMAGENET_STD) if cfg.family == "dinov2" else ((0.5,) * 3, (0.5,) * 3)
+    default = family(cfg.family).image_defaults(cfg)  # (mean, std, side) without a preprocessor config
     if "preprocessor_config.json" not in entries:
-        return (*default, 224 if cfg.family == "dinov2" else cfg.image_size)
+        return default
     p = folder.read_json("preprocessor_config.json")
     size = p.get("crop_size") or p.get("size") or {}
     side = size.get("height") or size.get("shortest_edge") if isinstance(size, dict) else size

@@ -6,6 +6,8 @@ A family file holds a config half and a weights half, both pure functions:
   keys), every tensor through the one checked accessor (`attnviz.weights.mapper.Mapper`);
 - `size(hf, bounds) -> int`: the parameters a local folder's config implies, each size read
   through its bounds (`attnviz.weights.folders.Bounds`) before anything is allocated;
+- vision families: `image_defaults(cfg) -> (mean, std, side)` for a folder without a
+  preprocessor_config.json;
 - optionally the readers' halves: `GGUF_ARCHITECTURE` with `gguf_config` / `gguf_name` /
   `gguf_tensor` / `hf_shapes` (llama), `from_onnx` (dinov2).
 """

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from attnviz.core.config import Config
+from attnviz.core.images import IMAGENET_MEAN, IMAGENET_STD
 from attnviz.weights.families.vit import OLD_ATTENTION, blocks, embeddings, vision_config, vision_size
 from attnviz.weights.mapper import Mapper, activation, get, rename
 
@@ -36,6 +37,12 @@ def hf_names(sd: dict) -> dict:
 
 
 # ---------------------------------------------------------------- config half
+def image_defaults(cfg: Config) -> tuple[tuple, tuple, int]:
+    """(mean, std, input side) when a folder has no preprocessor_config.json: the ImageNet
+    statistics at 224 px, what the bundled DINOv2 takes."""
+    return IMAGENET_MEAN, IMAGENET_STD, ONNX_INPUT_SIZE
+
+
 def config(hf, sd: dict) -> Config:
     swiglu = bool(get(hf, "use_swiglu_ffn", False))
     first_mlp = "encoder.layer.0." + ("mlp.up_proj" if swiglu else "mlp.fc1") + ".weight"

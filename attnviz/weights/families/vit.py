@@ -70,6 +70,11 @@ def blocks(m: Mapper, cfg: Config, layer_prefix: str, norms: tuple[str, str], la
 
 
 # ---------------------------------------------------------------- config half
+def image_defaults(cfg: Config) -> tuple[tuple, tuple, int]:
+    """(mean, std, input side) when a folder has no preprocessor_config.json: ViTImageProcessor's."""
+    return (0.5,) * 3, (0.5,) * 3, cfg.image_size
+
+
 def config(hf, sd: dict) -> Config:
     return vision_config(hf, NAME, d_ff=get(hf, "intermediate_size"),
                          norm_eps=get(hf, "layer_norm_eps", 1e-12),
