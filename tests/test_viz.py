@@ -69,8 +69,8 @@ def test_token_labels_escape_plotly_markup_and_show_blanks():
     assert viz.token_label("<s>") == "&lt;s&gt;"          # would otherwise be a strikethrough
     assert viz.token_label("</s>") == "&lt;/s&gt;"
     assert viz.token_label("<|im_end|>") == "<|im_end|>"
-    assert viz.token_label(" ") == "␣"
-    assert viz.token_label("\n\n") == "⏎⏎"
+    assert viz.token_label(" ") == "▁"   # core.tokens.WHITESPACE_SYMBOLS, as in token labels
+    assert viz.token_label("\n\n") == "↵↵"
     assert viz.token_label("\u200b") == "<U+200B>"
     assert viz.token_label("") == "∅"
     assert viz.token_label("😀שלום") == "😀שלום"

@@ -12,7 +12,9 @@ import unicodedata
 
 import torch
 
-WORD_START = ("▁", "Ġ")
+from attnviz.core.tokens import LEADING_SPACE_MARKS
+
+WORD_START = LEADING_SPACE_MARKS
 SPECIAL = ("</s>", "<s>", "<pad>", "<unk>")
 
 

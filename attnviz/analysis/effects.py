@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from attnviz.analysis.importance import is_lm, plain_ids
-from attnviz.core.tokens import check_text, labels, piece_bytes, tokenizer_kind
+from attnviz.core.tokens import LEADING_SPACE_MARKS, check_text, labels, piece_bytes, tokenizer_kind
 from attnviz.core.transformer import sentence_embedding
 
 
@@ -231,7 +231,7 @@ def compare(full: Outputs, masked: Outputs, sentences: list[str] | None = None) 
 
 
 # ---------------------------------------------------------------- one token, at the last position
-SPACE_MARKS = ("▁", "Ġ")  # how tokenizers (and this app's labels) show a leading space
+SPACE_MARKS = LEADING_SPACE_MARKS  # how tokenizers (and this app's labels) show a leading space
 
 
 def single_token(tokenizer, text: str) -> tuple[int, str | None]:
