@@ -3,6 +3,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -280,6 +281,9 @@ def test_top_k_preset_is_enabled_as_soon_as_importance_is_computed():
     at.button(key="heads.imp_go").click().run()
     assert not at.exception
     assert not at.button(key="heads.top").disabled      # no other widget touched in between
+    labels = [o for i in range(6) for o in at.button_group(key=row_key("minilm", i)).options]
+    assert all(re.fullmatch(r":(gray|blue|orange|red)\[h\d+\]", o) for o in labels)   # coloured by importance
+    assert {o.split("[")[0] for o in labels} == {":gray", ":blue", ":orange", ":red"}
     assert "Importance CSV" in [b.label for b in at.get("download_button")]
     at.button(key="heads.top").click().run()
     result, _ = at.session_state["heads.imp:minilm"]

@@ -45,6 +45,7 @@ from attnviz.base import names
 from attnviz.ui.common import plain
 
 SCORE_COLOURS = ("gray", "blue", "orange", "red")  # lowest .. highest quarter of the known scores
+LAYER_BOX_PX = 84  # "layer 29" in the grid's small type, never cut to "lay…" in a narrow column
 # Tighter rows than Streamlit's default (1 rem between elements): 30 layers fit one screen.
 _CSS = """<style>
 .st-key-{page}-head-grid {{gap: 0.1rem;}}
@@ -196,9 +197,8 @@ def grid_part(ed: Editor, labels, scores, score_label: str, with_apply: bool):
         current = ed.grid()
         for i in range(ed.L):
             ss[ed.layer_key(i)] = bool(current[i].all())
-            box, row = st.columns([2, 9], vertical_alignment="center")
-            box.checkbox(f"layer {i}", key=ed.layer_key(i), on_change=ed.layer_changed, args=(i,),
-                         help=None if i else "a layer box switches the whole layer, applied at once")
+            row = st.container(horizontal=True, vertical_alignment="center", gap=None)
+            row.checkbox(f"layer {i}", key=ed.layer_key(i), on_change=ed.layer_changed, args=(i,), width=LAYER_BOX_PX)
             row.pills(f"heads on in layer {i}", range(ed.H), selection_mode="multi", key=ed.row_key(i),
                       format_func=lambda h, r=labels[i]: r[h], label_visibility="collapsed")
     grid = ed.grid()
@@ -207,7 +207,7 @@ def grid_part(ed: Editor, labels, scores, score_label: str, with_apply: bool):
               if scores is not None else "")
     # Apply does not rerun this part, so this line must stay true after it: a count, not a "pending" flag.
     st.caption(f"The grid above has {int(grid.sum())} heads on; the result beside it is for the mask "
-               f"applied last. Highlighted = on.{legend}" + (f" Off: {off_list(grid)}." if not grid.all() else ""))
+               f"applied last. Highlighted = on; a layer box switches its whole layer at once.{legend}" + (f" Off: {off_list(grid)}." if not grid.all() else ""))
     if with_apply and st.button("Apply", key=ed.key("apply"), type="primary", on_click=ed.apply,
                                 help="every head edit since the last Apply, in one run"):
         st.rerun()
