@@ -49,6 +49,14 @@ def head_means(model, ids: torch.Tensor | None = None, check=None) -> torch.Tens
     return means
 
 
+def resolve_means(model, ablation: str, means: torch.Tensor | None = None, check=None) -> torch.Tensor | None:
+    """The means a run with this ablation needs: None for zero ablation, the given ones, or
+    (when none are given) `head_means(model)` over the evaluation text."""
+    if check_mode(ablation) == "zero":
+        return None
+    return means if means is not None else head_means(model, check=check)
+
+
 def fill(head_mask, ablation: str, means: torch.Tensor | None) -> torch.Tensor | None:
     """What `iter_blocks(head_fill=...)` takes for this mask: None for zero ablation (and for no mask),
     (1 - mask) x mean for mean ablation."""
