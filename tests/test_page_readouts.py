@@ -129,6 +129,10 @@ def test_images_rollout_with_artefacts_discounted():
     assert not at.exception
     captions = [t for image in at.get("image") for t in image.captions]
     assert any("artefact patch(es) discounted, outlined" in c for c in captions)
+    at.button_group(key="images.view_choice").set_value("CLS → patches").run()
+    at.checkbox(key="images.outline").check().run()
+    assert not at.exception
+    assert any("artefact patch(es) outlined" in t for image in at.get("image") for t in image.captions)
 
 
 def test_attention_lines_view_windows_a_long_text():

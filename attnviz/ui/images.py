@@ -151,11 +151,12 @@ class View:
         # Only a photo a view could be drawn from becomes the one a later bad upload falls back to.
         st.session_state[K("last")] = (self.label, self.image_key, self.photo_bytes)
 
-    def cls_overlay(self, tr, off, every: bool, layer: int, tile: int = 224):
+    def cls_overlay(self, tr, off, every: bool, layer: int, tile: int = 224, shown=None):
         maps = vision.cls_maps(tr)                                              # (L, H, gh, gw)
+        shown = self.shown if shown is None else shown
         if every:
-            return pictures.head_overlays(self.shown, maps, tr.layers, tile=tile // 2, alpha=self.alpha, off=off)
-        return pictures.head_overlays(self.shown, maps[layer:layer + 1], [layer], tile=tile,
+            return pictures.head_overlays(shown, maps, tr.layers, tile=tile // 2, alpha=self.alpha, off=off)
+        return pictures.head_overlays(shown, maps[layer:layer + 1], [layer], tile=tile,
                                       alpha=self.alpha, off=off[layer:layer + 1])
 
     def cls_view(self, tr, off, head_mask):
@@ -163,8 +164,13 @@ class View:
         layer = None
         if every == "One layer":
             layer = st.slider("Layer", 0, self.cfg.n_layers - 1, key=K("layer"))
-        st.image(self.cls_overlay(tr, off, every != "One layer", layer),
-                 caption="Attention from CLS to each patch; each tile scaled to its own range")
+        outline = st.checkbox("Outline the high-norm artefact patches", key=K("outline"),
+                              help="attention sinks, flagged as in the artefacts view")
+        found = self.artefacts(tr) if outline else None
+        shown = None if not (found and found.patches) else pictures.mark_patches(self.shown, found.patches, tr.grid)
+        st.image(self.cls_overlay(tr, off, every != "One layer", layer, shown=shown),
+                 caption="Attention from CLS to each patch; each tile scaled to its own range"
+                 + ("" if found is None else f"; {len(found.patches)} artefact patch(es) outlined"))
 
     def query_view(self, tr, off, head_mask):
         cols = st.columns(3)
