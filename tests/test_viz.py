@@ -58,6 +58,11 @@ def test_head_heatmap_causal_adds_a_mask_trace_and_thins_long_labels():
     spec = as_json(viz.head_heatmap(matrix, tokens, causal=True, max_ticks=50))
     np.testing.assert_array_equal(decode(spec["data"][0]["z"]), matrix.numpy())
     assert len(spec["data"]) == 2
+    mask = spec["data"][1]                             # one grey polygon over exactly j > i
+    xs, ys = decode(mask["x"]).astype(float), decode(mask["y"]).astype(float)
+    area = 0.5 * abs(np.dot(xs, np.roll(ys, -1)) - np.dot(ys, np.roll(xs, -1)))
+    assert mask["fill"] == "toself" and area == n * (n - 1) / 2
+    assert xs.min() == 0.5 and xs.max() == n - 0.5 and ys.min() == -0.5 and ys.max() == n - 1.5
     ticks = spec["layout"]["xaxis"]["tickvals"]
     assert len(ticks) <= 50 and ticks[:2] == [0, 4]
     assert spec["layout"]["xaxis"]["ticktext"][1] == "t4"

@@ -1,6 +1,6 @@
 """Pure figure builders shared by every page: arrays in, plotly figures (or images) out.
 
-Two rules from TESTING.md shape this file: the all-heads overview is ONE colour-mapped image
+Two rules measured in a real browser shape this file: the all-heads overview is ONE colour-mapped image
 (`overview_figure`), and token axes use integer positions with `ticktext`, because repeated
 tokens used as categories merge into one row. Heatmap `z` is always the caller's matrix, untouched.
 Static renderers (overlays, PNG/SVG export) live in `render.py` and are re-exported here.
@@ -115,7 +115,7 @@ def head_heatmap(matrix, q_tokens: list[str], k_tokens: list[str] | None = None,
 
     ``z`` is exactly ``matrix``; x and y are integer positions labelled with tokens, so repeated
     tokens stay distinct. Hover names query token, key token and weight. ``causal`` greys the
-    future (j > i) in a second trace, leaving trace 0 untouched."""
+    future (j > i) with a second trace (one polygon), leaving trace 0 untouched."""
     z = _numpy(matrix)
     k_tokens = q_tokens if k_tokens is None else k_tokens
     if z.ndim != 2 or z.shape != (len(q_tokens), len(k_tokens)):
@@ -133,11 +133,17 @@ def head_heatmap(matrix, q_tokens: list[str], k_tokens: list[str] | None = None,
     else:
         heatmap.hovertemplate = "query %{y} → key %{x}<br>weight %{z:.4f}<extra></extra>"
     figure = go.Figure(heatmap)
-    if causal:
-        future = np.where(np.arange(n_k)[None, :] > np.arange(n_q)[:, None], 1.0, np.nan)
-        figure.add_trace(go.Heatmap(z=future.astype(np.float32), x=np.arange(n_k),
-                                    y=np.arange(n_q), colorscale=[[0, "#d9d9d9"], [1, "#d9d9d9"]],
-                                    showscale=False, hoverinfo="skip"))
+    rows = min(n_q, n_k - 1)        # rows 0..rows-1 have future keys (j > i)
+    if causal and rows > 0:
+        # The future as one grey staircase polygon over the cells j > i (2n points), not a second
+        # n x n heatmap: half the figure's bytes and one n x n layer less for the browser to paint.
+        xs = [0.5, n_k - 0.5, n_k - 0.5]
+        ys = [-0.5, -0.5, rows - 0.5]
+        for i in range(rows - 1, -1, -1):
+            xs += [i + 0.5, i + 0.5]
+            ys += [i + 0.5, i - 0.5]
+        figure.add_trace(go.Scatter(x=xs, y=ys, fill="toself", fillcolor="#d9d9d9", mode="lines",
+                                    line=dict(width=0), hoverinfo="skip", showlegend=False))
     figure.update_xaxes(title="key", tickangle=-60, **_token_axis(k_tokens, max_ticks))
     figure.update_yaxes(title="query", autorange="reversed", **_token_axis(q_tokens, max_ticks))
     figure.update_layout(title=title, height=height or int(np.clip(14 * n_q + 160, 320, 900)),
