@@ -4,10 +4,12 @@ attnviz.ui.latency, the work attnviz.latency."""
 import streamlit as st
 
 from attnviz.ui import latency as view
+from attnviz.ui import latency_translate
 
 st.set_page_config(page_title="attnviz · Latency", layout="wide")
 st.title("Latency")
 view.intro()
 view.sweep_form()
 view.results_views()
+latency_translate.translation_section()
 view.device_import()

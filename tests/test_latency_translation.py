@@ -48,3 +48,19 @@ def test_bad_requests_are_refused_with_a_message(capsys):
         assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "source lengths" in err and "cpu, pi4 or pi5" in err and "not a translation model" in err
+
+
+def test_the_latency_page_shows_translation_cost():
+    from pathlib import Path
+    from streamlit.testing.v1 import AppTest
+    page = str(Path(__file__).resolve().parent.parent / "pages" / "4_Latency.py")
+    at = AppTest.from_file(page, default_timeout=180).run()
+    assert not at.exception, at.exception
+    assert "en-pt" not in at.multiselect(key="latency.models").options  # the sweep is for one-pass models
+    at.toggle(key="latency.translate_show").set_value(True).run()
+    assert not at.exception, at.exception
+    spec = at.get("plotly_chart")[-1].proto.spec
+    assert "encoding (once per sentence)" in spec and "pi4" in spec
+    at.checkbox(key="latency.translate_measure").check().run()
+    assert not at.exception, at.exception
+    assert "(measured)" in at.get("plotly_chart")[-1].proto.spec

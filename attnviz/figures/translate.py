@@ -103,3 +103,23 @@ def source_row_figure(row, source_tokens: list[str], title: str = "") -> go.Figu
     figure.update_yaxes(title="cross-attention weight", range=[0, 1.05])
     figure.update_layout(title=title, height=320, margin=dict(l=10, r=10, t=50 if title else 20, b=10))
     return figure
+
+
+def translation_cost_figure(df) -> go.Figure:
+    """Rows of `attnviz.latency.translation.sweep` (model, backend, source_tokens, encode_ms,
+    decode_ms_per_token): encoding (once per sentence) and one decoding step against source length."""
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("encoding (once per sentence)",
+                                                           "decoding (per target token)"))
+    colours = {"cpu": "#1f77b4", "pi4": "#d62728", "pi5": "#2ca02c"}
+    for (model, backend), rows in df.groupby(["model", "backend"], sort=True):
+        rows = rows.sort_values("source_tokens")
+        name = f"{model} · {backend}" + (" (measured)" if backend == "cpu" else " (modelled)")
+        for col, column in ((1, "encode_ms"), (2, "decode_ms_per_token")):
+            figure.add_trace(go.Scatter(
+                x=rows["source_tokens"], y=rows[column], mode="lines+markers", name=name, legendgroup=name,
+                showlegend=col == 1, line=dict(color=colours.get(backend), dash=None if backend == "cpu" else "dash"),
+                hovertemplate=f"{name}<br>%{{x}} source tokens: %{{y:.2f}} ms<extra></extra>"), row=1, col=col)
+    figure.update_xaxes(title="source tokens", type="log")
+    figure.update_yaxes(title="ms", rangemode="tozero")
+    figure.update_layout(height=380, margin=dict(l=10, r=10, t=40, b=10))
+    return figure

@@ -98,11 +98,11 @@ def measure_here(model: Seq2SeqModel, n_src: int, repeats: int = 5, warmup: int 
     return dict(encode_ms=1e3 * encode.median, decode_ms_per_token=1e3 * steps.median / DECODE_STEPS)
 
 
-def sweep(keys: list[str], lengths: list[int], backends: list[str], threads: int, repeats: int,
-          warmup: int) -> pd.DataFrame:
-    rows = []
-    for key in keys:
-        model = load_model(key)
+def sweep(models: dict, lengths: list[int], backends: list[str], repeats: int = 5,
+          warmup: int = 1) -> pd.DataFrame:
+    """models: key -> loaded model. One row per (model, source length, backend)."""
+    rows, threads = [], torch.get_num_threads()
+    for key, model in models.items():
         if not isinstance(model, Seq2SeqModel):
             raise ValueError(f"{key!r} is not a translation model; sweep translators and other models separately")
         for n in lengths:
@@ -133,7 +133,7 @@ def main(args, ap) -> int:
         lengths = parse_int_list(args.seq_lens, "--seq-lens")
         backends = [b.strip() for b in args.backend.split(",") if b.strip()] or ["cpu"]
         torch.set_num_threads(parse_int_list(args.threads, "--threads")[0])
-        df = sweep(args.model, lengths, backends, torch.get_num_threads(), args.repeats, args.warmup)
+        df = sweep({key: load_model(key) for key in args.model}, lengths, backends, args.repeats, args.warmup)
     except ValueError as err:
         ap.error(str(err))
     text = csv_text(df)
