@@ -11,7 +11,6 @@ from attnviz.analysis import effects, importance, pruning
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import heads as heads_viz
-from attnviz.latency import speedup
 from attnviz.ui import common
 from attnviz.weights.catalogue import list_models
 from attnviz.ui.head_editor import applied_mask, head_editor
