@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hst
 
 from attnviz.base import jobs, timing
-from attnviz.latency import calibrate, child, compare, measure, results, sweep
+from attnviz.latency import calibrate, child, compare, decode, measure, quantize, results, sweep
 from attnviz.figures import latency as lf
 from attnviz.latency import cli as bench_cli
 from attnviz.latency import costmodel as cm
+from attnviz.weights.catalogue import load_model
 from attnviz.core.attention import EAGER, attend, parse_variant
 from attnviz.latency.results import config_spec, parse_synthetic, read_results
 
@@ -312,7 +313,8 @@ def test_cli_tiny_sweep_writes_a_csv_the_page_reads(tmp_path):
     assert out.returncode == 0, out.stderr
     df = read_results(out_file)
     assert len(df) == 2 * 3 * 2 * 2 and set(df["backend"]) == {"cpu", "pi5"}
-    assert set(df["variant"]) == {"fused", "chunked:4", "linear"} and (df["threads"] == 1).all()
+    assert set(df["variant"]) == {"fused", "chunked:4", "linear"} and (df[df["measured"]]["threads"] == 1).all()
+    assert (df[~df["measured"]]["threads"] == sweep.PI_CORES).all()  # issue 19: Pi rows at the Pi's 4 cores
     assert "wrote 24 rows" in out.stderr and "profiler_start" not in out.stderr
 
 
@@ -380,12 +382,14 @@ def test_plan_bounds_are_checked_before_any_work(change, words):
 
 def test_a_row_with_an_extra_field_is_a_row_and_column_error(tiny_results):
     lines = good_csv(tiny_results).splitlines()
-    with pytest.raises(ValueError, match=r"row 4, column 28 \(past the header's last column 'timestamp'\)"):
+    last = results.COLUMNS[-1]  # the schema grew compatibly (issue 19): its last column is the decode field
+    with pytest.raises(ValueError, match=rf"row 4, column {len(results.COLUMNS) + 1} \(past the header's last "
+                                         rf"column '{last}'\)"):
         read_results("\n".join(lines[:3] + [lines[3] + ",surplus"] + lines[4:]).encode())
-    with pytest.raises(ValueError, match=r"row 3, column 'timestamp': missing"):
+    with pytest.raises(ValueError, match=rf"row 3, column '{last}': missing"):
         read_results("\n".join(lines[:2] + [lines[2].rsplit(",", 1)[0]] + lines[3:]).encode())
     # a header one name short: every row has one field too many (with a bad value: a TypeError before)
-    with pytest.raises(ValueError, match=r"row 2, column 27"):
+    with pytest.raises(ValueError, match=rf"row 2, column {len(results.COLUMNS)}"):
         read_results("\n".join([lines[0].removeprefix("schema,")] + lines[1:]).replace(",fused,8,", ",fused,x,")
                      .encode())
 
@@ -479,7 +483,8 @@ def test_other_thread_counts_are_measured_in_a_child_process(no_thread_changes):
     measured = df[df["measured"]]
     assert sorted(measured["threads"]) == sorted([before, before, other, other])
     assert (measured["model"] == TINY).all() and (measured["shape"] == config_spec(parse_synthetic(TINY))).all()
-    assert len(df[~df["measured"]]) == 4
+    # issue 19: the Pi rows once per point at the Pi's own 4 threads, whatever this host runs
+    assert len(df[~df["measured"]]) == 2 and (df[~df["measured"]]["threads"] == sweep.PI_CORES).all()
     with pytest.raises(ValueError, match="thread"):
         measure.measure_point(bench_model(), 8, parse_variant("fused"), threads=other)
     with pytest.raises(ValueError, match="thread"):
@@ -512,7 +517,9 @@ def test_sweep_stops_at_its_deadline_and_keeps_what_it_measured():
     assert df["measured"].sum() == 2 and list(df["seq_len"][df["measured"]]) == [8, 16]
     assert len(read_results(results.to_csv(df).encode())) == len(df)
     nothing = sweep.run_sweep(plan, {TINY: measure.load(TINY)}, deadline=jobs.Deadline(0, "the sweep"))
-    assert nothing.empty and "kept the 0 measured points" in nothing.attrs["stopped"]
+    # issue 19: every modelled row comes first and is kept; nothing is measured, and what was not is said
+    assert not nothing["measured"].any() and len(nothing) == 3 and "kept the 0 measured points" in nothing.attrs["stopped"]
+    assert "not measured:" in nothing.attrs["stopped"] and "n=8" in nothing.attrs["stopped"]
 
 
 def test_cli_deadline_writes_what_it_measured_and_says_it_stopped(tmp_path):
@@ -599,3 +606,50 @@ def test_library_budgets_must_be_finite_and_positive(budget):
     else:
         with pytest.raises(ValueError, match="deadline"):
             sweep.run_sweep(plan, {TINY: bench_model()}, deadline=jobs.Deadline(budget))
+
+
+# ---------------------------------------------------------------- issue 19: quantization, decode
+def test_int8_and_bf16_copies_are_new_models_the_shared_one_untouched():
+    model = measure.load("synthetic:layers=2,d=32,heads=4,ff=64,vocab=50,positions=64,causal=1")
+    before = model.fingerprint()
+    ids = torch.arange(12)[None] % 50
+    with torch.inference_mode():
+        ref = model.net(input_ids=ids, logits=True).logits
+    for mode in quantize.MODES:
+        twin = quantize.quantized_copy(model, mode)
+        assert twin is not model and twin.net is not model.net and mode in twin.info.key
+        layers = [m for m in twin.net.modules() if isinstance(m, quantize.QuantLinear)]
+        assert layers and all(m.mode == mode for m in layers)
+        assert not any(isinstance(m, quantize.QuantLinear) for m in model.net.modules())
+        with torch.inference_mode():
+            got = twin.net(input_ids=ids, logits=True).logits
+        assert torch.nn.functional.cosine_similarity(ref.flatten(), got.flatten(), 0) > 0.98
+    assert model.fingerprint() == before
+    with pytest.raises(ValueError, match="mode"):
+        quantize.quantize_net(model.net, "int4")
+
+
+def test_int8_attention_probabilities_relu_survives_better_than_softmax():
+    """The seed's experiment on MiniLM: 8-bit probabilities flush softmax's long tail; ReLU's zeros are exact."""
+    table = quantize.probabilities_int8(load_model("minilm")).set_index("variant")
+    assert table.loc["relu", "flushed_share"] < table.loc["softmax", "flushed_share"]
+    assert table.loc["relu", "l1_per_row"] < table.loc["softmax", "l1_per_row"]
+    assert (table["mass_lost"] >= 0).all() and (table["l1_per_row"] <= 2).all()
+
+
+def test_decode_measured_with_the_kv_cache_matches_a_full_rerun():
+    """One decode step at depth d from the cache gives the last logits of a full pass over d + 1 tokens."""
+    model = measure.load("synthetic:layers=2,d=32,heads=4,kv=2,ff=64,vocab=50,positions=64,causal=1")
+    point = decode.measure_decode(model, n_prompt=8, depth=6, repeats=2, warmup=0)
+    assert point.n_prompt == 8 and point.depth == 6 and len(point.step.times) == 2
+    assert point.pp_tps > 0 and point.tg_tps > 0
+    net = model.net
+    ids = torch.randint(0, 50, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        cache = [{} for _ in range(2)]
+        net.run_blocks(net.embed_text(ids[:, :6]), cache=cache)
+        step = net.finish(net.run_blocks(net.embed_text(ids[:, 6:], offset=6), cache=cache, offset=6).x)[1]
+        full = net(input_ids=ids, logits=True).logits
+    assert torch.allclose(step[0, -1], full[0, -1], atol=1e-4)
+    with pytest.raises(ValueError, match="causal"):
+        decode.measure_decode(measure.load(TINY), 4, 2)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.latency import calibrate, compare
+from attnviz.latency import calibrate, compare, decode, engines, published, shapes
 from attnviz.latency import costmodel as cm
 from attnviz.weights.catalogue import random_model
 from attnviz.latency.results import parse_synthetic, with_heads
@@ -152,3 +152,65 @@ def test_quadratic_fit_recovers_coefficients_and_crossover():
     assert min(compare.fit_quadratic(ns, 5.0 + 0.1 * ns)) >= 0  # no negative coefficients on linear data
     with pytest.raises(ValueError, match="three"):
         compare.fit_quadratic([16, 32], [1.0, 2.0])
+
+
+# ---------------------------------------------------------------- issue 19: engines, dtypes, published runs
+
+
+@pytest.mark.parametrize("run", published.RUNS, ids=lambda r: r.label)
+def test_every_published_run_within_25_percent(run):
+    """Each published Pi run the engines are fitted to comes out within ±25% (tokens/s or ms)."""
+    assert published.predicted(run) == pytest.approx(run.published, rel=0.25)
+
+
+def test_published_runs_cite_their_source_and_cover_every_engine():
+    assert all(r.source and ("github.com" in r.source or "justine.lol" in r.source) for r in published.RUNS)
+    covered = {(r.device, r.engine) for r in published.RUNS}
+    assert {("pi4", "torch"), ("pi4", "ncnn"), ("pi5", "ncnn"), ("pi5", "ggml"), ("pi4", "ggml")} <= covered
+
+
+def test_thread_curve_saturates_per_device_and_engine():
+    """Pi 5 with ncnn: x2.0 from 1 to 4 threads (published); Pi 4: x3.5; never beyond the cores."""
+    p5, p4 = engines.engine_profile("pi5", "ncnn", "fp16"), engines.engine_profile("pi4", "ncnn", "fp32")
+    assert p5.speedup(4) == pytest.approx(2.04, rel=0.03) and p4.speedup(4) == pytest.approx(3.46, rel=0.03)
+    assert p5.speedup(8) == p5.speedup(4) and p5.speedup(1) == 1.0
+    vit = shapes.parse_shape(published.VIT_B32)
+    one, four = (cm.predict(vit, 145, p5, "eager", threads=t).total_ms for t in (1, 4))
+    assert 1.8 < one / four < 2.3
+
+
+def test_engines_differ_and_dtypes_change_bytes():
+    cfg = shapes.parse_shape(published.TINYLLAMA)
+    tg = {d: decode.predict_tg(cfg, engines.engine_profile("pi5", "ggml", d)) for d in ("fp16", "q8_0", "q4_0")}
+    assert tg["fp16"] < tg["q8_0"] < tg["q4_0"]   # decode streams the weights: fewer bytes, more tokens/s
+    torch_ms = cm.predict(MINILM, 32, engines.engine_profile("pi4", "torch", "fp32")).total_ms
+    ncnn_ms = cm.predict(MINILM, 32, engines.engine_profile("pi4", "ncnn", "fp32")).total_ms
+    assert torch_ms > 2 * ncnn_ms  # PyTorch's per-call overhead dominates a small model on a Pi
+    assert cm.predict(MINILM, 32, engines.engine_profile("pi4", "torch", "int8")).total_ms < torch_ms
+    with pytest.raises(ValueError, match="runs"):
+        engines.engine_profile("pi4", "torch", "q4_0")
+    with pytest.raises(ValueError, match="unknown engine"):
+        engines.engine_profile("pi4", "onnx", "fp32")
+
+
+def test_shapes_explicit_flops_and_bottleneck():
+    flop = shapes.parse_shape("synthetic:gflops=8.2,mparams=25.6,calls=50")
+    assert shapes.shape_flops(flop, 1) == pytest.approx(8.2e9)
+    p = engines.engine_profile("pi4", "ncnn", "fp32")
+    double = shapes.parse_shape("synthetic:gflops=16.4,mparams=25.6,calls=50")
+    assert 1.8 < cm.predict(double, 1, p).total_ms / cm.predict(flop, 1, p).total_ms <= 2.0
+    mobilebert = shapes.parse_shape("synthetic:layers=24,d=512,bottleneck=128,heads=4,ff=512,ffns=4")
+    plain = shapes.parse_shape("synthetic:layers=24,d=512,heads=4,ff=2048")
+    assert isinstance(mobilebert, shapes.Bottleneck) and mobilebert.inner.d_model == 128
+    assert shapes.shape_flops(mobilebert, 128) < shapes.shape_flops(plain, 128) / 2
+    for bad in ("synthetic:gflops=-1", "synthetic:gflops=1,colour=2", "synthetic:layers=2,bottleneck=8,heads=2"):
+        with pytest.raises(ValueError):
+            shapes.parse_shape(bad)
+
+
+def test_decode_ops_grow_with_depth_and_refuse_encoders():
+    cfg = shapes.parse_shape(published.TINYLLAMA)
+    p = engines.engine_profile("pi5", "ggml", "fp16")
+    assert decode.predict_tg(cfg, p, depth=4096) < decode.predict_tg(cfg, p, depth=0)
+    with pytest.raises(ValueError, match="causal"):
+        decode.decode_ops(MINILM, 0)

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from attnviz.latency.compare import crossover_n, fit_quadratic
 from attnviz.latency.costmodel import GROUPS
 
-SERIES = ["model", "variant", "n_heads", "threads", "backend"]
+SERIES = ["model", "variant", "n_heads", "threads", "backend", "engine", "dtype"]
 GROUP_COLOURS = {"attention": "#d62728", "projections": "#1f77b4", "mlp": "#2ca02c", "other": "#7f7f7f"}
 MAX_SERIES = 12   # series drawn one by one: 2,000 traces took 71 s to build and no legend can show them
 GREY = "#9e9e9e"
@@ -79,6 +79,8 @@ def _series(df: pd.DataFrame):
     for key, rows in shown:
         parts = [f"{v} heads" if k == "n_heads" else f"{v} thr" if k == "threads" else
                  str(v).removeprefix("synthetic:") for k, v in zip(varying, key)]
+        if "threads" not in varying and str(rows["backend"].iloc[0]).startswith("pi"):
+            parts.append(f"{int(rows['threads'].iloc[0])} thr")  # a Pi row always says its threads
         out.append((_text(" · ".join(parts)), rows, bool(rows["measured"].iloc[0]), False))
     out += [(f"{count:,} more series", rows, measured, True) for measured, count, rows in rest]
     return out, total

@@ -19,9 +19,11 @@ from attnviz.base.jobs import Deadline
 from attnviz.base.timing import CLOCKS
 from attnviz.latency.calibrate import host_profile
 from attnviz.latency.child import STOPPED_EXIT
+from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES
 from attnviz.latency.measure import load, memory_budget_mb
+from attnviz.latency import translation
 from attnviz.latency.results import MAX_THREADS, to_csv
-from attnviz.latency.sweep import BACKENDS, SweepPlan, configs_of, estimate, parse_int_list, run_sweep
+from attnviz.latency.sweep import BACKENDS, PI_CORES, SweepPlan, configs_of, estimate, parse_int_list, run_sweep
 
 
 def number(lowest: float, above: bool):
@@ -57,6 +59,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per point (median, p10, p90)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before them")
     ap.add_argument("--backend", default="cpu", help=f"comma-separated: {', '.join(BACKENDS)}")
+    ap.add_argument("--engine", default="torch", help="comma-separated engines the modelled Pi rows (pi4, pi5) run "
+                    "on: " + "; ".join(f"{e} = {what} (dtypes {', '.join(ENGINE_DTYPES[e])})"
+                                       for e, what in ENGINES.items()) + ". cpu rows are measured in torch")
+    ap.add_argument("--dtype", default="fp32", help=f"comma-separated dtypes of the modelled Pi rows: {', '.join(DTYPES)} "
+                    "(fp32 float32; fp16/bf16 half precision; int8 dynamic quantization of the linear layers; "
+                    "q8_0 / q4_0 ggml's 8- and 4-bit blocks); each engine is modelled at the dtypes it runs")
+    ap.add_argument("--pi-threads", default=str(PI_CORES), help=f"comma-separated threads of the modelled Pi rows, "
+                    f"1-{PI_CORES} whatever this host has (default {PI_CORES}: a Pi 4 / 5 has {PI_CORES} cores)")
     ap.add_argument("--clock", default="wall", choices=list(CLOCKS), help="wall (perf_counter) or cpu "
                     "(process CPU time: robust on a busy machine, latency only with one thread)")
     ap.add_argument("--no-memory", action="store_true", help="skip the profiled pass that measures peak memory")
@@ -90,13 +100,18 @@ def main(argv=None) -> int:
             ap.error(str(err))
         sys.stdout.write(json.dumps(asdict(prof)) + "\n")
         return 0
+    if args.model and any(translation.is_translator(k) for k in args.model):  # en-pt, pt-en: encode + per token
+        return translation.main(args, ap)
     try:
         plan = SweepPlan(models=args.model or ["minilm"], seq_lens=parse_int_list(args.seq_lens, "--seq-lens"),
                          variants=[v for v in args.variants.split(",") if v.strip()],
                          heads=None if args.heads.strip() == "all" else parse_int_list(args.heads, "--heads"),
                          threads=parse_int_list(args.threads, "--threads"),
                          backends=[b.strip() for b in args.backend.split(",") if b.strip()],
-                         repeats=args.repeats, warmup=args.warmup, memory=not args.no_memory, clock=args.clock)
+                         repeats=args.repeats, warmup=args.warmup, memory=not args.no_memory, clock=args.clock,
+                         engines=[e.strip() for e in args.engine.split(",") if e.strip()],
+                         dtypes=[d.strip() for d in args.dtype.split(",") if d.strip()],
+                         pi_threads=parse_int_list(args.pi_threads, "--pi-threads"))
         plan.check()
         configs = configs_of(plan.models)
         est = estimate(plan, configs)

@@ -13,6 +13,7 @@ import pandas as pd
 from attnviz.latency import costmodel as cm
 from attnviz.latency.calibrate import host_profile, recalibrate
 from attnviz.latency.costmodel import GROUPS
+from attnviz.latency.engines import engine_profile
 from attnviz.latency.results import row_config
 
 
@@ -48,14 +49,19 @@ def modelled_like(df: pd.DataFrame, profile: cm.DeviceProfile, backend: str | No
     Each distinct point is modelled once, however many rows repeat it (a long CSV repeats a few).
     `check` (e.g. `Deadline.check`) runs before each point and raises to stop."""
     measured = df[df["measured"]]
-    keys = ["shape", "n_heads", "seq_len", "variant", "threads"]
+    for col, default in (("engine", "torch"), ("dtype", "fp32")):
+        if col not in measured.columns:
+            measured = measured.assign(**{col: default})
+    keys = ["shape", "n_heads", "seq_len", "variant", "threads", "engine", "dtype"]
     points = measured[keys].drop_duplicates().reset_index(drop=True)
+    published = cm.PROFILES.get(profile.name) is profile  # a published Pi profile: each row's engine on it
     preds = []
-    for shape, k, n, variant, t in points.itertuples(index=False, name=None):
+    for shape, k, n, variant, t, engine, dtype in points.itertuples(index=False, name=None):
         if check is not None:
             check()
         cfg = row_config({"shape": shape, "n_heads": k})
-        pred = cm.predict(cfg, int(n), profile, variant, threads=int(t))
+        prof = engine_profile(profile, str(engine), str(dtype)) if published else profile
+        pred = cm.predict(cfg, int(n), prof, variant, threads=int(t))
         preds.append(dict(median_ms=pred.total_ms, peak_mem_mb=cm.activation_mb(cfg, int(n), variant),
                           **{f"{g}_ms": ms for g, ms in pred.by_group.items()}))
     values = ["median_ms", "peak_mem_mb"] + [f"{g}_ms" for g in GROUPS]

@@ -33,6 +33,7 @@ class Op:
     rows: int = 0     # rows of a (batched) matmul: small ones run below peak
     fresh: float = 0  # bytes of the largest newly allocated output (first-touch page faults when big)
     calls: int = 1    # aten calls, each paying the per-op overhead
+    weights: float = 0  # weight elements read (their bytes are the profile's dtype: fp32 4, fp16 2, int8 1)
 
 
 @dataclass(frozen=True)
@@ -51,25 +52,37 @@ class DeviceProfile:
     cores: int
     threads: int = 1     # the thread count the figures above hold for
     source: str = ""
+    saturation: float = 0.06  # thread curve s(t) = t / (1 + a (t - 1)): a = 0 scales perfectly (Amdahl-like)
+    weight_bytes: float = 4.0  # bytes per weight element: fp32 4, fp16/bf16 2, int8 1, q4_0 0.5625
+    engine: str = "torch"      # what runs the model (latency.engines): torch, ncnn, ggml
+    dtype: str = "fp32"
 
     def __post_init__(self):
         """Every figure finite and positive (half_rows may be 0): a profile fitted to absurd numbers
         (a CSV's 1e308 ms) is refused here rather than predicting inf for every later sweep."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type in ("float", "int") and not (math.isfinite(value) and (value > 0 or
-                                                                           (f.name == "half_rows" and value == 0))):
+            if f.type in ("float", "int") and not (math.isfinite(value) and (value > 0 or (
+                    f.name in ("half_rows", "saturation") and value == 0))):
                 raise ValueError(f"device profile {self.name!r}: {f.name} must be a finite positive number; "
                                  f"got {value!r}")
             if f.type in ("float", "int") and value > MAX_FIGURE:
                 raise ValueError(f"device profile {self.name!r}: {f.name} = {value:.3g} is beyond any device "
                                  f"(at most {MAX_FIGURE:.0e})")
+        if self.saturation >= 1:
+            raise ValueError(f"device profile {self.name!r}: saturation must lie in [0, 1); got {self.saturation!r}")
+
+    def speedup(self, threads: int) -> float:
+        """s(t) = t / (1 + a (t - 1)) over one thread, t capped at the cores: a saturating curve (a Pi 5
+        with ncnn: x2.0 at 4 threads, HPL x2.6; a Pi 4 with ncnn: x3.5), per device and engine."""
+        t = min(int(threads), self.cores)
+        return t / (1 + self.saturation * (t - 1))
 
     def at_threads(self, threads: int) -> "DeviceProfile":
-        """Compute scales with cores (exponent 0.9: imperfect parallel efficiency); bandwidth does not."""
+        """Compute scales with the thread curve `speedup`; bandwidth does not."""
         if threads < 1:
             raise ValueError("threads must be at least 1")
-        f = (min(threads, self.cores) / min(self.threads, self.cores)) ** 0.9
+        f = self.speedup(threads) / self.speedup(self.threads)
         return replace(self, gemm_gflops=self.gemm_gflops * f, bmm_gflops=self.bmm_gflops * f,
                        sdpa_gflops=self.sdpa_gflops * f, vector_gflops=self.vector_gflops * f,
                        threads=threads)
@@ -175,9 +188,11 @@ def _attention_ops(cfg: Config, n: int, h: int, kv: int, v: Variant) -> list[Op]
     return ops
 
 
-def _gemm(name, group, n, d_in, d_out, bias=True) -> Op:
+def gemm_op(name, group, n, d_in, d_out, bias=True) -> Op:
+    """A linear layer on n rows: its weights are read once (bytes per element from the profile's dtype)."""
     return Op(name, group, "gemm", 2 * n * d_in * d_out + bias * n * d_out,
-              F32 * (d_in * d_out + n * d_in + n * d_out), rows=n, fresh=F32 * n * d_out)
+              F32 * (n * d_in + n * d_out), rows=n, fresh=F32 * n * d_out, weights=d_in * d_out)
+
 
 
 def _norm(cfg: Config, n: int) -> Op:
@@ -187,7 +202,7 @@ def _norm(cfg: Config, n: int) -> Op:
     return Op("layernorm", "other", "vector", 8 * n * cfg.d_model, 2 * x)
 
 
-def _layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int) -> list[Op]:
+def layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int) -> list[Op]:
     """The ops of one transformer block with h query heads and kv K/V heads."""
     d, dh, ff = cfg.d_model, cfg.d_head, cfg.d_ff
     x = F32 * n * d
@@ -195,19 +210,19 @@ def _layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int) -> list[Op]:
     if cfg.pre_norm:
         ops.append(_norm(cfg, n))
     if h:
-        ops.append(_gemm("QKV projection", "projections", n, d, (h + 2 * kv) * dh, cfg.qkv_bias))
+        ops.append(gemm_op("QKV projection", "projections", n, d, (h + 2 * kv) * dh, cfg.qkv_bias))
         ops.append(Op("split heads", "projections", "vector", 0, 0, calls=7))
         if cfg.positional == "rotary":
             qk = F32 * n * (h + kv) * dh
             ops.append(Op("rotary", "projections", "vector", 3 * qk / F32, 8 * qk, calls=12))
         ops += _attention_ops(cfg, n, h, kv, v)
         ops.append(Op("merge heads", "projections", "vector", 0, 2 * F32 * n * h * dh, calls=3))
-    ops.append(_gemm("output projection", "projections", n, h * dh, d, cfg.out_bias))
+    ops.append(gemm_op("output projection", "projections", n, h * dh, d, cfg.out_bias))
     width = 2 * ff if cfg.gated_mlp else ff
-    ops.append(_gemm("MLP in", "mlp", n, d, width, cfg.mlp_bias))
+    ops.append(gemm_op("MLP in", "mlp", n, d, width, cfg.mlp_bias))
     act_calls, act_bytes = (3, 5 * F32 * n * ff) if cfg.gated_mlp else (1, 2 * F32 * n * ff)
     ops.append(Op("activation", "mlp", "vector", 10 * n * ff, act_bytes, calls=act_calls))
-    ops.append(_gemm("MLP out", "mlp", n, ff, d, cfg.mlp_bias))
+    ops.append(gemm_op("MLP out", "mlp", n, ff, d, cfg.mlp_bias))
     ops.append(Op("residual adds", "other", "vector", 2 * n * d, 6 * x, calls=2 + 2 * cfg.layer_scale))
     ops.append(_norm(cfg, n))
     if not cfg.pre_norm:
@@ -235,6 +250,8 @@ def op_counts(cfg: Config, n: int, variant: "str | Variant | None" = None) -> li
     a block are listed once per run of identical layers, so the cost does not grow with depth."""
     if n < 1:
         raise ValueError(f"sequence length must be at least 1; got {n}")
+    if hasattr(cfg, "op_counts"):  # a shape of latency.shapes (an explicit FLOP count, a bottleneck)
+        return cfg.op_counts(n, variant)
     v = parse_variant(variant)
     d = cfg.d_model
     x = F32 * n * d
@@ -248,12 +265,12 @@ def op_counts(cfg: Config, n: int, variant: "str | Variant | None" = None) -> li
         ops.append(_norm(cfg, n))
     out = [(op, 1) for op in ops]
     for h, kv, layers in _layer_runs(cfg):
-        out += [(op, layers) for op in _layer_ops(cfg, n, v, h, kv)]
+        out += [(op, layers) for op in layer_ops(cfg, n, v, h, kv)]
     tail = []
     if cfg.final_norm:
         tail.append(_norm(cfg, n))
     if cfg.task == "lm" or cfg.mlm_head:
-        tail.append(_gemm("LM head", "other", n, d, cfg.vocab_size, cfg.mlm_head))
+        tail.append(gemm_op("LM head", "other", n, d, cfg.vocab_size, cfg.mlm_head))
     return out + [(op, 1) for op in tail]
 
 
@@ -275,8 +292,9 @@ def op_seconds(op: Op, p: DeviceProfile) -> float:
     peak = {"gemm": p.gemm_gflops, "bmm": p.bmm_gflops, "sdpa": p.sdpa_gflops}.get(op.kind, p.vector_gflops)
     if op.kind != "vector":
         peak *= _efficiency(op.rows, p.half_rows)
-    bandwidth = p.cache_gbs if op.bytes <= p.cache_mb * 1e6 else p.dram_gbs
-    t = max(op.flops / (peak * 1e9), op.bytes / (bandwidth * 1e9))
+    moved = op.bytes + op.weights * p.weight_bytes
+    bandwidth = p.cache_gbs if moved <= p.cache_mb * 1e6 else p.dram_gbs
+    t = max(op.flops / (peak * 1e9), moved / (bandwidth * 1e9))
     if op.fresh > MMAP_THRESHOLD:
         t += op.fresh / (p.fault_gbs * 1e9)
     return t + op.calls * p.overhead_us * 1e-6

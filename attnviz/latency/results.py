@@ -20,12 +20,17 @@ import pandas as pd
 from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
 from attnviz.base.exports import FORMULA_START, csv_text
+from attnviz.latency.engines import check_engine
 
 SCHEMA = "attnviz-bench/1"
 COLUMNS = ["schema", "backend", "measured", "model", "shape", "variant", "seq_len", "n_heads", "threads",
            "median_ms", "p10_ms", "p90_ms", "peak_mem_mb", "tokens_per_s", "attention_ms", "projections_ms",
            "mlp_ms", "other_ms", "repeats", "warmup", "clock", "cpu", "cores", "arch", "torch", "python",
-           "timestamp"]
+           "timestamp", "engine", "dtype", "test", "n_prompt", "depth", "pp_tps", "tg_tps"]
+# Optional columns (the schema grew compatibly: a CSV without them still imports): engine and dtype
+# (torch fp32 when absent), and llama-bench's decode fields: test ("" one forward pass, "pp" prompt
+# processing of n_prompt tokens, "tg" one generated token at cache depth `depth`), pp_tps, tg_tps.
+DEFAULTS = {"engine": "torch", "dtype": "fp32", "test": ""}
 REQUIRED = ["backend", "measured", "model", "shape", "variant", "seq_len", "n_heads", "threads",
             "median_ms", "p10_ms", "p90_ms", "peak_mem_mb", "cpu", "torch"]
 MAX_CSV_BYTES, MAX_CSV_ROWS = 5_000_000, 100_000
@@ -275,10 +280,20 @@ def _check(df: pd.DataFrame) -> pd.DataFrame:
         fail("n_heads", i, f"must be at most the shape's {heads[i]} heads per layer")
     for i in df.index[df["backend"].str.strip() == ""]:
         fail("backend", i, "must name the backend (cpu, pi4, pi5, ...)")
+    for col, default in DEFAULTS.items():
+        df[col] = df[col].str.strip().replace("", default) if col in df.columns else default
+    for (engine, dtype), rows in df.groupby(["engine", "dtype"]):
+        try:
+            check_engine(engine, dtype)
+        except ValueError as err:
+            fail("engine", rows.index[0], str(err))
+    for i in df.index[~df["test"].isin(["", "pp", "tg"])]:
+        fail("test", i, "must be empty (one forward pass), pp or tg")
     df["measured"] = flags.isin(["true", "1", "yes"])
     for col in ("seq_len", "n_heads", "threads"):
         df[col] = df[col].astype(int)
-    for col in ("attention_ms", "projections_ms", "mlp_ms", "other_ms", "repeats", "warmup", "cores"):
+    for col in ("attention_ms", "projections_ms", "mlp_ms", "other_ms", "repeats", "warmup", "cores", "n_prompt",
+                "depth", "pp_tps", "tg_tps"):
         if col in df.columns:  # informative only: unreadable values become empty
             df[col] = pd.to_numeric(df[col], errors="coerce")
     df["tokens_per_s"] = df["seq_len"] / (df["median_ms"] / 1e3)

@@ -25,10 +25,13 @@ from attnviz.core.config import Config
 from attnviz.latency import costmodel as cm
 from attnviz.latency.calibrate import host_profile
 from attnviz.latency.child import measure_in_child
+from attnviz.latency.engines import ENGINE_DTYPES, check_engine, engine_profile
 from attnviz.latency.measure import load, machine_metadata, measure_point, thread_count, token_count
 from attnviz.latency.results import COLUMNS, MAX_SEQ_LEN, MAX_THREADS, SCHEMA, config_spec, parse_synthetic, with_heads
 
 BACKENDS = ("cpu", "cpu-model", "pi4", "pi5")  # cpu is measured here; the others are the cost model
+PI_BACKENDS = ("pi4", "pi5")
+PI_CORES = 4              # a Raspberry Pi 4 / 5 has 4 cores: its rows are modelled at 4 threads by default
 MAX_POINTS = 5000         # (model, heads, variant, threads, n) combinations of one sweep
 MAX_REPEATS, MAX_WARMUP = 1000, 100
 
@@ -65,6 +68,13 @@ class SweepPlan:
     warmup: int = 1
     memory: bool = True
     clock: str = "wall"
+    engines: list[str] = field(default_factory=lambda: ["torch"])  # modelled Pi rows: each engine x dtype
+    dtypes: list[str] = field(default_factory=lambda: ["fp32"])    # it runs (latency.engines)
+    pi_threads: list[int] = field(default_factory=lambda: [PI_CORES])  # the Pi's threads, whatever this host has
+
+    def engine_pairs(self) -> list[tuple[str, str]]:
+        """(engine, dtype) for every chosen engine and each chosen dtype it runs."""
+        return [(e, d) for e in self.engines for d in self.dtypes if d in ENGINE_DTYPES.get(e, ())]
 
     def check(self):
         if not self.models:
@@ -95,6 +105,13 @@ class SweepPlan:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}")
         if not self.variants:
             raise ValueError("choose at least one attention variant")
+        for e in self.engines:
+            check_engine(e, ENGINE_DTYPES.get(e, ("fp32",))[0])  # an unknown engine: its message
+        if any(b in PI_BACKENDS for b in self.backends) and not self.engine_pairs():
+            raise ValueError(f"no chosen engine runs the chosen dtypes ({', '.join(self.dtypes)}): "
+                             + "; ".join(f"{e} runs {', '.join(ENGINE_DTYPES[e])}" for e in self.engines))
+        if not self.pi_threads or any(not 1 <= int(t) <= PI_CORES for t in self.pi_threads):
+            raise ValueError(f"Pi thread counts must lie between 1 and {PI_CORES} (its cores); got {few(self.pi_threads)}")
         for v in self.variants:
             parse_variant(v)
         return self
@@ -175,49 +192,71 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
     if deadline is not None:
         check_budget(deadline.seconds, "the sweep's deadline (seconds)", zero_ok=True)
     pts = plan.points({k: m.cfg for k, m in models.items()})
+    given = set(profiles or {})
     profiles = dict(cm.PROFILES, **(profiles or {}))
     meta = dict(machine_metadata(), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     now = torch.get_num_threads()
-    elsewhere = sorted({t for *_, t, _ in pts if t != now}) if "cpu" in plan.backends and not own_process else []
-    total = len(pts) + len(elsewhere)
-    rows, pruned, stopped = [], {}, ""
+    measured_here = "cpu" in plan.backends
+    elsewhere = sorted({t for *_, t, _ in pts if t != now}) if measured_here and not own_process else []
+    pruned = {}
+
+    def shaped(key, k):
+        model = models[key]
+        if k != model.cfg.n_heads and (key, k) not in pruned:
+            keep = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
+            keep[:, :k] = True
+            pruned[(key, k)] = model.prune(keep)
+        return model if k == model.cfg.n_heads else pruned[(key, k)]
+
+    def base(key, k, v, t):
+        return dict(schema=SCHEMA, model=key, shape=config_spec(models[key].cfg), variant=v.name, n_heads=k,
+                    threads=t, repeats=plan.repeats, warmup=plan.warmup, clock=plan.clock, engine="torch",
+                    dtype="fp32", **meta)
+
+    def modelled(row, cfg, tokens, v, prof, t):
+        pred = cm.predict(cfg, tokens, prof, v, threads=t)
+        return dict(row, measured=False, seq_len=tokens, median_ms=pred.total_ms, p10_ms=pred.total_ms,
+                    p90_ms=pred.total_ms, peak_mem_mb=cm.activation_mb(cfg, tokens, v),
+                    **{f"{g}_ms": ms for g, ms in pred.by_group.items()})
+
+    # 1. every modelled row first: they cost nothing, so no budget stop can drop a configuration's model
+    rows = []
+    for key, k, v, t, n in pts:
+        model = shaped(key, k)
+        tokens = token_count(model.cfg, n)
+        for backend in plan.backends:
+            if backend in PI_BACKENDS and t == plan.threads[0]:  # Pi rows at the Pi's threads, once per point
+                for pt in plan.pi_threads:
+                    for engine, dtype in plan.engine_pairs():
+                        own = backend in given and (engine, dtype) == ("torch", "fp32")  # a real Pi's fit
+                        prof = profiles[backend] if own else engine_profile(profiles[backend], engine, dtype)
+                        rows.append(modelled(dict(base(key, k, v, int(pt)), backend=backend, engine=engine,
+                                                  dtype=dtype), model.cfg, tokens, v, prof, int(pt)))
+            elif backend == "cpu-model":
+                prof = host_profile(t, plan.clock, own_process=own_process)
+                rows.append(modelled(dict(base(key, k, v, t), backend=backend), model.cfg, tokens, v, prof, t))
+    # 2. measured points interleaved across configurations (n by n, every configuration at each n):
+    # a budget stop then loses the longest lengths of every configuration, never a configuration
+    here = sorted((p for p in pts if measured_here and p[3] not in elsewhere), key=lambda p: (p[4], pts.index(p)))
+    total = len(here) + len(elsewhere)
+    done, stopped = 0, ""
     try:
-        for i, (key, k, v, t, n) in enumerate(pts):
+        for key, k, v, t, n in here:
             check()
-            model = models[key]
-            if k != model.cfg.n_heads:
-                if (key, k) not in pruned:
-                    keep = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
-                    keep[:, :k] = True
-                    pruned[(key, k)] = model.prune(keep)
-                model = pruned[(key, k)]
+            model = shaped(key, k)
             if progress:
-                progress(i, total, f"{key} · {v.name} · {k} heads · {t} threads · n={n}")
-            base = dict(schema=SCHEMA, model=key, shape=config_spec(models[key].cfg), variant=v.name,
-                        n_heads=k, threads=t, repeats=plan.repeats, warmup=plan.warmup, clock=plan.clock, **meta)
-            tokens = token_count(model.cfg, n)  # vision: the nearest square grid, so tokens may differ from n
-            for backend in plan.backends:
-                if backend == "cpu":
-                    if t in elsewhere:
-                        continue  # measured in a child process below
-                    with thread_count(t) if own_process else nullcontext():
-                        point = measure_point(model, n, v, warmup=plan.warmup, repeats=plan.repeats, threads=t,
-                                              clock=plan.clock, memory=plan.memory, quiet=quiet, check=check)
-                    tm = point.timing
-                    rows.append(dict(base, backend="cpu", measured=True, seq_len=tokens, median_ms=tm.median_ms,
-                                     p10_ms=tm.p10_ms, p90_ms=tm.p90_ms, peak_mem_mb=point.peak_mem_mb))
-                else:
-                    prof = (host_profile(t, plan.clock, own_process=own_process) if backend == "cpu-model"
-                            else profiles[backend])
-                    pred = cm.predict(model.cfg, tokens, prof, v, threads=t)
-                    rows.append(dict(base, backend=backend, measured=False, seq_len=tokens, median_ms=pred.total_ms,
-                                     p10_ms=pred.total_ms, p90_ms=pred.total_ms,
-                                     peak_mem_mb=cm.activation_mb(model.cfg, tokens, v),
-                                     **{f"{g}_ms": ms for g, ms in pred.by_group.items()}))
+                progress(done, total, f"{key} · {v.name} · {k} heads · {t} threads · n={n}")
+            with thread_count(t) if own_process else nullcontext():
+                point = measure_point(model, n, v, warmup=plan.warmup, repeats=plan.repeats, threads=t,
+                                      clock=plan.clock, memory=plan.memory, quiet=quiet, check=check)
+            tm = point.timing
+            rows.append(dict(base(key, k, v, t), backend="cpu", measured=True, seq_len=point.tokens,
+                             median_ms=tm.median_ms, p10_ms=tm.p10_ms, p90_ms=tm.p90_ms, peak_mem_mb=point.peak_mem_mb))
+            done += 1
         for j, t in enumerate(elsewhere):
             check()
             if progress:
-                progress(len(pts) + j, total, f"measuring at {t} threads in a separate process…")
+                progress(done + j, total, f"measuring at {t} threads in a separate process…")
             try:
                 child_rows, stopped_there = measure_in_child(plan, models, t, deadline)
             except JobTimeout:
@@ -230,7 +269,12 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
                 raise JobTimeout(f"{deadline.what} stopped at its time limit of {deadline.seconds:g} s")
     except (JobTimeout, JobCancelled, Ended) as err:
         measured = sum(1 for r in rows if r.get("measured") is True)
-        stopped = f"{err}; kept the {measured} measured point{'s' * (measured != 1)} finished before it"
+        got = {(r["model"], r["variant"], r["n_heads"], r["threads"], r["seq_len"]) for r in rows if r.get("measured")}
+        skipped = [p for p in pts if measured_here and (p[0], p[2].name, p[1], p[3],
+                                                       token_count(models[p[0]].cfg, p[4])) not in got]
+        stopped = (f"{err}; kept the {measured} measured point{'s' * (measured != 1)} finished before it (every "
+                   f"modelled row is kept); not measured: " + few(f"{p[0]} {p[2].name} {p[1]}h {p[3]}t n={p[4]}"
+                                                                   for p in skipped))
     if progress:
         progress(total, total, "stopped" if stopped else "done")
     df = pd.DataFrame(rows).reindex(columns=COLUMNS)

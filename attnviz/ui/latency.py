@@ -16,7 +16,7 @@ from attnviz.base import jobs
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import latency as lf
-from attnviz.latency import calibrate, compare, measure, results, sweep
+from attnviz.latency import calibrate, compare, engines, measure, results, sweep
 from attnviz.latency import costmodel as cm
 from attnviz.ui import common
 from attnviz.ui import jobs as ui_jobs
@@ -81,6 +81,14 @@ def sweep_form():
                  "thread count is shared by every session here)")
         form["backends"] = c3.multiselect("Backends", ["cpu", "pi4", "pi5"], default=["cpu", "pi4", "pi5"],
                                           key=K("backends"))
+        form["pi_threads"] = c3.multiselect(
+            "Pi threads", list(range(1, sweep.PI_CORES + 1)), default=[sweep.PI_CORES], key=K("pi_threads"),
+            help=f"the modelled Pi rows run at these threads whatever this server has (a Pi has {sweep.PI_CORES} cores)")
+        form["engines"] = c3.multiselect("Pi engines", list(engines.ENGINES), default=["torch"], key=K("engines"),
+                                         help="; ".join(f"{e}: {w}" for e, w in engines.ENGINES.items()))
+        form["dtypes"] = c3.multiselect("Pi dtypes", list(engines.DTYPES), default=["fp32"], key=K("dtypes"),
+                                        help="each engine is modelled at the dtypes it runs: " + "; ".join(
+                                            f"{e} {', '.join(d)}" for e, d in engines.ENGINE_DTYPES.items()))
         form["repeats"] = c3.number_input("Repeats", 1, 50, 3, key=K("repeats"))
         form["warmup"] = c3.number_input("Warm-up runs", 0, 10, 1, key=K("warmup"))
         form["clock"] = c3.radio("Clock", ["wall", "cpu"], horizontal=True, key=K("clock"),
@@ -112,7 +120,9 @@ def run_form(form: dict, here: int):
         models=form["models"], seq_lens=sweep.parse_int_list(form["seq"], "Sequence lengths"),
         variants=form["variants"], heads=None if heads == "all" else sweep.parse_int_list(heads, "Heads"),
         threads=[int(t) for t in form["threads"]], backends=form["backends"], repeats=int(form["repeats"]),
-        warmup=int(form["warmup"]), memory=form["memory"], clock=form["clock"]).check()
+        warmup=int(form["warmup"]), memory=form["memory"], clock=form["clock"],
+        engines=list(form.get("engines") or ["torch"]), dtypes=list(form.get("dtypes") or ["fp32"]),
+        pi_threads=[int(t) for t in form.get("pi_threads") or [sweep.PI_CORES]]).check()
     configs = sweep.configs_of(plan.models, loader=get_model)  # synthetic shapes: parsed, not built
     max_s, max_mb = form["max_s"], form["max_mb"]
     sweep.estimate(plan, configs, cm.HOST_GUESS).check(None, max_mb)  # memory does not need a calibration

@@ -1,0 +1,112 @@
+"""Decode latency of a causal LM with a key/value cache, with llama-bench's meaning of its tests:
+pp n (prompt processing: n prompt tokens in one pass, reported as n / seconds), tg (text generation:
+one token at a time, each reading every earlier token's keys and values from the cache; tokens/s),
+and depth d (`-d`: tokens already in the cache before the test). Modelled (`decode_ops`,
+`predict_pp`, `predict_tg`) and measured here (`measure_decode`) through the one forward loop's
+per-call cache (`Transformer.run_blocks(cache=...)`, the cache `analysis.generate` decodes with).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnviz.base.timing import Timing, measure
+from attnviz.core.attention import parse_variant
+from attnviz.core.config import Config
+from attnviz.latency.costmodel import F32, DeviceProfile, Op, gemm_op, layer_ops, op_counts, op_seconds
+
+
+def decode_ops(cfg: Config, depth: int) -> list[tuple[Op, int]]:
+    """The ops of one generated token at cache depth `depth` (it attends to depth + 1 keys)."""
+    if not cfg.causal:
+        raise ValueError("decode latency is for causal language models (SmolLM2, GPT-2, a causal synthetic shape)")
+    if depth < 0:
+        raise ValueError(f"depth must be 0 or more; got {depth}")
+    S, h, kv, dh = depth + 1, cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+    attention = [Op("scores q K^T (cache)", "attention", "bmm", 2 * h * S * dh, F32 * h * S, rows=1,
+                    weights=kv * S * dh),   # the cached keys: stored in the engine's dtype
+                 Op("softmax", "attention", "vector", 12 * h * S, 2 * F32 * h * S, calls=2),
+                 Op("weights x V (cache)", "attention", "bmm", 2 * h * S * dh, F32 * h * S, rows=1,
+                    weights=kv * S * dh),
+                 Op("append K/V", "attention", "vector", 0, 4 * F32 * kv * dh, calls=2)]
+    block = []
+    for op in layer_ops(cfg, 1, parse_variant("eager"), h, kv):
+        if op.group != "attention":
+            block.append(op)
+        elif op.name.startswith("scores"):
+            block += attention
+    out = [(Op("embedding", "other", "vector", 2 * cfg.d_model, 5 * F32 * cfg.d_model, calls=3), 1)]
+    out += [(op, cfg.n_layers) for op in block]
+    out.append((gemm_op("LM head", "other", 1, cfg.d_model, cfg.vocab_size, False), 1))
+    return out
+
+
+def prefill_ops(cfg: Config, n: int, variant="fused") -> list[tuple[Op, int]]:
+    """One pass over n prompt tokens; the LM head runs on the last one only (as llama.cpp does)."""
+    ops = [(op, c) for op, c in op_counts(cfg, n, variant) if op.name != "LM head"]
+    return ops + [(gemm_op("LM head", "other", 1, cfg.d_model, cfg.vocab_size, False), 1)]
+
+
+def seconds(ops, profile: DeviceProfile, threads: int | None = None) -> float:
+    p = profile.at_threads(threads) if threads else profile
+    return sum(count * op_seconds(op, p) for op, count in ops)
+
+
+def predict_tg(cfg: Config, profile: DeviceProfile, depth: int = 0, threads: int | None = None) -> float:
+    """Generation tokens/s at cache depth `depth` (llama-bench tg at -d depth)."""
+    return 1.0 / seconds(decode_ops(cfg, depth), profile, threads)
+
+
+def predict_pp(cfg: Config, profile: DeviceProfile, n: int = 512, threads: int | None = None,
+               variant="fused") -> float:
+    """Prompt tokens/s of a prompt of n tokens (llama-bench pp n, at depth 0)."""
+    return n / seconds(prefill_ops(cfg, n, variant), profile, threads)
+
+
+@dataclass
+class DecodePoint:
+    n_prompt: int
+    depth: int
+    prefill: Timing      # seconds of the n_prompt-token pass
+    step: Timing         # seconds of one generated token at `depth`
+
+    @property
+    def pp_tps(self) -> float:
+        return self.n_prompt / self.prefill.median
+
+    @property
+    def tg_tps(self) -> float:
+        return 1.0 / self.step.median
+
+
+def measure_decode(model, n_prompt: int, depth: int, *, repeats: int = 5, warmup: int = 1,
+                   clock: str = "wall", variant="fused", check=None) -> DecodePoint:
+    """Prefill of n_prompt tokens and one decode step at `depth`, measured here with the one timer.
+    Each timed step starts from the same cache of `depth` tokens (a shallow copy of its per-layer
+    dicts: a step's torch.cat makes new tensors, so the copy's parent is untouched)."""
+    cfg, net = model.cfg, model.net
+    decode_ops(cfg, depth)  # the checks: causal, depth >= 0
+    if n_prompt < 1 or depth + 1 > model.max_tokens or n_prompt > model.max_tokens:
+        raise ValueError(f"n_prompt must lie in [1, {model.max_tokens}] and depth below {model.max_tokens}")
+    v = parse_variant(variant)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (1, max(n_prompt, depth)), generator=g)
+
+    def prefill():
+        run = net.run_blocks(net.embed_text(ids[:, :n_prompt]), cache=[{} for _ in range(cfg.n_layers)], variants=v)
+        return net.finish(run.x[:, -1:])
+
+    with torch.inference_mode():
+        pre = measure(prefill, repeats, warmup, clock=clock, check=check)
+        cache = [{} for _ in range(cfg.n_layers)]
+        if depth:
+            net.run_blocks(net.embed_text(ids[:, :depth]), cache=cache, variants=v)
+        token = net.embed_text(ids[:, :1], offset=depth)
+
+        def step():
+            run = net.run_blocks(token, cache=[dict(c) for c in cache], offset=depth, variants=v)
+            return net.finish(run.x)
+
+        tg = measure(step, repeats, warmup, clock=clock, check=check)
+    return DecodePoint(n_prompt, depth, pre, tg)

@@ -1,0 +1,112 @@
+"""Engines and dtypes: what runs the model on a device changes its time as much as the device does
+(published Pi runs of one shape differ by up to 3x between PyTorch, ncnn and whisper.cpp).
+
+Per (device, engine, dtype) an `EngineFit`: a work factor on the device's matrix-product peak
+(`gemm`) and on everything else in attention (`attention`: batched products, softmax, scaling),
+a per-call overhead (framework dispatch; it dominates small models in PyTorch), a saturating thread
+curve s(t) = t / (1 + a (t - 1)), and the bytes per weight of the dtype. `engine_profile` applies
+one to the device's `costmodel.DeviceProfile`; `predict(..., profile)` does the rest.
+
+Every figure is fitted to published runs, listed with their sources in `latency.published`
+(tests/test_costmodel.py checks each within ±25%). Sources:
+  * HAT (Wang et al., ACL 2020), github.com/mit-han-lab/hardware-aware-transformers,
+    latency_dataset/wmt14enfr_cpu_raspberrypi_all.csv and wmt14ende_cpu_raspberrypi_all.csv:
+    2,000 PyTorch fp32 encoder latencies each on a Raspberry Pi 4 (30 tokens, batch 1, 4 threads)
+    -> pi4/torch/fp32 (work factor and overhead).
+  * ncnn benchmark tables, github.com/Tencent/ncnn benchmark/README.md, "Raspberry Pi 4 Model B"
+    and "Raspberry Pi 5" (benchncnn, 4 and 1 threads): vision_transformer (ViT-B/32 at 384 x 384,
+    benchmark/models/vision_transformer.param: 12 layers, d 768, 12 heads, 145 tokens)
+    -> pi4/ncnn/fp32 and pi5/ncnn/fp16 (ncnn runs fp16 arithmetic on the A76, fp32 on the A72),
+    and their thread curves (Pi 5: x2.0 from 1 to 4 threads; Pi 4: x3.5).
+  * whisper.cpp bench results, github.com/ggml-org/whisper.cpp/issues/89: Raspberry Pi 5
+    (BCM2712, NEON, 4 threads, commit 54c978c) encoder of tiny, base, small, medium;
+    Raspberry Pi 4 (NEON, 4 threads, commit aa6adda) tiny.en, base.en -> pi5/ggml/fp16, pi4/ggml/fp16.
+  * llama.cpp / llamafile on the Pi, "LLaMA Now Goes Faster on CPUs" (justine.lol, 2024-03-31):
+    TinyLlama 1.1B f16 prompt and generation tokens/s on a Pi 5 (llamafile 0.6.2, then llama.cpp's
+    kernels) and a Pi 4 (llama.cpp 2024-03-26) -> the decode (tg) side of ggml: weights streamed
+    once per token at the device's bandwidth.
+  * HPL by threads (geerlingguy/top500-benchmark#18, Pi 5: 30.2 GFLOPS at 4 threads; x2.6 over one
+    thread as quoted in this project's issue 19) -> the Pi 5 thread curve of BLAS-backed PyTorch.
+PyTorch on a Pi 5 and int8 / bf16 have no published transformer run we found: pi5/torch is the
+Pi 4 fit scaled by the devices' HPL ratio (in `costmodel.PI5`), and torch int8 is torch fp32 with
+int8 weights (a quarter of the bytes) and the int8 matrix-product speed-up measured on this host's
+CPU by `latency.quantize` (said in `source`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from attnviz.latency.costmodel import PROFILES, DeviceProfile
+
+ENGINES = {"torch": "PyTorch eager (this project's code)", "ncnn": "ncnn-like (fused kernels, packed layouts)",
+           "ggml": "ggml-like (whisper.cpp / llama.cpp)"}
+DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+ENGINE_DTYPES = {"torch": ("fp32", "int8", "bf16"), "ncnn": ("fp32", "fp16", "int8"),
+                 "ggml": ("fp16", "q8_0", "q4_0")}
+
+
+@dataclass(frozen=True)
+class EngineFit:
+    gemm: float          # x the device profile's matrix-product throughput
+    attention: float     # x its batched-product, fused-attention and vector throughput
+    overhead_us: float   # per kernel / framework call
+    saturation: float    # a of s(t) = t / (1 + a (t - 1))
+    bandwidth: float = 1.0  # x the device's bandwidth (decode streams the weights)
+    half_rows: float | None = None  # matrix rows at half speed (None: the device's); ggml's matrix-vector
+    source: str = ""                # kernels stream weights at one row, so decode is bandwidth-bound
+
+
+# Fitted (least squares on relative error) to the runs of `latency.published`; see the docstring.
+FITS: dict[tuple[str, str, str], EngineFit] = {
+    ("pi4", "torch", "fp32"): EngineFit(0.665, 0.665, 522.0, 0.050, source="HAT Pi 4 latency dataset (PyTorch)"),
+    # no published PyTorch transformer run on a Pi 5: the Pi 4 fit on the Pi 5's HPL-scaled profile, the
+    # overhead scaled by single-core speed (ncnn 1-thread ViT: 6606 / 1250 ms) and HPL's thread curve
+    ("pi5", "torch", "fp32"): EngineFit(0.665, 0.665, 99.0, 0.179, source="HAT Pi 4 fit scaled to the Pi 5; HPL threads"),
+    ("pi4", "ncnn", "fp32"): EngineFit(0.823, 0.823, 5.0, 0.050, source="ncnn benchmark, Raspberry Pi 4"),
+    ("pi5", "ncnn", "fp16"): EngineFit(1.016, 1.016, 5.0, 0.315, source="ncnn benchmark, Raspberry Pi 5"),
+    ("pi4", "ggml", "fp16"): EngineFit(0.362, 0.184, 5.0, 0.050, half_rows=0.5,
+                                       source="whisper.cpp #89 Pi 4; TinyLlama f16 Pi 4 (llama.cpp)"),
+    ("pi5", "ggml", "fp16"): EngineFit(1.508, 0.788, 5.0, 0.179, bandwidth=0.889, half_rows=0.5,
+                                       source="whisper.cpp #89 Pi 5; TinyLlama f16 Pi 5 (llamafile 0.6.2)"),
+}
+# Derived entries: the same engine with another dtype (weights' bytes from DTYPES; compute as said).
+INT8_GEMM = 1.6   # torch int8 dynamic vs fp32 matrix products; ncnn's own tables: mobilenet 61 -> 34 ms (Pi 4)
+DERIVED = {("torch", "int8"): ("torch", "fp32", INT8_GEMM), ("torch", "bf16"): ("torch", "fp32", 1.0),
+           ("ncnn", "int8"): ("ncnn", "fp32", INT8_GEMM), ("ncnn", "fp32"): ("ncnn", "fp16", 0.5),
+           ("ncnn", "fp16"): ("ncnn", "fp32", 1.0), ("ggml", "q8_0"): ("ggml", "fp16", 1.0),
+           ("ggml", "q4_0"): ("ggml", "fp16", 1.0)}
+
+
+def check_engine(engine: str, dtype: str):
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+    if dtype not in ENGINE_DTYPES[engine]:
+        raise ValueError(f"{engine} does not run {dtype!r}; it runs {', '.join(ENGINE_DTYPES[engine])}")
+
+
+def engine_fit(device: str, engine: str, dtype: str) -> EngineFit:
+    """The fit for this device, engine and dtype: a published one, or one derived from it (see DERIVED)."""
+    check_engine(engine, dtype)
+    if (device, engine, dtype) in FITS:
+        return FITS[(device, engine, dtype)]
+    base_engine, base_dtype, factor = DERIVED[(engine, dtype)]
+    if (device, base_engine, base_dtype) in FITS or (base_engine, base_dtype) in DERIVED:
+        base = engine_fit(device, base_engine, base_dtype)  # at most two steps: int8 <- fp32 <- fp16
+    else:
+        raise ValueError(f"no published runs calibrate {engine} {dtype} on {device}")
+    return replace(base, gemm=base.gemm * factor, source=f"{base.source}; {dtype} derived ({factor:g} x matrix speed)")
+
+
+def engine_profile(device: "str | DeviceProfile", engine: str = "torch", dtype: str = "fp32") -> DeviceProfile:
+    """The device's profile as this engine and dtype run on it (the published Pi profiles, or a
+    recalibrated one passed in: its name says which device)."""
+    base = PROFILES[device] if isinstance(device, str) else device
+    key = base.name.split(" ")[0]
+    if key not in PROFILES:
+        raise ValueError(f"engines are calibrated for {', '.join(PROFILES)}; {base.name!r} is not one of them")
+    fit = engine_fit(key, engine, dtype)
+    return replace(base, name=f"{key} {engine} {dtype}", gemm_gflops=base.gemm_gflops * fit.gemm,
+                   bmm_gflops=base.bmm_gflops * fit.attention, sdpa_gflops=base.sdpa_gflops * fit.attention,
+                   vector_gflops=base.vector_gflops * fit.attention, dram_gbs=base.dram_gbs * fit.bandwidth,
+                   overhead_us=fit.overhead_us, half_rows=base.half_rows if fit.half_rows is None else fit.half_rows, saturation=fit.saturation, weight_bytes=DTYPES[dtype],
+                   engine=engine, dtype=dtype, source=f"{base.source}; {engine} {dtype}: {fit.source}")

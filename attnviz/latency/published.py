@@ -1,0 +1,101 @@
+"""Published Raspberry Pi runs that calibrate `latency.engines` (each source is cited there and in
+the README), and the cost model's prediction of each: tests/test_costmodel.py holds every one
+within ±25%. A run is a forward pass (ms), a prompt (pp, tokens/s) or generation (tg, tokens/s).
+
+Shapes: HAT's SubTransformer encoders (fairseq, 30 tokens, Q/K/V width 512 whatever the heads;
+"avg" FFN widths are exact for cost: the FFN is linear in its width), ncnn's ViT-B/32 at 384 x 384
+(145 tokens), Whisper's encoders (1,500 frames after the convolutions, which are left out: about
+4% of tiny's work), TinyLlama 1.1B (22 layers, d 2048, 32 heads, 4 K/V heads, FFN 5632).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnviz.latency import decode
+from attnviz.latency.costmodel import predict
+from attnviz.latency.engines import engine_profile
+from attnviz.latency.shapes import parse_shape
+
+HAT = ("github.com/mit-han-lab/hardware-aware-transformers latency_dataset/"
+       "wmt14{}_cpu_raspberrypi_all.csv row {} (latency_mean_encoder)")
+NCNN = "github.com/Tencent/ncnn benchmark/README.md, {} (benchncnn, vision_transformer avg)"
+WHISPER = "github.com/ggml-org/whisper.cpp/issues/89 ({}, bench Encode)"
+LLAMAFILE = "justine.lol/matmul 'LLaMA Now Goes Faster on CPUs' ({}, TinyLlama 1.1B f16)"
+
+
+def hat_shape(d: int, ff: float) -> str:
+    return f"synthetic:family=bert,layers=6,d={d},heads=8,dh=64,ff={round(ff)},vocab=32768,positions=1024"
+
+
+VIT_B32 = "synthetic:family=vit,layers=12,d=768,heads=12,ff=3072"
+WHISPER_SHAPES = {  # encoder: (layers, d, heads)
+    "tiny": (4, 384, 6), "base": (6, 512, 8), "small": (12, 768, 12), "medium": (24, 1024, 16)}
+TINYLLAMA = "synthetic:family=llama,layers=22,d=2048,heads=32,kv=4,ff=5632,vocab=32000,positions=2048,causal=1"
+
+
+def whisper_shape(size: str) -> str:
+    layers, d, heads = WHISPER_SHAPES[size]
+    return f"synthetic:family=gpt2,layers={layers},d={d},heads={heads},ff={4 * d},vocab=1,positions=1500,causal=0"
+
+
+@dataclass(frozen=True)
+class Run:
+    source: str
+    device: str       # pi4 | pi5
+    engine: str
+    dtype: str
+    shape: str        # a synthetic spec (latency.shapes)
+    n: int            # tokens of the pass / prompt (pp); depth for tg
+    threads: int
+    metric: str       # ms | pp_tps | tg_tps
+    published: float
+    variant: str = "eager"  # every engine here computes the attention weights explicitly
+
+    @property
+    def label(self) -> str:
+        return f"{self.device} {self.engine} {self.dtype} {self.metric} n={self.n} t={self.threads}"
+
+
+RUNS: list[Run] = [
+    *[Run(HAT.format("enfr", i), "pi4", "torch", "fp32", hat_shape(d, ff), 30, 4, "ms", ms) for i, d, ff, ms in (
+        (1981, 512, 597.33, 141.19), (334, 512, 1365.33, 172.35), (1115, 512, 1536.0, 174.98),
+        (1612, 640, 1792.0, 230.20), (1756, 512, 2048.0, 196.10), (262, 640, 2730.67, 260.14))],
+    *[Run(HAT.format("ende", i), "pi4", "torch", "fp32", hat_shape(d, ff), 30, 4, "ms", ms) for i, d, ff, ms in (
+        (576, 640, 512.0, 153.66), (712, 512, 1280.0, 170.39), (443, 640, 1536.0, 205.06),
+        (1021, 512, 1792.0, 198.07), (857, 640, 1962.67, 219.91), (1526, 512, 2901.33, 236.08))],
+    Run(NCNN.format("Raspberry Pi 4 Model B, 4 threads"), "pi4", "ncnn", "fp32", VIT_B32, 145, 4, "ms", 1909.21),
+    Run(NCNN.format("Raspberry Pi 4 Model B, 1 thread"), "pi4", "ncnn", "fp32", VIT_B32, 145, 1, "ms", 6605.73),
+    Run(NCNN.format("Raspberry Pi 5, 4 threads"), "pi5", "ncnn", "fp16", VIT_B32, 145, 4, "ms", 611.65),
+    Run(NCNN.format("Raspberry Pi 5, 1 thread"), "pi5", "ncnn", "fp16", VIT_B32, 145, 1, "ms", 1250.30),
+    *[Run(WHISPER.format(f"Pi 5 BCM2712, {size}"), "pi5", "ggml", "fp16", whisper_shape(size), 1500, 4, "ms", ms)
+      for size, ms in (("tiny", 1106.11), ("base", 2479.82), ("small", 8308.3), ("medium", 26407.77))],
+    *[Run(WHISPER.format(f"Raspberry Pi 4, {size}.en"), "pi4", "ggml", "fp16", whisper_shape(size), 1500, 4, "ms",
+          ms) for size, ms in (("tiny", 9486.0), ("base", 25402.0))],
+    Run(LLAMAFILE.format("RPI5, llamafile-0.6.2"), "pi5", "ggml", "fp16", TINYLLAMA, 0, 4, "tg_tps", 5.0),
+    Run(LLAMAFILE.format("RPI4, llama.cpp 2024-03-26"), "pi4", "ggml", "fp16", TINYLLAMA, 0, 4, "tg_tps", 2.0),
+    Run(LLAMAFILE.format("RPI4, llama.cpp 2024-03-26"), "pi4", "ggml", "fp16", TINYLLAMA, 512, 4, "pp_tps", 3.0),
+]
+
+
+def predicted(run: Run, profile=None) -> float:
+    """The cost model's figure for this run, in the run's unit (ms or tokens/s)."""
+    prof = profile or engine_profile(run.device, run.engine, run.dtype)
+    shape = parse_shape(run.shape)
+    if run.metric == "ms":
+        return predict(shape, run.n, prof, run.variant, threads=run.threads).total_ms
+    if run.metric == "pp_tps":
+        return decode.predict_pp(shape, prof, run.n, threads=run.threads, variant=run.variant)
+    if run.metric == "tg_tps":
+        return decode.predict_tg(shape, prof, run.n, threads=run.threads)
+    raise ValueError(f"unknown metric {run.metric!r}: ms, pp_tps or tg_tps")
+
+
+def table() -> list[dict]:
+    """Every run with its prediction and error (what the README and the report print)."""
+    out = []
+    for r in RUNS:
+        p = predicted(r)
+        out.append(dict(source=r.source, device=r.device, engine=r.engine, dtype=r.dtype, shape=r.shape, n=r.n,
+                        threads=r.threads, metric=r.metric, published=r.published, predicted=p,
+                        error_pct=100 * (p / r.published - 1)))
+    return out
