@@ -14,6 +14,13 @@ from attnviz.ui import head_editor, jobs as ui_jobs
 from attnviz.ui.common import plain
 
 
+def continuation(text: str) -> str:
+    """The generated text in bold after the prompt: markdown bolds nothing that starts with a space
+    or spans a line break, so the space goes before the stars and line breaks show as ⏎."""
+    shown = plain(text.strip()).replace("\n", " ⏎ ")
+    return (" " if text[:1].isspace() else "") + (f"**{shown}**" if shown else "")
+
+
 def view(model, text: str, page: str, head_means):
     """`head_means(model)`: the heads' means for mean ablation (computed once per model by the page)."""
     def key(name):
@@ -57,7 +64,7 @@ def view(model, text: str, page: str, head_means):
     runs = [("every head on", full)] + ([(f"{masked.settings['heads_off']} head(s) off, "
                                           f"{masked.settings['ablation']} ablation", masked)] if masked else [])
     for label, gen in runs:
-        st.markdown(f"**{plain(label)}:** {plain(text)}**{plain(gen.text(tok))}**")
+        st.markdown(f"**{plain(label)}:** {plain(text)}{continuation(gen.text(tok))}")
         if gen.stopped != "length":
             st.caption({"eos": "stopped at the end-of-text token", "positions": "stopped at the model's positions",
                         "time": f"stopped at the time limit ({LIMITS.max_generate_seconds:g} s)"}[gen.stopped])
