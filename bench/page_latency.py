@@ -7,7 +7,7 @@ has not seen (its first word changes), presses Run, and stops the clock when the
 figure carries that word and Streamlit's status widget is gone. Target: page <= trace + 1 s.
 Prints medians, the spread, the target verdict and the machine's load average; asserts nothing.
 
-    python bench/page_latency.py [--rounds 5] [--view Detail] [--tokens 15 370]
+    python bench/page_latency.py [--rounds 5] [--view Detail] [--tokens 15 370] [--threads 1]
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import os
 import re
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import torch  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from attnviz.base import texts  # noqa: E402
@@ -57,21 +57,13 @@ def text_of(model, word: str, n_tokens: int) -> tuple[str, int]:
 
 
 def trace_seconds(model, text: str, repeats: int = 3) -> float:
-    """The model's own trace of the text (every layer's attention), median of a few runs, run in
-    a worker thread as the server runs a page script: torch's thread pool behaves differently in
-    the main thread (on a loaded 2-core machine a main-thread trace of 15 tokens took 2.1 s where
-    the same trace in a thread took 0.12 s), so this is the time the page itself cannot avoid."""
+    """The model's own trace of the text (every layer's attention), median of a few runs, with
+    the server's number of torch threads (`--threads`)."""
     times = []
-
-    def run():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model.trace(text)
-            times.append(time.perf_counter() - start)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    worker.join()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.trace(text)
+        times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
@@ -107,9 +99,17 @@ def one_round(page, text: str, word: str) -> float:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--view", default="Detail", help="the view chosen before the texts are typed")
+    ap.add_argument("--view", default="Detail",
+                    help='the view chosen before the texts are typed ("": leave the first one)')
     ap.add_argument("--tokens", type=int, nargs="+", default=[15, 370])
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the server and of this process's trace (0: torch's default). "
+                         "On a loaded 2-core machine two threads stall each other at every op "
+                         "(SmolLM2, 15 tokens: 3.4 s a trace with 2 threads, 0.1 s with 1)")
     args = ap.parse_args()
+    os.environ["ATTNVIZ_TORCH_THREADS"] = str(args.threads)     # the server reads it at start
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     ARTIFACTS.mkdir(exist_ok=True)
     model = load_model(MODEL)
     markers = marker_words(model)
@@ -125,7 +125,8 @@ def main():
         page.wait_for_selector('[data-testid="stSidebar"]')
         wait_idle(page)
         pick_model(page, MODEL)
-        pick_view(page, args.view)
+        if args.view:                                  # "": the page's first view (pages with tabs)
+            pick_view(page, args.view)
         warm, _ = text_of(model, next(words), 15)      # the server loads the model, fills its caches
         one_round(page, warm, warm.split()[0])
         for n_tokens in args.tokens:
@@ -138,7 +139,8 @@ def main():
                 traces.append(trace_seconds(model, text))
             page.screenshot(path=str(ARTIFACTS / f"page-latency-{n_tokens}.png"))
             pm, tm = statistics.median(pages), statistics.median(traces)
-            print(f"{MODEL} {min(counts)}-{max(counts)} tokens, view {args.view}: new text -> painted "
+            print(f"{MODEL} {min(counts)}-{max(counts)} tokens, view {args.view}, torch threads "
+                  f"{args.threads or 'default'}: new text -> painted "
                   f"median {pm:.2f} s (min {min(pages):.2f}, max {max(pages):.2f}); model trace median "
                   f"{tm:.2f} s; page - trace {pm - tm:+.2f} s, target <= +1 s -> "
                   f"{'OK' if pm <= tm + 1 else 'OVER'} (n = {len(pages)})", flush=True)
