@@ -653,3 +653,55 @@ def test_decode_measured_with_the_kv_cache_matches_a_full_rerun():
     assert torch.allclose(step[0, -1], full[0, -1], atol=1e-4)
     with pytest.raises(ValueError, match="causal"):
         decode.measure_decode(measure.load(TINY), 4, 2)
+
+
+def test_decode_sweep_rows_and_figure():
+    plan = sweep.SweepPlan(models=[TINY_CAUSAL, TINY], seq_lens=[8], backends=["cpu", "pi5"], repeats=1, warmup=0,
+                           memory=False, engines=["ggml"], dtypes=["fp16", "q4_0"])
+    models = {k: measure.load(k) for k in plan.models}
+    df = sweep.decode_sweep(plan, models, [0, 16], n_prompt=8)
+    assert set(df["model"]) == {TINY_CAUSAL}  # encoders have no decode
+    pi = df[~df["measured"]]
+    assert len(pi) == 2 * 3 and set(pi["dtype"]) == {"fp16", "q4_0"} and (pi["threads"] == sweep.PI_CORES).all()
+    assert len(df[df["measured"]]) == 3 and set(df["test"]) == {"pp", "tg"}
+    back = read_results(results.to_csv(df).encode())
+    assert list(back["depth"].dropna().astype(int)) == list(df["depth"].astype(int))
+    assert (back["tg_tps"].notna() == (back["test"] == "tg")).all()
+    fig = lf.decode_figure(back)
+    assert len(fig.data) == 3 and list(fig.data[0].x) == [0, 16]
+
+
+def test_old_csv_without_engine_columns_still_imports():
+    lines = ["backend,measured,model,shape,variant,seq_len,n_heads,threads,median_ms,p10_ms,p90_ms,peak_mem_mb,cpu,torch",
+             f"cpu,true,m,\"{config_spec(parse_synthetic(TINY))}\",fused,8,4,1,1.0,0.9,1.1,,x86,2.0"]
+    df = read_results("\n".join(lines).encode())
+    assert df["engine"].tolist() == ["torch"] and df["dtype"].tolist() == ["fp32"] and df["test"].tolist() == [""]
+    bad = "\n".join([lines[0] + ",engine,dtype", lines[1] + ",ncnn,q4_0"])
+    with pytest.raises(ValueError, match="row 2, column 'engine'"):
+        read_results(bad.encode())
+
+
+def test_growth_figure_shows_the_law_and_fit_uses_scientific_notation(tiny_results):
+    _, df, _ = tiny_results
+    fig = lf.growth_figure(df)
+    ns = sorted(df["seq_len"].unique())
+    assert list(fig.layout.xaxis.tickvals) == ns  # ticks at the swept lengths
+    refs = [t for t in fig.data if t.name in ("slope 1", "slope 2")]
+    assert {t.name for t in refs} == {"slope 1", "slope 2"}
+    one = next(t for t in refs if t.name == "slope 1")
+    two = next(t for t in refs if t.name == "slope 2")
+    ratio = ns[-1] / ns[0]
+    assert one.y[1] / one.y[0] == pytest.approx(ratio) and two.y[1] / two.y[0] == pytest.approx(ratio ** 2)
+    assert len(fig.layout.annotations) == df["backend"].nunique()  # one panel per backend
+    ns_fit = [16, 32, 64, 128]
+    fit = lf.fit_figure(ns_fit, [1 + 0.01 * n + 2e-6 * n * n for n in ns_fit], attention_n=5000)
+    assert "e-06·n²" in fit.data[1].name and "beyond the swept lengths" in fit.layout.title.text
+    assert fit.layout.xaxis.range[1] < 200  # cropped to the data, not stretched to the crossover
+
+
+def test_attention_only_rows_are_quadratic_in_the_model():
+    cfg = parse_synthetic(TINY)
+    att = compare.attention_only(cfg, [64, 128, 256], cm.PI4, "eager", measure_fn=measure.measure_attention)
+    model = att[~att["measured"]].set_index("seq_len")["median_ms"]
+    assert model[256] / model[128] > 3  # n^2 dominates one layer's attention
+    assert att["measured"].sum() == 3 and (att["median_ms"] > 0).all()

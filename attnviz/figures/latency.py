@@ -15,6 +15,7 @@ import html
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from attnviz.latency.compare import crossover_n, fit_quadratic
 from attnviz.latency.costmodel import GROUPS
@@ -152,15 +153,51 @@ def fit_figure(ns, ms, label: str = "measured", attention_n: float | None = None
     """Points, the fitted a + b n + c n^2, its crossover, and (optional) the cost model's n where
     attention takes half the time."""
     a, b, c = fit_quadratic(ns, ms)
-    grid = np.linspace(min(ns), max(ns), 200)
+    lo, hi = min(ns), max(ns)
+    grid = np.linspace(lo, hi, 200)
     fig = go.Figure([go.Scatter(x=list(ns), y=list(ms), mode="markers", name=_text(label)),
                      go.Scatter(x=grid, y=a + b * grid + c * grid ** 2, mode="lines",
-                                name=f"{a:.3g} + {b:.3g}·n + {c:.3g}·n²")])
+                                name=f"{a:.3g} + {b:.3g}·n + {c:.2e}·n²")])  # c is tiny: never "0·n²"
     n_star = crossover_n(a, b, c)
+    beyond = []
     for x, text, dash in ((n_star, "c·n² > a + b·n", "dot"), (attention_n, "attention ≥ half (model)", "dash")):
-        if x is not None:
+        if x is not None and lo <= x <= hi:
             fig.add_vline(x=x, line_dash=dash, annotation_text=f"{text}: n≈{x:,.0f}")
-    return _layout(fig, "Quadratic fit of latency", "milliseconds")
+        elif x is not None:  # marked in the title, not by stretching the axis away from the data
+            beyond.append(f"{text} at n≈{x:,.0f}, beyond the swept lengths")
+    fig.update_xaxes(range=[lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo)])
+    return _layout(fig, "Quadratic fit of latency" + (f"<br><sup>{'; '.join(beyond)}</sup>" if beyond else ""),
+                   "milliseconds")
+
+
+def growth_figure(df: pd.DataFrame, y: str = "median_ms", title: str = "Growth of latency with n") -> go.Figure:
+    """Log-log latency against n, one panel per backend (or per variant when one backend): ticks at
+    the swept lengths, slope-1 and slope-2 reference lines through each panel's first point, axes
+    cropped to the data. A series whose slope follows the 2-line is quadratic."""
+    facet = "backend" if df["backend"].nunique() > 1 else "variant"
+    panels = sorted(df[facet].unique(), key=str)[:4]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[_text(p) for p in panels],
+                        shared_yaxes=False, horizontal_spacing=0.06)
+    ns = sorted(df["seq_len"].unique())
+    for j, panel in enumerate(panels, start=1):
+        part = df[df[facet] == panel]
+        series, _ = _series(part)
+        for label, rows, measured, grey in series:
+            fig.add_trace(_line(rows, y, label, measured, grey=grey), row=1, col=j)
+        first = part.sort_values("seq_len").iloc[0]
+        n0, t0 = float(first["seq_len"]), float(part[part["seq_len"] == first["seq_len"]][y].min())
+        xs = np.array([n0, float(max(ns))])
+        for slope, dash in ((1, "dot"), (2, "dash")):
+            fig.add_trace(go.Scatter(x=xs, y=t0 * (xs / n0) ** slope, mode="lines", name=f"slope {slope}",
+                                     line=dict(color=GREY, dash=dash, width=1), showlegend=j == 1,
+                                     hoverinfo="skip"), row=1, col=j)
+        ys = part[y].astype(float)
+        fig.update_yaxes(type="log", range=[np.log10(ys.min() * 0.8), np.log10(ys.max() * 1.25)], row=1, col=j)
+    fig.update_xaxes(type="log", tickvals=ns, ticktext=[str(int(n)) for n in ns],
+                     range=[np.log10(min(ns) * 0.9), np.log10(max(ns) * 1.1)])
+    fig.update_layout(title=title + " (log-log: the dotted line is slope 1, linear; the dashed line slope 2, "
+                      "quadratic)", legend=dict(orientation="h", yanchor="top", y=-0.18), margin=dict(t=70, b=10))
+    return fig
 
 
 # ---------------------------------------------------------------- comparisons and model error
@@ -196,3 +233,32 @@ def error_figure(err: pd.DataFrame, target_pct: float = 15.0) -> go.Figure:
     fig.add_hrect(y0=-target_pct, y1=target_pct, fillcolor="green", opacity=0.1, line_width=0)
     fig.update_xaxes(type="log")
     return _layout(fig, f"Cost model error against measurement (band: ±{target_pct:g}%)" + _note(total), "error %")
+
+
+# ---------------------------------------------------------------- decode (llama-bench's pp / tg / depth)
+def decode_figure(df: pd.DataFrame) -> go.Figure:
+    """Generation tokens/s (tg) against KV-cache depth, one line per model, backend, engine and dtype
+    (measured solid, modelled dashed); the pp rows' tokens/s in the hover text."""
+    tg = df[df["test"] == "tg"].sort_values("depth")
+    fig = go.Figure()
+    keys = [k for k in ("model", "backend", "engine", "dtype", "threads") if k in tg.columns]
+    for i, (key, rows) in enumerate(tg.groupby(keys, sort=True)):
+        if i >= MAX_SERIES:
+            break
+        label = " · ".join(f"{v} thr" if k == "threads" else str(v).removeprefix("synthetic:")
+                           for k, v in zip(keys, key))
+        fig.add_scatter(x=rows["depth"], y=rows["tg_tps"], mode="lines+markers", name=_text(label),
+                        line=dict(dash="solid" if bool(rows["measured"].iloc[0]) else "dash"))
+    fig.update_layout(title="Generation speed against KV-cache depth (tg at -d depth)" + _note(
+        tg.groupby(keys).ngroups if len(tg) else 0), xaxis_title="tokens already in the cache (depth)",
+        yaxis_title="generated tokens / s", legend=dict(orientation="h", yanchor="top", y=-0.18),
+        margin=dict(t=50, b=10))
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def decode_table(df: pd.DataFrame) -> pd.DataFrame:
+    """pp and tg tokens/s per model, backend, engine, dtype and depth (what the report prints)."""
+    rows = df[df["test"].isin(["pp", "tg"])]
+    return rows[["model", "backend", "measured", "engine", "dtype", "threads", "test", "n_prompt", "depth",
+                 "pp_tps", "tg_tps"]].reset_index(drop=True)

@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import asdict
 
+import pandas as pd
 import torch
 from tqdm import tqdm
 
@@ -23,7 +24,8 @@ from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES
 from attnviz.latency.measure import load, memory_budget_mb
 from attnviz.latency import translation
 from attnviz.latency.results import MAX_THREADS, to_csv
-from attnviz.latency.sweep import BACKENDS, PI_CORES, SweepPlan, configs_of, estimate, parse_int_list, run_sweep
+from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate, parse_int_list,
+                                   run_sweep)
 
 
 def number(lowest: float, above: bool):
@@ -40,6 +42,17 @@ def number(lowest: float, above: bool):
             raise argparse.ArgumentTypeError(f"{text!r} must be {'above' if above else 'at least'} {lowest:g}")
         return value
     return parse
+
+
+def parse_depths(text: str) -> list[int]:
+    """KV-cache depths: whole numbers of at least 0 (0: generation right after the prompt)."""
+    try:
+        depths = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ValueError(f"--decode-depths must be whole numbers separated by commas, e.g. 0,128,512; got {text!r}") from None
+    if not depths or min(depths) < 0:
+        raise ValueError(f"--decode-depths must be whole numbers of at least 0; got {text!r}")
+    return depths
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,6 +80,10 @@ def parser() -> argparse.ArgumentParser:
                     "q8_0 / q4_0 ggml's 8- and 4-bit blocks); each engine is modelled at the dtypes it runs")
     ap.add_argument("--pi-threads", default=str(PI_CORES), help=f"comma-separated threads of the modelled Pi rows, "
                     f"1-{PI_CORES} whatever this host has (default {PI_CORES}: a Pi 4 / 5 has {PI_CORES} cores)")
+    ap.add_argument("--decode-depths", default=None, metavar="DEPTHS", help="also decode latency for causal LMs, "
+                    "with llama-bench's meaning: pp N (a prompt of --n-prompt tokens in one pass, tokens/s) and tg "
+                    "(one generated token at each KV-cache depth, tokens/s, as llama-bench -d); e.g. 0,128,512")
+    ap.add_argument("--n-prompt", type=int, default=128, help="prompt tokens of the pp test (default 128)")
     ap.add_argument("--clock", default="wall", choices=list(CLOCKS), help="wall (perf_counter) or cpu "
                     "(process CPU time: robust on a busy machine, latency only with one thread)")
     ap.add_argument("--no-memory", action="store_true", help="skip the profiled pass that measures peak memory")
@@ -127,6 +144,11 @@ def main(argv=None) -> int:
 
         df = run_sweep(plan, models, progress=progress, quiet=True, deadline=deadline, own_process=True)
         bar.close()
+        if args.decode_depths:
+            depths = parse_depths(args.decode_depths)
+            dec = decode_sweep(plan, models, depths, args.n_prompt, deadline=deadline)
+            df = pd.concat([df, dec], ignore_index=True).reindex(columns=df.columns)
+            df.attrs["stopped"] = df.attrs.get("stopped") or dec.attrs["stopped"]
     except ValueError as err:
         ap.error(str(err))
     text = to_csv(df)

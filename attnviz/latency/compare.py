@@ -141,3 +141,18 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
                                     seq_len=top, speedup=at["fused"][heads] / ms))
     return pd.DataFrame(out, columns=["comparison", "backend", "model", "variant", "n_heads", "threads",
                                       "seq_len", "speedup"])
+
+
+def attention_only(cfg, ns, profile: cm.DeviceProfile, variant="eager", measure_fn=None, model: str = "model"):
+    """One layer's attention (QK^T, softmax, weights x V) against n: modelled on `profile` and, with
+    `measure_fn(cfg, n, variant) -> Timing` (latency.measure.measure_attention), measured here; rows in
+    the results schema (backend "attention only", threads of the profile) for `figures.latency.growth_figure`."""
+    rows = []
+    for n in ns:
+        ms = cm.predict(cfg, int(n), profile, variant).by_group["attention"] / cfg.n_layers
+        rows.append(dict(model=model, backend="attention only", variant=str(variant), n_heads=cfg.n_heads,
+                         threads=profile.threads, seq_len=int(n), measured=False, median_ms=ms))
+        if measure_fn is not None:
+            t = measure_fn(cfg, int(n), variant)
+            rows.append(dict(rows[-1], measured=True, median_ms=t.median_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms))
+    return pd.DataFrame(rows)

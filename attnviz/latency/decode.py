@@ -110,3 +110,38 @@ def measure_decode(model, n_prompt: int, depth: int, *, repeats: int = 5, warmup
 
         tg = measure(step, repeats, warmup, clock=clock, check=check)
     return DecodePoint(n_prompt, depth, pre, tg)
+
+
+def decode_rows(key: str, model, n_prompt: int, depths, *, profiles: dict, repeats: int = 3, warmup: int = 1,
+                clock: str = "wall", measured: bool = True, pi_threads: int = 4, check=None) -> list[dict]:
+    """CSV rows (latency.results schema, test pp / tg) for a causal LM: measured here (backend cpu)
+    when `measured`, and modelled for each profile in `profiles` ({backend: DeviceProfile})."""
+    cfg = model.cfg
+    base = dict(model=key, variant="fused", n_heads=cfg.n_heads, repeats=repeats, warmup=warmup, clock=clock,
+                n_prompt=int(n_prompt), seq_len=int(n_prompt))
+    rows = []
+    for backend, prof in profiles.items():  # modelled first: no deadline can drop them
+        pp = predict_pp(cfg, prof, int(n_prompt), threads=pi_threads)
+        rows.append(dict(base, backend=backend, measured=False, test="pp", depth=0, threads=pi_threads,
+                         engine=prof.engine, dtype=prof.dtype, pp_tps=pp, median_ms=1e3 * n_prompt / pp))
+        for d in depths:
+            tg = predict_tg(cfg, prof, int(d), threads=pi_threads)
+            rows.append(dict(base, backend=backend, measured=False, test="tg", depth=int(d), threads=pi_threads,
+                             engine=prof.engine, dtype=prof.dtype, tg_tps=tg, median_ms=1e3 / tg))
+    if measured:
+        for d in depths:
+            point = measure_decode(model, int(n_prompt), int(d), repeats=repeats, warmup=warmup, clock=clock,
+                                   check=check)
+            threads = torch.get_num_threads()
+            if d == depths[0]:
+                rows.append(dict(base, backend="cpu", measured=True, test="pp", depth=0, threads=threads,
+                                 engine="torch", dtype="fp32", pp_tps=point.pp_tps,
+                                 median_ms=point.prefill.median_ms, p10_ms=point.prefill.p10_ms,
+                                 p90_ms=point.prefill.p90_ms))
+            rows.append(dict(base, backend="cpu", measured=True, test="tg", depth=int(d), threads=threads,
+                             engine="torch", dtype="fp32", tg_tps=point.tg_tps, median_ms=point.step.median_ms,
+                             p10_ms=point.step.p10_ms, p90_ms=point.step.p90_ms))
+    for r in rows:
+        r.setdefault("p10_ms", r["median_ms"])
+        r.setdefault("p90_ms", r["median_ms"])
+    return rows

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from attnviz.base.timing import Timing, measure
-from attnviz.core.attention import Variant
+from attnviz.core.attention import Variant, attend, parse_variant
 from attnviz.latency import costmodel as cm
 from attnviz.latency.results import parse_synthetic
 from attnviz.weights.catalogue import load_model, random_model
@@ -172,3 +172,16 @@ def measure_point(model, n: int, variant: Variant, *, warmup: int = 1, repeats: 
             check()
         mem = peak_memory_mb(run, quiet=quiet)
     return Point(tokens, timing, mem)
+
+
+def measure_attention(cfg, n: int, variant: Variant, *, repeats: int = 5, warmup: int = 1, clock: str = "wall",
+                      check: Callable[[], None] | None = None) -> Timing:
+    """One layer's attention alone (QK^T, softmax, weights x V: `core.attention.attend`) on n tokens
+    with cfg's heads: the part of a forward pass whose cost is plainly n^2."""
+    variant = parse_variant(variant)
+    g = torch.Generator().manual_seed(n)
+    q = torch.randn(1, cfg.n_heads, n, cfg.d_head, generator=g)
+    k, v = (torch.randn(1, cfg.n_heads, n, cfg.d_head, generator=g) for _ in range(2))
+    with torch.inference_mode():
+        return measure(lambda: attend(q, k, v, causal=cfg.causal, variant=variant), repeats, warmup, clock=clock,
+                       check=check)

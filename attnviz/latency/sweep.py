@@ -24,6 +24,7 @@ from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
 from attnviz.latency import costmodel as cm
 from attnviz.latency.calibrate import host_profile
+from attnviz.latency import decode
 from attnviz.latency.child import measure_in_child
 from attnviz.latency.engines import ENGINE_DTYPES, check_engine, engine_profile
 from attnviz.latency.measure import load, machine_metadata, measure_point, thread_count, token_count
@@ -279,6 +280,38 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
         progress(total, total, "stopped" if stopped else "done")
     df = pd.DataFrame(rows).reindex(columns=COLUMNS)
     df["tokens_per_s"] = df["seq_len"] / (df["median_ms"] / 1e3)
+    df.attrs["stopped"] = stopped
+    return df
+
+
+def decode_sweep(plan: SweepPlan, models: dict, depths: list[int], n_prompt: int = 128, *,
+                 profiles: dict | None = None, deadline: Deadline | None = None) -> pd.DataFrame:
+    """llama-bench's pp n_prompt and tg at each depth for every causal model of the plan: modelled on
+    each Pi backend x engine x dtype at the first Pi thread count, measured here (backend cpu) with
+    the per-call KV cache. A deadline stops the measured part, keeping the modelled rows."""
+    profiles = dict(cm.PROFILES, **(profiles or {}))
+    meta = dict(machine_metadata(), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    rows, stopped = [], ""
+    for key in plan.models:
+        model = models[key]
+        if not model.cfg.causal:
+            continue
+        chosen = {(b, e, d): engine_profile(profiles[b], e, d) for b in plan.backends if b in PI_BACKENDS
+                  for e, d in plan.engine_pairs()}
+        for (b, e, d), prof in chosen.items():
+            rows += [dict(r, backend=b) for r in decode.decode_rows(key, model, n_prompt, depths, profiles={b: prof},
+                                                                 measured=False, pi_threads=plan.pi_threads[0])]
+        if "cpu" in plan.backends and not stopped:
+            try:
+                rows += decode.decode_rows(key, model, n_prompt, depths, profiles={}, repeats=plan.repeats,
+                                           warmup=plan.warmup, clock=plan.clock,
+                                           check=None if deadline is None else deadline.check)
+            except (JobTimeout, JobCancelled) as err:
+                stopped = f"{err}; the decode rows measured before it are kept"
+    for r in rows:
+        r.update(schema=SCHEMA, shape=config_spec(models[r["model"]].cfg), **meta)
+    df = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    df["tokens_per_s"] = df["pp_tps"].fillna(df["tg_tps"])
     df.attrs["stopped"] = stopped
     return df
 
