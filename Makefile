@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test install bench clean-cache chromium
+.PHONY: run test install bench clean-cache chromium fonts
 
 $(STAMP): requirements.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,15 +19,19 @@ $(STAMP): requirements.txt requirements-models.txt pyproject.toml
 
 install: $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) fonts
 	$(BIN)/streamlit run app.py --server.headless true --server.port $(PORT) --browser.gatherUsageStats false
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium fonts
 	$(BIN)/python -m pytest -q
 
 # Debian's Chromium for the real-browser tests (Playwright drives it; it never downloads a browser).
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+# Debian's WenQuanYi Zen Hei: server-side PNG exports draw CJK labels with it (not as empty boxes).
+fonts:
+	@test -f /usr/share/fonts/truetype/wqy/wqy-zenhei.ttc || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-zenhei; }
 
 bench: $(STAMP)
 	for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

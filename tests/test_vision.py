@@ -341,3 +341,43 @@ def test_every_decoded_mode_traces(tiny_dinov2, mode):
     assert photo.mode == "RGB" and photo.size == (34, 21)
     tr = tiny_dinov2.trace(photo, image_size=112)
     assert vision.cls_maps(tr).shape == (2, 4, 16, 16)
+
+
+# --- Issue 22.12: CJK labels in server-side exports -----------------------------------------
+def test_cjk_labels_are_drawn_with_the_installed_cjk_font_not_empty_boxes():
+    from attnviz.figures import render
+    from matplotlib import font_manager
+
+    path = render.cjk_font_file()
+    assert path is not None and path.endswith("wqy-zenhei.ttc"), "make fonts installs fonts-wqy-zenhei"
+    assert render.cjk_font_families(), "matplotlib must see the installed CJK font"
+    found = font_manager.findfont(font_manager.FontProperties(family=list(render.cjk_font_families())))
+    assert found == path
+    # Empty boxes (tofu) are one glyph for every missing character: two different CJK labels then
+    # render to the same pixels. Drawn with the CJK font, they differ.
+    m = np.eye(2, dtype=np.float32)
+    one, other = render.figure_png(m, ["猫", "狗"], ["猫", "狗"]), render.figure_png(m, ["鱼", "鸟"], ["鱼", "鸟"])
+    assert np.asarray(Image.open(io.BytesIO(one))).tolist() != np.asarray(Image.open(io.BytesIO(other))).tolist()
+    # PIL labels (overlay grids) too
+    assert render.label_font(12, "猫").path == path
+    draw = lambda text: np.asarray(render.grid_of_overlays(Image.new("RGB", (32, 32)), np.zeros((1, 2, 2)), [text], tile=32))
+    assert not np.array_equal(draw("猫"), draw("狗"))
+
+
+def test_exports_grey_the_masked_triangle_and_name_their_axes():
+    from attnviz.base.exports import file_stem
+    from attnviz.figures import render
+
+    figure = render.static_heatmap(np.tril(np.ones((3, 3))), list("abc"), list("abc"), "t", "viridis", 60, causal=True)
+    axes = figure.axes[0]
+    assert axes.get_xlabel() == "key (attended to)" and axes.get_ylabel() == "query (attending)"
+    data = axes.images[0].get_array()
+    assert data.mask.tolist() == np.triu(np.ones((3, 3), bool), k=1).tolist()
+    assert axes.images[0].cmap.get_bad().tolist() == list(matplotlib_colour(render.MASKED_GREY))
+    assert file_stem("smollm2-135m", "The cat sat on the mat, because it was", "L3H2") == \
+        "smollm2-135m_The-cat-sat-on-the-mat_L3H2"
+
+
+def matplotlib_colour(name):
+    from matplotlib.colors import to_rgba
+    return to_rgba(name)

@@ -31,3 +31,14 @@ def csv_text(df: pd.DataFrame, **kwargs) -> str:
     """df.to_csv(index=False) with formula-looking text cells neutralised."""
     kwargs.setdefault("index", False)
     return safe_frame(df).to_csv(**kwargs)
+
+
+def file_stem(*parts: str, max_chars: int = 80) -> str:
+    """A file name stem saying what an export shows (model, text, head): the parts joined by
+    "_", each reduced to letters, digits, "-" and "." (any script), the text cut to six words."""
+    cleaned = []
+    for part in parts:
+        words = "".join(ch if ch.isalnum() or ch in "-." else " " for ch in str(part)).split()
+        if words:
+            cleaned.append("-".join(words[:6]))
+    return "_".join(cleaned)[:max_chars].strip("_-") or "attnviz"

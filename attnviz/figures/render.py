@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import os
 import threading
 import unicodedata
 import warnings
@@ -173,7 +174,16 @@ def overlay_patch_map(image: Image.Image, patch_map, alpha: float = 0.5, cmap: s
     return Image.fromarray(blended.astype(np.uint8), mode="RGB")
 
 
-def _label_font(size: int) -> ImageFont.ImageFont:
+def needs_cjk(text: str) -> bool:
+    """True when `text` has a character from CJK Radicals (U+2E80) up, which DejaVu lacks."""
+    return any(ord(ch) >= 0x2E80 for ch in text)
+
+
+def label_font(size: int, text: str = "") -> ImageFont.ImageFont:
+    """PIL's font for labels: the installed CJK font (`cjk_font_file`) when `text` needs it,
+    else Pillow's default (DejaVu), which draws CJK as empty boxes."""
+    if needs_cjk(text) and cjk_font_file() is not None:
+        return ImageFont.truetype(cjk_font_file(), size)
     try:
         return ImageFont.load_default(size=size)
     except (TypeError, OSError):       # Pillow without FreeType: fixed bitmap font
@@ -201,7 +211,7 @@ def grid_of_overlays(image: Image.Image, maps, labels: list[str] | None = None,
     label_h = TILE_LABEL_PX
     canvas = Image.new("RGB", (columns * (tile + gap) - gap, rows * (tile_h + label_h + gap) - gap),
                        OVERVIEW_BACKGROUND)
-    draw, font = ImageDraw.Draw(canvas), _label_font(12)
+    draw, font = ImageDraw.Draw(canvas), label_font(12, "".join(labels))
     for k in range(count):
         x = (k % columns) * (tile + gap)
         y = (k // columns) * (tile_h + label_h + gap)
@@ -223,12 +233,26 @@ def image_png(rgb) -> bytes:
     return buffer.getvalue()
 
 
+# The CJK font `make fonts` installs (Debian's fonts-wqy-zenhei), then another common one.
+CJK_FONT_FILES = ("/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc", "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc")
+
+
+@functools.lru_cache(maxsize=1)
+def cjk_font_file() -> str | None:
+    """The first CJK font file installed (CJK_FONT_FILES), or None: PIL needs a path."""
+    return next((path for path in CJK_FONT_FILES if os.path.isfile(path)), None)
+
+
 @functools.lru_cache(maxsize=1)
 def cjk_font_families() -> tuple[str, ...]:
-    """Installed font families that cover CJK ideographs (checked by charmap, once)."""
+    """Installed font families that cover CJK ideographs (checked by charmap, once). The CJK font
+    file is added first: matplotlib's font list is a cache that may predate the font's install."""
     from matplotlib import font_manager
     from matplotlib.ft2font import FT2Font
 
+    path = cjk_font_file()
+    if path is not None and path not in {entry.fname for entry in font_manager.fontManager.ttflist}:
+        font_manager.fontManager.addfont(path)
     families = []
     for entry in font_manager.fontManager.ttflist:
         # Matplotlib bundles "Last Resort", which maps every code point to a placeholder box:
@@ -252,7 +276,11 @@ def _export_label(token: str) -> str:
     return visible_token(token).replace("$", r"\$")   # "$" would start matplotlib mathtext
 
 
-def _static_heatmap(matrix, xlabels, ylabels, title, cmap, max_ticks) -> Figure:
+MASKED_GREY, EXPORT_AXES = "#d0d0d0", ("key (attended to)", "query (attending)")   # the masked future
+
+
+def static_heatmap(matrix, xlabels, ylabels, title, cmap, max_ticks, causal=False,
+                    axis_titles=EXPORT_AXES) -> Figure:
     matrix = _finite(_numpy(matrix).astype(np.float32), "matrix")
     if matrix.ndim != 2 or matrix.shape != (len(ylabels), len(xlabels)):
         raise ValueError(f"matrix shape {matrix.shape} does not match {len(ylabels)} y labels "
@@ -261,7 +289,11 @@ def _static_heatmap(matrix, xlabels, ylabels, title, cmap, max_ticks) -> Figure:
     size = (min(16, 3 + 0.18 * n_cols), min(16, 2.5 + 0.18 * n_rows))
     figure = Figure(figsize=size, layout="constrained")
     axes = figure.add_subplot()
-    image = axes.imshow(matrix, cmap=cmap, aspect="auto", interpolation="nearest", vmin=0)
+    colours = colormaps[cmap].with_extremes(bad=MASKED_GREY)
+    if causal:   # a query never sees later keys: grey, not "weight 0" in the colour scale
+        matrix = np.where(np.triu(np.ones_like(matrix, dtype=bool), k=1), np.nan, matrix)
+    image = axes.imshow(np.ma.masked_invalid(matrix), cmap=colours, aspect="auto",
+                        interpolation="nearest", vmin=0)
     fonts = ["DejaVu Sans", *cjk_font_families()]   # fallback list: CJK glyphs when installed
     xticks, yticks = tick_positions(n_cols, max_ticks), tick_positions(n_rows, max_ticks)
     axes.set_xticks(xticks, [_export_label(xlabels[i]) for i in xticks], rotation=90,
@@ -269,7 +301,9 @@ def _static_heatmap(matrix, xlabels, ylabels, title, cmap, max_ticks) -> Figure:
     axes.set_yticks(yticks, [_export_label(ylabels[i]) for i in yticks], fontfamily=fonts,
                     fontsize=8)
     axes.set_title(_export_label(title) if title else "", fontfamily=fonts)
-    figure.colorbar(image, ax=axes, fraction=0.04)
+    axes.set_xlabel(axis_titles[0])
+    axes.set_ylabel(axis_titles[1])
+    figure.colorbar(image, ax=axes, fraction=0.04, label="attention weight")
     return figure
 
 
@@ -285,16 +319,17 @@ def _save(figure: Figure, fmt: str, rc: dict) -> bytes:
 
 
 def figure_png(matrix, xlabels: list[str], ylabels: list[str], title: str = "",
-               cmap: str = "viridis", max_ticks: int = 60) -> bytes:
-    """PNG bytes of a static heatmap (rows = ylabels, columns = xlabels)."""
-    return _save(_static_heatmap(matrix, xlabels, ylabels, title, cmap, max_ticks), "png", {})
+               cmap: str = "viridis", max_ticks: int = 60, causal: bool = False) -> bytes:
+    """PNG bytes of a static heatmap (rows = ylabels = queries, columns = xlabels = keys); with
+    `causal`, the masked future (above the diagonal) is grey."""
+    return _save(static_heatmap(matrix, xlabels, ylabels, title, cmap, max_ticks, causal), "png", {})
 
 
 def figure_svg(matrix, xlabels: list[str], ylabels: list[str], title: str = "",
-               cmap: str = "viridis", max_ticks: int = 60) -> bytes:
+               cmap: str = "viridis", max_ticks: int = 60, causal: bool = False) -> bytes:
     """SVG bytes of the same heatmap. Text stays text (svg.fonttype none), so the viewer's own
     fonts draw CJK labels even where this machine has no CJK font."""
-    return _save(_static_heatmap(matrix, xlabels, ylabels, title, cmap, max_ticks), "svg",
+    return _save(static_heatmap(matrix, xlabels, ylabels, title, cmap, max_ticks, causal), "svg",
                  {"svg.fonttype": "none", "svg.hashsalt": "attnviz"})
 
 

@@ -273,14 +273,17 @@ def export(s: Shown):
     """Downloads (the figures and the NPZ are made only when clicked); a click keeps the page as it is."""
     cap, cfg = s.cap, s.cfg
     ui.figure_downloads("Chosen head", cap.attentions[s.layer, s.head], s.tokens, s.tokens,
-                        title(s), key=key("head_fig"))
+                        title(s), key=key("head_fig"), causal=cfg.causal,
+                        file_name=exports.file_stem(s.model.info.key, s.text, names.head_name(s.layer, s.head)))
     ui.figure_downloads("Rollout", lambda: rollout_of(s), s.tokens, s.tokens, "Attention rollout",
-                        key=key("rollout_fig"))
+                        key=key("rollout_fig"), causal=cfg.causal,
+                        file_name=exports.file_stem(s.model.info.key, s.text, "rollout"))
     overview_title = (f"{s.model.info.key}: {cfg.n_layers} layers × {cfg.n_heads} heads, "
                       f"{cap.n:,} tokens" + (", each head scaled to its maximum" if s.per_head else ""))
     st.download_button("Overview PNG", lambda: viz.overview_png(cap.overview, per_head=s.per_head,
                                                                  title=overview_title),
-                       "overview.png", "image/png", key=key("ov_png"), on_click="ignore")
+                       exports.file_stem(s.model.info.key, s.text, "overview") + ".png", "image/png",
+                       key=key("ov_png"), on_click="ignore")
     st.download_button("Attentions NPZ", lambda: outputs.attention_npz(cap), "attentions.npz",
                        "application/octet-stream", key=key("npz"), on_click="ignore")
     st.download_button("Statistics CSV", exports.csv_text(stats_of(s)), "head_stats.csv",

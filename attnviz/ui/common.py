@@ -233,17 +233,18 @@ def clickable_overview(figure):
 
 
 def figure_downloads(name: str, matrix, xlabels: list[str], ylabels: list[str], title: str,
-                     key: str):
+                     key: str, causal: bool = False, file_name: str | None = None):
     """PNG and SVG download buttons of a heatmap; the bytes are made only when clicked, and the
     click does not rerun the page (on_click="ignore"), so the view stays as it is. ``matrix``
     may be a function that makes it (then it, too, is made only on a click)."""
     made = matrix if callable(matrix) else (lambda: matrix)
     left, right = st.columns(2)
-    left.download_button(f"{name} PNG", lambda: viz.figure_png(made(), xlabels, ylabels, title),
-                         file_name=f"{key}.png", mime="image/png", key=f"{key}_png",
+    stem = file_name or key   # file_name: what it shows (base.exports.file_stem: model, text, head)
+    left.download_button(f"{name} PNG", lambda: viz.figure_png(made(), xlabels, ylabels, title, causal=causal),
+                         file_name=f"{stem}.png", mime="image/png", key=f"{key}_png",
                          on_click="ignore")
-    right.download_button(f"{name} SVG", lambda: viz.figure_svg(made(), xlabels, ylabels, title),
-                          file_name=f"{key}.svg", mime="image/svg+xml", key=f"{key}_svg",
+    right.download_button(f"{name} SVG", lambda: viz.figure_svg(made(), xlabels, ylabels, title, causal=causal),
+                          file_name=f"{stem}.svg", mime="image/svg+xml", key=f"{key}_svg",
                           on_click="ignore")
 
 
