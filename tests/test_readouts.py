@@ -270,3 +270,63 @@ def test_rollout_with_artefact_tokens_discounted():
     want = stats.rollout(by_hand)[0, 1:].reshape(2, 2)
     torch.testing.assert_close(vision.rollout_map(tr, discount=drop), want)
     assert float(vision.rollout_map(tr, discount=drop)[0, 1]) == 0.0
+
+
+# ---------------------------------------------------------------- mean ablation in effects, importance, pruning
+def test_mean_ablation_in_the_live_effect_equals_the_hand_replaced_logits():
+    from attnviz.analysis import effects
+    lm = random_model(LLAMA, seed=4)
+    means = ablation.head_means(lm, torch.tensor([5, 9, 13, 2, 44, 7, 7, 30, 12, 1]))
+    mask = torch.ones(3, 4)
+    mask[1, 1] = mask[2, 3] = 0
+    full = effects.outputs(lm, IDS)
+    zero = effects.outputs(lm, IDS, mask, base=full)
+    mean = effects.outputs(lm, IDS, mask, base=[full, zero], ablation="mean", means=means)
+    assert mean.ablation == "mean" and zero.ablation == "zero"
+    want = hooked_logits(lm, IDS, {(1, 1): means[1, 1], (2, 3): means[2, 3]}).log_softmax(-1)
+    torch.testing.assert_close(mean.logprobs, want, atol=1e-5, rtol=1e-5)
+    assert mean.start == 1  # started from the full run's layer-1 input, not from the zero-ablated run
+    again = effects.outputs(lm, IDS, mask, base=[full, mean], ablation="mean", means=means)
+    assert again is mean  # the same mask and ablation: nothing to compute
+
+
+def test_mean_ablation_for_an_encoder_live_effect():
+    from attnviz.analysis import effects
+    enc = random_model(BERT, seed=2)
+    means = ablation.head_means(enc, torch.tensor([1, 5, 9, 2, 7, 3]))
+    mask = torch.ones(2, 4)
+    mask[0, 2] = 0
+    out = effects.outputs(enc, IDS, mask, sentences=["x"], ablation="mean", means=means) \
+        if enc.tokenizer is not None else effects.outputs(enc, IDS, mask, ablation="mean", means=means)
+    zero = effects.outputs(enc, IDS, mask)
+    assert out.ablation == "mean" and not torch.allclose(out.embedding, zero.embedding)
+
+
+def test_importance_and_pruning_curve_under_mean_ablation():
+    from attnviz.analysis import importance, pruning
+    lm = random_model(LLAMA, seed=8)
+    data = importance.EvalSet(torch.tensor([[3, 17, 5, 42, 8, 8, 21, 30], [1, 2, 3, 4, 5, 6, 7, 8]]), 16, 16)
+    means = ablation.head_means(lm, torch.tensor([9, 8, 7, 6, 5, 4, 3, 2, 1]))
+    mask = torch.ones(3, 4)
+    mask[0, 0] = 0
+    metrics = importance.evaluate(lm, data, mask, ablation="mean", means=means)
+    nll = 0.0
+    for row in data.ids:
+        lp = hooked_logits(lm, row.tolist(), {(0, 0): means[0, 0]}).log_softmax(-1)
+        nll += float(-lp[:-1].gather(-1, row[1:, None]).sum())
+    assert metrics["loss"] == pytest.approx(nll / 14, abs=1e-5)
+    assert metrics["loss"] != pytest.approx(importance.evaluate(lm, data, mask)["loss"], abs=1e-6)
+    grad = importance.head_importance(lm, data, "gradient", ablation="mean", means=means)
+    abl = importance.head_importance(lm, data, "ablation", ablation="mean", means=means)
+    assert grad.ablation == abl.ablation == "mean" and torch.isfinite(grad.raw).all()
+    one = mask.clone()
+    one[0, 0] = 1
+    one[2, 1] = 0
+    rise = importance.evaluate(lm, data, one, ablation="mean", means=means)["loss"] - abl.baseline["loss"]
+    assert float(abl.raw[2, 1]) == pytest.approx(rise, abs=1e-5)
+    curve = pruning.pruning_curve(lm, data, step=0.25, max_fraction=0.5, seeds=(0,), ablation="mean", means=means)
+    assert curve.ablation == "mean" and curve.complete
+    keep = curve.masks[("random", 0, 0.25)]
+    row = curve.table[(curve.table["order"] == "random") & (curve.table["fraction"] == 0.25)].iloc[0]
+    assert row["loss"] == pytest.approx(importance.evaluate(lm, data, keep.float(), ablation="mean",
+                                                            means=means)["loss"], abs=1e-6)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from attnviz.analysis import ablation as ablations
 from attnviz.analysis.importance import is_lm, plain_ids
 from attnviz.core.tokens import LEADING_SPACE_MARKS, check_text, labels, piece_bytes, tokenizer_kind
 from attnviz.core.transformer import sentence_embedding
@@ -35,6 +36,7 @@ class Outputs:
     mask: torch.Tensor | None = None        # [L, H] float: the mask this run used (1 = on)
     states: list[torch.Tensor] | None = None  # input of every block [n, d], then the final hidden
     start: int = 0                          # the first block this run computed (the rest came from a base)
+    ablation: str = "zero"                  # how the mask's heads were removed: zero | mean (analysis.ablation)
     _memo: dict = field(default_factory=dict, repr=False, compare=False)  # derived tensors, computed once
 
     @property
@@ -77,26 +79,29 @@ def _padded(model, rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
     return batch, attention_mask
 
 
-def embed_texts(model, texts: list[str], head_mask=None) -> torch.Tensor:
+def embed_texts(model, texts: list[str], head_mask=None, head_fill=None) -> torch.Tensor:
     """Sentence embeddings [S, d] (mean over real tokens, L2-normalised), one padded batch."""
     if not texts:
         return torch.zeros(0, model.cfg.d_model)
     mask = model.check_head_mask(head_mask)
     batch, attention_mask = _padded(model, [model.encode_text(t)[0] for t in texts])
     with torch.inference_mode():
-        out = model.net(input_ids=batch, attention_mask=attention_mask, head_mask=mask, logits=False)
+        out = model.net(input_ids=batch, attention_mask=attention_mask, head_mask=mask, logits=False,
+                        head_fill=head_fill)
     return sentence_embedding(out.hidden, attention_mask)
 
 
-def _encoder_outputs(model, x, head_mask, layer: int, sentences: list[str]) -> Outputs:
+def _encoder_outputs(model, x, head_mask, layer: int, sentences: list[str], ablation: str = "zero",
+                     means=None) -> Outputs:
     """The text and the ranking sentences in ONE padded forward pass (a toggle pays one call)."""
     mask = model.check_head_mask(head_mask)
+    fill = ablations.fill(mask, ablation, means)
     inp = model.inputs(x)
     n = len(inp["tokens"])
     rows = [model.encode_text(t)[0] for t in sentences]
     width = max(len(r) for r in rows)
     # Padding the sentences to a long text wastes more than a second call costs (~16 tokens' worth).
-    if (1 + len(rows)) * max(n, width) > n + len(rows) * width + 16:
+    if fill is None and (1 + len(rows)) * max(n, width) > n + len(rows) * width + 16:
         tr = model.trace(inp["ids"], head_mask=mask, layers=[layer])
         return Outputs(tokens=tr.tokens, attention=tr.attentions[0], layer=layer,
                        embedding=sentence_embedding(tr.hidden),
@@ -104,10 +109,10 @@ def _encoder_outputs(model, x, head_mask, layer: int, sentences: list[str]) -> O
     batch, attention_mask = _padded(model, [inp["ids"]] + rows)
     with torch.inference_mode():
         out = model.net(input_ids=batch, attention_mask=attention_mask, head_mask=mask, logits=False,
-                        need_weights=True, layers=[layer])
+                        need_weights=True, layers=[layer], head_fill=fill)
     emb = sentence_embedding(out.hidden, attention_mask)                         # (1 + S, d)
     return Outputs(tokens=inp["tokens"], attention=out.attentions[layer][0, :, :n, :n], layer=layer,
-                   embedding=emb[0], sentence_embeddings=emb[1:])
+                   embedding=emb[0], sentence_embeddings=emb[1:], ablation=ablation)
 
 
 def _effective(model, head_mask) -> torch.Tensor:
@@ -127,22 +132,25 @@ def first_change(mask: torch.Tensor, base: Outputs | None, ids: tuple[int, ...],
     return start
 
 
-def _continue(model, x: torch.Tensor, start: int, mask: torch.Tensor, layer: int):
+def _continue(model, x: torch.Tensor, start: int, mask: torch.Tensor, layer: int, fill=None):
     """Blocks start.. of the model from x = the input of block `start` ([n, d]), through the
     model's own block runner. Returns (states of blocks start.., final hidden, logits or None,
     attention of `layer` or None)."""
     net = model.net
-    run = net.run_blocks(x[None], start, head_mask=mask, capture=(layer,), states=True)
+    run = net.run_blocks(x[None], start, head_mask=mask, capture=(layer,), states=True, head_fill=fill)
     hidden, logits = net.finish(run.x, logits=is_lm(model))
     att = run.weights.get(layer)
     return ([s[0] for s in run.states], hidden[0], None if logits is None else logits[0],
             None if att is None else att[0])
 
 
-def _stateful_outputs(model, x, head_mask, layer: int, bases) -> Outputs:
+def _stateful_outputs(model, x, head_mask, layer: int, bases, ablation: str = "zero", means=None) -> Outputs:
     """One unpadded run that keeps every block's input, starting where the best base allows."""
     cfg = model.cfg
     mask = _effective(model, head_mask)
+    fill = ablations.fill(mask, ablation, means)
+    # a base removed its heads the same way, or had none off (then both ways are the same run)
+    bases = [b for b in bases if b.ablation == ablation or (b.mask is not None and bool((b.mask == 1).all()))]
     if isinstance(x, str):
         ids = model.encode_text(x)[0]
     else:
@@ -165,11 +173,11 @@ def _stateful_outputs(model, x, head_mask, layer: int, bases) -> Outputs:
             tokens = best.tokens
             x0 = best.states[start]
             prefix = best.states[:start]
-        states, hidden, logits, att = _continue(model, x0, start, mask, layer)
+        states, hidden, logits, att = _continue(model, x0, start, mask, layer, fill)
     if att is None:  # the captured layer lies before `start`: the base computed it the same way
         att = best.attention
     out = Outputs(tokens=tokens, attention=att, layer=layer, ids=key, mask=mask,
-                  states=prefix + states + [hidden], start=start)
+                  states=prefix + states + [hidden], start=start, ablation=ablation)
     if lm:
         lp = logits.float().log_softmax(-1)                               # (n, V)
         out.logprobs = lp
@@ -180,21 +188,26 @@ def _stateful_outputs(model, x, head_mask, layer: int, bases) -> Outputs:
 
 
 def outputs(model, x, head_mask=None, layer: int | None = None,
-            sentences: list[str] | None = None, base=None) -> Outputs:
+            sentences: list[str] | None = None, base=None, ablation: str = "zero", means=None) -> Outputs:
     """One run of the (masked) model on `x` (text or token ids), keeping what the live view needs.
 
     `base`: an earlier `Outputs` on the same ids (or a list of them, e.g. the full model's run and
     the previous masked one): the run starts at the first layer whose mask differs from the base
     that lets it start latest. Exact: the layers before are the same computation on the same input.
+    `ablation`: the mask's heads output 0 ("zero") or their mean over the evaluation text ("mean";
+    `means` from analysis.ablation.head_means, computed when not given).
     """
+    means = ablations.resolve_means(model, ablation, means)
     layer = model.cfg.n_layers - 1 if layer is None else int(layer)
     if not 0 <= layer < model.cfg.n_layers:
         raise ValueError(f"layer must lie in 0..{model.cfg.n_layers - 1}")
     if not is_lm(model) and sentences:
-        return _encoder_outputs(model, x, head_mask, layer, sentences)
+        return _encoder_outputs(model, x, head_mask, layer, sentences, ablation, means)
     if not model.cfg.is_vision:
         bases = [] if base is None else list(base) if isinstance(base, (list, tuple)) else [base]
-        return _stateful_outputs(model, x, head_mask, layer, [b for b in bases if b is not None])
+        return _stateful_outputs(model, x, head_mask, layer, [b for b in bases if b is not None], ablation, means)
+    if ablation != "zero":
+        raise ValueError("mean ablation is offered for text models; image models switch heads off by zeroing them")
     tr = model.trace(x, head_mask=head_mask, layers=[layer])
     return Outputs(tokens=tr.tokens, attention=tr.attentions[0], layer=layer,
                    embedding=sentence_embedding(tr.hidden))

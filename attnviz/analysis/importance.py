@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from attnviz.analysis import ablation as ablations
 from attnviz.base import limits
 from attnviz.base.jobs import Deadline
 from attnviz.base.limits import LIMITS
@@ -137,17 +138,20 @@ def reference(model, data: EvalSet, batch: int = 2) -> Reference:
 
 
 def evaluate(model, data: EvalSet, head_mask=None, ref: Reference | None = None,
-             batch: int = 2) -> dict[str, float]:
+             batch: int = 2, ablation: str = "zero", means=None) -> dict[str, float]:
     """Metrics of the masked model on the windows. LM: loss (nats/token), perplexity, KL(full ||
-    masked) per token and top-1 agreement with the full model; encoder: embedding cosine."""
+    masked) per token and top-1 agreement with the full model; encoder: embedding cosine.
+    `ablation`: heads off output 0 ("zero") or their mean ("mean", `means` from
+    analysis.ablation.head_means, computed when not given)."""
     mask = _check_mask(model, head_mask)
+    fill = ablations.fill(mask, ablation, ablations.resolve_means(model, ablation, means))
     ref = ref or reference(model, data, batch)
     lm = is_lm(model)
     sums = dict(nll=0.0, kl=0.0, agree=0.0, cos=0.0)
     n_pred = n_pos = 0
     with torch.inference_mode():
         for w0, ids in zip(range(0, data.n_windows, batch), data.ids.split(batch)):
-            out = model.net(input_ids=ids, head_mask=mask, logits=lm)
+            out = model.net(input_ids=ids, head_mask=mask, logits=lm, head_fill=fill)
             if lm:
                 lp = out.logits.float().log_softmax(-1)                      # (B, T, V)
                 sums["nll"] += float(-lp[:, :-1].gather(-1, ids[:, 1:, None]).sum())
@@ -189,6 +193,7 @@ class Importance:
     details: pd.DataFrame | None = None            # ablation: metrics with each head removed
     stopped: str | None = None                     # why an incomplete run ended: "stopped" | "time limit"
     max_seconds: float | None = None               # the time budget the run had
+    ablation: str = "zero"                         # how a head off is removed: zero | mean (analysis.ablation)
 
     @property
     def complete(self) -> bool:
@@ -281,11 +286,14 @@ class Stop:
 
 def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | None = None, *,
                         probes: int = GRAD_PROBES, seed: int = 0, progress: Progress | None = None,
-                        should_stop: ShouldStop | None = None, max_seconds: float | None = None) -> Importance:
+                        should_stop: ShouldStop | None = None, max_seconds: float | None = None,
+                        ablation: str = "zero", means=None) -> Importance:
     """Michel et al. importance at the given mask (default: every remaining head on), one window
-    at a time. Heads that are masked out or pruned get NaN."""
+    at a time. Heads that are masked out or pruned get NaN. With mean ablation a head's gate
+    moves its output between the head's own and its mean (the gradient is taken there)."""
     stop = Stop(should_stop, max_seconds)
     start = _check_mask(model, head_mask)
+    means = ablations.resolve_means(model, ablation, means)
     alive = start > 0
     lm = is_lm(model)
     if not lm and ref is None:
@@ -297,7 +305,7 @@ def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
                  "(gradient + Gauss-Newton diagonal, Hutchinson probes)")
     result = Importance("gradient", objective, torch.full_like(start, float("nan")),
                         torch.full_like(start, float("nan")), 0, data.n_windows,
-                        max_seconds=stop.deadline.seconds)
+                        max_seconds=stop.deadline.seconds, ablation=ablation)
     for w in range(data.n_windows):
         if stop():
             result.stopped = stop.reason
@@ -305,7 +313,7 @@ def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
         ids = data.ids[w:w + 1]
         mask = start.clone().requires_grad_(True)
         with torch.enable_grad():
-            out = model.net(input_ids=ids, head_mask=mask, logits=lm)
+            out = model.net(input_ids=ids, head_mask=mask, logits=lm, head_fill=ablations.fill(mask, ablation, means))
             if lm:
                 loss = F.cross_entropy(out.logits[0, :-1].float(), ids[0, 1:])
                 (grad,) = torch.autograd.grad(loss, mask)
@@ -332,26 +340,29 @@ def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
 
 def ablation_importance(model, data: EvalSet, head_mask=None, ref: Reference | None = None, *,
                         batch: int = 2, progress: Progress | None = None,
-                        should_stop: ShouldStop | None = None, max_seconds: float | None = None) -> Importance:
+                        should_stop: ShouldStop | None = None, max_seconds: float | None = None,
+                        ablation: str = "zero", means=None) -> Importance:
     """For every head still on: the metrics with that head alone removed, and the rise of the
     damage (LM: loss in nats/token; encoder: 1 - cosine) as its score."""
     stop = Stop(should_stop, max_seconds)
     start = _check_mask(model, head_mask)
     ref = ref or reference(model, data, batch)
-    base = evaluate(model, data, start, ref, batch)
+    means = ablations.resolve_means(model, ablation, means)
+    base = evaluate(model, data, start, ref, batch, ablation, means)
     heads = [(i, h) for i, h in zip(*torch.nonzero(start > 0, as_tuple=True))]
     raw = torch.full_like(start, float("nan"))
     rows = []
     result = Importance("ablation", "rise of " + ("the next-token loss (nats/token)" if is_lm(model)
                         else "1 - cosine to the full embedding") + " when the head alone is removed",
-                        raw, raw, 0, len(heads), baseline=base, max_seconds=stop.deadline.seconds)
+                        raw, raw, 0, len(heads), baseline=base, max_seconds=stop.deadline.seconds,
+                        ablation=ablation)
     for i, h in heads:
         if stop():
             result.stopped = stop.reason
             break
         mask = start.clone()
         mask[i, h] = 0
-        metrics = evaluate(model, data, mask, ref, batch)
+        metrics = evaluate(model, data, mask, ref, batch, ablation, means)
         raw[i, h] = damage(model, metrics) - damage(model, base)
         rows.append(dict(layer=int(i), head=int(h), **metrics))
         result.done += 1

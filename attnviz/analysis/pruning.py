@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from attnviz.analysis import ablation as ablations
 from attnviz.analysis.importance import Stop, evaluate, head_importance, primary_metric, reference
 
 
@@ -33,6 +34,7 @@ class Curve:
     masks: dict = field(default_factory=dict)   # (order, seed, fraction) -> BoolTensor keep [L, H]
     stopped: str | None = None                  # why an incomplete run ended: "stopped" | "time limit"
     max_seconds: float | None = None            # the time budget the run had
+    ablation: str = "zero"                      # how a head off is removed: zero | mean (analysis.ablation)
 
     @property
     def complete(self) -> bool:
@@ -50,24 +52,28 @@ class Curve:
 
 def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
                   method: str = "gradient", seeds=(0, 1, 2), batch: int = 2, normalised: bool = True,
-                  progress=None, should_stop=None, max_seconds: float | None = None) -> Curve:
+                  progress=None, should_stop=None, max_seconds: float | None = None,
+                  ablation: str = "zero", means=None) -> Curve:
     """Remove heads in steps of `step` (share of the model's heads), in order of importance
     (re-estimated under the current mask after every step) and in random orders (one per seed).
     Masked outputs equal pruned outputs, so the curve runs on masks of the one model.
     `normalised`: rank by the per-layer normalised score (Michel et al.) or by the raw one.
     Stops (complete=False) at `should_stop()` or after `max_seconds`, which can never exceed
-    LIMITS.max_importance_seconds (see `importance.time_budget`)."""
+    LIMITS.max_importance_seconds (see `importance.time_budget`). `ablation`: heads removed by
+    zero or mean ablation (`means` computed once when not given); a mean-ablated curve is no
+    longer what physical pruning gives."""
     stop = Stop(should_stop, max_seconds)
+    means = ablations.resolve_means(model, ablation, means)
     fractions = _fraction_steps(max_fraction, step)
     ref = reference(model, data, batch)
     alive = model.kept.clone()
     n_alive = int(alive.sum())
     curve = Curve(pd.DataFrame(), primary_metric(model), 0, len(fractions) * (1 + len(seeds)),
-                  max_seconds=stop.deadline.seconds)
+                  max_seconds=stop.deadline.seconds, ablation=ablation)
     rows = []
 
     def record(order, seed, fraction, keep):
-        metrics = evaluate(model, data, keep.float(), ref, batch)
+        metrics = evaluate(model, data, keep.float(), ref, batch, ablation, means)
         rows.append(dict(order=order, seed=seed, fraction=fraction, removed=int((alive & ~keep).sum()),
                          **metrics))
         curve.table = pd.DataFrame(rows)
@@ -84,7 +90,8 @@ def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
         target = min(n_alive - 1, round(fraction * n_alive))  # one head always stays
         extra = target - int((alive & ~keep).sum())
         if extra > 0:
-            imp = head_importance(model, data, method, keep.float(), ref, should_stop=stop)
+            imp = head_importance(model, data, method, keep.float(), ref, should_stop=stop,
+                                  ablation=ablation, means=means)
             if stop():  # stopped inside: a partial ranking would put a wrong point on the curve
                 curve.stopped = stop.reason
                 return curve

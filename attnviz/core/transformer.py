@@ -389,12 +389,12 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids=None, pixel_values=None, *, token_type_ids=None, attention_mask=None,
                 head_mask=None, need_weights=False, layers=None, variants=None, states=False, weights_out=None,
-                logits=True, check=None) -> Output:
+                logits=True, check=None, head_fill=None) -> Output:
         """`layers`: which layers' weights to capture (default all, when need_weights); the rest as
         in `iter_blocks`."""
         x = self.embed_image(pixel_values) if self.cfg.is_vision else self.embed_text(input_ids, token_type_ids)
         capture = (range(self.cfg.n_layers) if layers is None else layers) if need_weights else ()
-        run = self.run_blocks(x, head_mask=head_mask, capture=capture, weights_out=weights_out,
+        run = self.run_blocks(x, head_mask=head_mask, head_fill=head_fill, capture=capture, weights_out=weights_out,
                               variants=variants, attention_mask=attention_mask, states=states, check=check)
         hidden, out_logits = self.finish(run.x, logits)
         return Output(hidden, out_logits, run.weights, run.states + [hidden] if states else None)
