@@ -413,3 +413,35 @@ def test_ranking_sentences_are_bounded(monkeypatch):
     assert not at.exception
     assert set(frame_with(at, "sentence")["sentence"]) == {f"Sentence {i} is about a cat." for i in range(20)}
     assert any("(of 25)" in c.value for c in at.caption)
+
+
+# ---------------------------------------------------------------- issue 22.5: deltas say good or bad
+def delta_style(m):
+    from streamlit.proto.Metric_pb2 import Metric as MetricProto
+    return (MetricProto.MetricColor.Name(m.proto.color), MetricProto.MetricDirection.Name(m.proto.direction))
+
+
+def test_metric_deltas_are_coloured_by_good_or_bad_and_plain_at_zero():
+    at = app(model="smollm2")
+    assert not at.exception
+    perplexity, agreement = metric(at, "perplexity (masked)"), metric(at, "top-1 agreement")
+    assert perplexity.delta.startswith("+0.00 vs full")
+    assert delta_style(perplexity) == ("GRAY", "NONE")      # no change: no red up arrow
+    assert delta_style(agreement) == ("GRAY", "NONE") and agreement.delta == "no position flips"
+    at.selectbox(key="heads.only:smollm2:30x9").set_value(0).run()
+    at.button(key="heads.only_btn").click().run()
+    assert not at.exception
+    perplexity, agreement = metric(at, "perplexity (masked)"), metric(at, "top-1 agreement")
+    assert float(perplexity.value) > float(perplexity.delta.split("vs full")[1])
+    assert delta_style(perplexity) == ("RED", "UP")          # perplexity rose: bad
+    assert "positions flip" in agreement.delta
+    assert delta_style(agreement) == ("RED", "DOWN")         # agreement fell: down, red
+
+
+def test_metric_delta_helper():
+    from attnviz.ui.head_editor import metric_delta
+    assert metric_delta(-0.3, "x", "lower") == dict(delta="x", delta_color="green", delta_arrow="down")
+    assert metric_delta(0.3, "x", "lower")["delta_color"] == "red"
+    assert metric_delta(0.004, "x", "higher") == dict(delta="x", delta_color="off", delta_arrow="off")
+    with pytest.raises(ValueError):
+        metric_delta(1, "x", "up")

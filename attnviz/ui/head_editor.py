@@ -179,6 +179,18 @@ def presets(ed: Editor, scores, score_label: str, score_hint: str | None):
                   on_click=lambda: ed.set_mask([[i == only] * ed.H for i in range(ed.L)]))
 
 
+def metric_delta(change: float, text: str, better: str, places: int = 2) -> dict:
+    """st.metric's delta arguments for a change a mask makes (issue 22.5): the arrow follows the
+    change's sign, the colour whether it is good (`better`: "higher" or "lower" is good) — not
+    the sign of the text; a change that rounds to zero at `places` decimals is grey, no arrow."""
+    if better not in ("higher", "lower"):
+        raise ValueError(f"better must be 'higher' or 'lower', got {better!r}")
+    if round(change, places) == 0:
+        return dict(delta=text, delta_color="off", delta_arrow="off")
+    good = (change > 0) == (better == "higher")
+    return dict(delta=text, delta_color="green" if good else "red", delta_arrow="up" if change > 0 else "down")
+
+
 def off_list(keep: torch.Tensor, limit: int = 12) -> str:
     """The heads that are off, by name (`L1H2, L4H7`), at most `limit` of them."""
     off = [names.head_name(i, h) for i, h in (~keep).nonzero().tolist()]

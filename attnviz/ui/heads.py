@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.analysis import effects, importance, pruning
+from attnviz.analysis import ablation, effects, importance, pruning
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import heads as heads_viz
 from attnviz.ui import common
 from attnviz.weights.catalogue import list_models
-from attnviz.ui.head_editor import applied_mask, head_editor
+from attnviz.ui.head_editor import applied_mask, head_editor, metric_delta
 from attnviz.ui.heads_tools import tools
+from attnviz.ui.readouts import head_means
 
 PAGE = "heads"
 TASKS = ("encoder", "lm")
@@ -89,6 +90,7 @@ class View:
         self.shape = f"{self.mkey}:{self.L}x{self.H}"  # settings naming a layer or head: per model
         self.lm = importance.is_lm(model)
         self.text = ""
+        self.ablation = "zero"  # how the mask's heads are removed: zero | mean (analysis.ablation)
 
     def chosen_token(self, column, label, key, fallback: int, fallback_name: str, placeholder: str):
         """A token the user typed (one token, or a message saying how it tokenizes), else the fallback."""
@@ -114,11 +116,12 @@ class View:
                                   names[1], f"e.g. ' John' — empty: {names[1]}")
         nums = effects.last_position(full, masked, target, other)
         tn, on = (common.plain(n) for n in effects.token_names(tok, [target, other]))
-        t3.metric(f"P({tn}) next, masked", f"{nums['prob_masked']:.1%}",
-                  f"{100 * (nums['prob_masked'] - nums['prob_full']):+.1f} pts vs full {nums['prob_full']:.1%}")
-        t3.metric(f"logit({tn}) − logit({on}), masked", f"{nums['logit_diff_masked']:+.3f}",
-                  f"{nums['logit_diff_masked'] - nums['logit_diff_full']:+.3f} vs full "
-                  f"{nums['logit_diff_full']:+.3f}")
+        points = 100 * (nums['prob_masked'] - nums['prob_full'])
+        t3.metric(f"P({tn}) next, masked", f"{nums['prob_masked']:.1%}", **metric_delta(
+            points, f"{points:+.1f} pts vs full {nums['prob_full']:.1%}", "higher", 1))
+        change = nums['logit_diff_masked'] - nums['logit_diff_full']
+        t3.metric(f"logit({tn}) − logit({on}), masked", f"{nums['logit_diff_masked']:+.3f}", **metric_delta(
+            change, f"{change:+.3f} vs full {nums['logit_diff_full']:+.3f}", "higher", 3))
         pf, pm = effects.token_names(tok, [nums["top1_full"], nums["top1_masked"]])
         if nums["flipped"]:
             st.warning(f"The next-token prediction flips: the full model predicts {common.plain(pf)}, the "
@@ -142,14 +145,19 @@ class View:
         if not self.lm:
             sentences, note = sentence_list(ss.get(K("sentences"), "\n".join(SENTENCES)))
         full = full_outputs(self.model, self.mkey, ids, layer, sentences)
-        cache_key = (self.mkey, ids, layer, sentences, pruning.encode_mask(keep))
+        cache_key = (self.mkey, ids, layer, sentences, pruning.encode_mask(keep), self.ablation)
         previous = ss.get(K("masked"))  # one entry, this session only
         if previous is None or previous[0] != cache_key:
             # the run starts at the first layer whose mask differs from the full or the previous run
             bases = [full] + ([previous[1]] if previous is not None and previous[0][:4] == cache_key[:4] else [])
             ss[K("masked")] = (cache_key, effects.outputs(self.model, list(ids), keep.float(), layer,
-                                                         list(sentences), base=bases))
+                                                         list(sentences), base=bases, ablation=self.ablation,
+                                                         means=self.means()))
         return ids, n_ids, layer, sentences, note, full, ss[K("masked")][1]
+
+    def means(self):
+        """The heads' means over the evaluation text when heads are mean-ablated (once per model)."""
+        return head_means(self.model) if self.ablation == "mean" else None
 
     def live(self, mask):
         """The head editor's effect: runs now, returns the drawing (see head_editor)."""
@@ -166,6 +174,7 @@ class View:
             st.warning(common.plain(runs))
             return
         ids, n_ids, layer, sentences, note, full, masked = runs
+        st.caption(f"Heads off: {ablation.describe(masked.ablation)}.")
         if n_ids > LIMITS.live_max_tokens:
             st.caption(f"The live view uses the first {LIMITS.live_max_tokens} of {n_ids} tokens.")
         c1, c2, c3 = st.columns([1, 1, 2])
@@ -189,7 +198,8 @@ class View:
         if self.lm:
             self.lm_numbers(cmp, ids, full, masked, chart)
         else:
-            st.metric("embedding cosine to the full model", f"{cmp['cosine']:.4f}")
+            st.metric("embedding cosine to the full model", f"{cmp['cosine']:.4f}", **metric_delta(
+                cmp['cosine'] - 1, f"{cmp['cosine'] - 1:+.4f} vs full 1", "higher", 4))
             if "ranking" in cmp:
                 st.caption(f"Similarity ranking of the sentences to the text: {cmp['rank_changes']} "
                            "sentence(s) change rank under the mask.")
@@ -205,13 +215,13 @@ class View:
     def lm_numbers(self, cmp, ids, full, masked, chart):
         tok = self.model.tokenizer
         m1, m2, m3 = st.columns(3)
-        m1.metric("perplexity (masked)", f"{cmp['perplexity_masked']:.2f}",
-                  f"{cmp['perplexity_masked'] - cmp['perplexity_full']:+.2f} vs full "
-                  f"{cmp['perplexity_full']:.2f}", delta_color="inverse")
+        change = cmp['perplexity_masked'] - cmp['perplexity_full']
+        m1.metric("perplexity (masked)", f"{cmp['perplexity_masked']:.2f}", **metric_delta(
+            change, f"{change:+.2f} vs full {cmp['perplexity_full']:.2f}", "lower"))
         m2.metric("KL(full ‖ masked), nats/token", f"{cmp['kl']:.4f}")
-        m3.metric("top-1 agreement with the full model", f"{cmp['top1']:.1%}",
-                  f"{cmp['flipped_positions']} of {len(ids)} positions flip" if cmp["flipped_positions"]
-                  else None, delta_color="inverse")
+        flips = cmp["flipped_positions"]
+        m3.metric("top-1 agreement with the full model", f"{cmp['top1']:.1%}", **metric_delta(
+            -flips, f"{flips} of {len(ids)} positions flip" if flips else "no position flips", "higher", 0))
         self.last_position_view(full, masked)
         if chart in ("next token", "all three"):
             st.plotly_chart(heads_viz.topk_pair(full.top_k(10, tok), masked.top_k(10, tok)),
@@ -246,6 +256,10 @@ def page():
                     if view.lm else "The cat sits on the mat.")
     view.text = st.text_area("Text", default_text, key=K(f"text:{'lm' if view.lm else 'enc'}"), height=80,
                              max_chars=LIMITS.max_text_chars)
+    view.ablation = st.radio("Heads switched off are removed by", ablation.MODES, key=K("ablation"),
+                             horizontal=True, format_func=lambda m: f"{m} ablation",
+                             help="zero: a head off outputs 0 (what pruning does); mean: it outputs its mean over "
+                                  "the evaluation text. Used by the live effect, importance and pruning curves.")
     stored = st.session_state.get(K(f"imp:{view.mkey}"))
     scores = None if stored is None else stored[0].ranking(st.session_state.get(K("imp_norm"), True))
     head_editor(model.cfg, PAGE, scores, model_key=view.mkey, effect=view.live, link=True,

@@ -16,6 +16,7 @@ from attnviz.figures import heads as heads_viz
 from attnviz.latency import speedup
 from attnviz.ui import common
 from attnviz.ui import jobs as ui_jobs
+from attnviz.ui.head_editor import metric_delta
 
 PAGE = "heads"
 
@@ -113,23 +114,27 @@ def importance_tool(view, keep):
     store = K(f"imp:{view.mkey}")
     if st.button("Compute importance", key=K("imp_go"), disabled=data is None):
         ss[store + ":stopped"] = None
+        means = view.means()  # before the job's slot is taken: the means hold one of their own
         if under_mask and not keep.any():
             st.error("Every head is switched off: there is no mask to estimate under. Turn a head on or "
                      "untick “estimate under the current mask”.")
         elif run_tracked(store, f"{method} importance", budget,
                          lambda progress, seconds, cancel: importance.head_importance(
                              view.model, data, method, keep.float() if under_mask else None,
-                             progress=progress, max_seconds=seconds, should_stop=cancel)):
+                             progress=progress, max_seconds=seconds, should_stop=cancel,
+                             ablation=view.ablation, means=means)):
             st.rerun()  # the editor above was drawn before this result existed: it colours by it
     partial_note(store, "importance")
     if store in ss:
         imp = ss[store][0]
-        st.caption(f"{imp.method}: {imp.objective}" + ("" if view.lm or imp.method == "ablation" else
+        st.caption(f"{imp.method}, heads off by {imp.ablation} ablation: {imp.objective}" + ("" if view.lm or imp.method == "ablation" else
                    ". An encoder's loss 1 − cos sits at its minimum with every head on, where its gradient is "
                    "zero, so the score adds the Gauss-Newton curvature (exact Hessian there)."))
         table = imp.table(normalised)
         if len(table):
-            st.plotly_chart(viz.stat_map_figure(table, "score" if normalised else "raw"), key=K("imp_map"))
+            figure = viz.stat_map_figure(table, "score" if normalised else "raw")
+            figure.update_layout(title=f"{imp.method} importance, {imp.ablation} ablation")
+            st.plotly_chart(figure, key=K("imp_map"))
             st.dataframe(table, hide_index=True, key=K("imp_table"))
             csv_download("Importance CSV", table, f"head-importance-{view.mkey}.csv", K("imp_csv"))
 
@@ -145,15 +150,18 @@ def curve_tool(view, keep):
     store = K(f"curve:{view.mkey}")
     if st.button("Compute pruning curve", key=K("curve_go"), disabled=data is None):
         ss[store + ":stopped"] = None
+        means = view.means()
         run_tracked(store, "pruning curve", budget, lambda progress, seconds, cancel: pruning.pruning_curve(
             view.model, data, method=method, seeds=tuple(range(int(seeds))), normalised=norm,
-            progress=progress, max_seconds=seconds, should_stop=cancel))
+            progress=progress, max_seconds=seconds, should_stop=cancel, ablation=view.ablation, means=means))
     partial_note(store, "pruning-curve")
     if store in ss and len(ss[store][0].table):
         summary = ss[store][0].summary()
         for metric in (("perplexity", "top1") if view.lm else ("cosine",)):
-            st.plotly_chart(heads_viz.curve_figure(summary, metric, log_y=metric == "perplexity"),
-                            key=K(f"curve_{metric}"))
+            figure = heads_viz.curve_figure(summary, metric, log_y=metric == "perplexity")
+            figure.update_layout(title=f"{metric}: heads removed by {ss[store][0].ablation} ablation",
+                                 margin=dict(t=60))
+            st.plotly_chart(figure, key=K(f"curve_{metric}"))
         st.dataframe(summary, hide_index=True, key=K("curve_table"))
         csv_download("Pruning curve CSV", ss[store][0].table, f"pruning-curve-{view.mkey}.csv", K("curve_csv"))
 
@@ -186,8 +194,9 @@ def prune_tool(view, keep):
         st.warning(f"Timing stopped at this server's limit ({LIMITS.max_importance_seconds:g} s) after "
                    f"{len(sp.table)} length(s): drop the longest lengths or the runs per length.")
     c1, c2 = st.columns(2)
-    c1.metric("parameters (pruned)", f"{sp.params_pruned / 1e6:.2f} M",
-              f"{(sp.params_pruned - sp.params_full) / 1e6:+.2f} M of {sp.params_full / 1e6:.2f} M")
+    removed = (sp.params_pruned - sp.params_full) / 1e6
+    c1.metric("parameters (pruned)", f"{sp.params_pruned / 1e6:.2f} M", **metric_delta(
+        removed, f"{removed:+.2f} M of {sp.params_full / 1e6:.2f} M", "lower"))
     c2.metric("heads kept", f"{sp.heads_kept} / {sp.heads_total}")
     modelled = sp.modelled()
     st.plotly_chart(heads_viz.latency_figure(sp.table, modelled), key=K("latency"))

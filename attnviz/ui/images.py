@@ -20,7 +20,7 @@ from attnviz.figures import images as pictures
 from attnviz.figures import render
 from attnviz.figures.attention import distance_figure
 from attnviz.ui import common
-from attnviz.ui.head_editor import head_editor
+from attnviz.ui.head_editor import head_editor, metric_delta
 
 PAGE = "images"
 UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff"]
@@ -241,10 +241,14 @@ class View:
         effect = vision.mask_effect(before, tr, head_mask)
         heads_off = int((head_mask == 0).sum())
         cols = st.columns(3)
-        cols[0].metric("CLS embedding cosine", f"{effect.cls_cosine:.4f}")
+        cols[0].metric("CLS embedding cosine", f"{effect.cls_cosine:.4f}", **metric_delta(
+            effect.cls_cosine - 1, f"{effect.cls_cosine - 1:+.4f} vs all heads", "higher", 4))
         if effect.saliency_iou is not None:
-            cols[1].metric("Saliency IoU at 0.5", f"{effect.saliency_iou:.3f}")
-            cols[2].metric("Saliency mean |change|", f"{effect.saliency_mean_abs_change:.4f}")
+            cols[1].metric("Saliency IoU at 0.5", f"{effect.saliency_iou:.3f}", **metric_delta(
+                effect.saliency_iou - 1, f"{effect.saliency_iou - 1:+.3f} vs all heads", "higher", 3))
+            change = effect.saliency_mean_abs_change
+            cols[2].metric("Saliency mean |change|", f"{change:.4f}", **metric_delta(
+                change, f"{change:+.4f} vs all heads", "lower", 4))
             st.image([render.overlay_patch_map(self.shown, s, self.alpha, normalise=False)
                       for s in (before.saliency, tr.saliency)],
                      caption=["Saliency, all heads", f"Saliency, {heads_off} heads off"], width=300)

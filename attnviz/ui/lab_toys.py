@@ -17,7 +17,7 @@ from attnviz.toys import tasks as toys
 from attnviz.toys import training as toy_training
 from attnviz.ui import common as ui
 from attnviz.ui import jobs as ui_jobs
-from attnviz.ui.head_editor import head_editor
+from attnviz.ui.head_editor import head_editor, metric_delta
 
 PAGE = "lab"
 EDITOR = "toys"   # the head editor's namespace: "toys.row:<toy>:<layer>", "toys.apply", ...
@@ -122,7 +122,7 @@ def heads_off(toy, toy_key: str, source: torch.Tensor, exact: float):
     def effect(keep: torch.Tensor):
         masked = toy_accuracy(toy, toy_key, off_heads(keep))
         return lambda: st.metric("Exact accuracy with these heads off", f"{masked:.1%}",
-                                 delta=f"{masked - exact:+.1%}")
+                                 **metric_delta(masked - exact, f"{masked - exact:+.1%}", "higher", 3))
 
     head_editor(toy.cfg, EDITOR, scores=source, model_key=toy_key, effect=effect,
                 score_label="weight on the answer's source")
