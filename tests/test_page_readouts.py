@@ -152,3 +152,32 @@ def test_attention_lines_view_windows_a_long_text():
     start = at.slider(key="attention.line_start").value
     assert start <= 10 < start + 48
     assert any("Hover a token" in c.value for c in at.caption)
+
+
+def test_heads_page_live_effect_and_importance_say_their_ablation():
+    """The Heads page: one choice of zero or mean ablation; the live effect and importance say which."""
+    at = AppTest.from_file(str(Path(PAGE).parent / "2_Heads.py"), default_timeout=600).run()
+    assert not at.exception
+    row = at.button_group(key="heads.row:minilm:6x12:1")
+    row.unselect(3).run()
+    at.button(key="heads.apply").click().run()
+    zero = next(m.value for m in at.metric if m.label.startswith("embedding cosine"))
+    assert any("zero ablation" in c.value for c in at.caption)
+    at.radio(key="heads.ablation").set_value("mean").run()
+    assert not at.exception
+    mean = next(m.value for m in at.metric if m.label.startswith("embedding cosine"))
+    assert any("mean ablation" in c.value for c in at.caption) and mean != zero
+    at.select_slider(key="heads.imp_tokens").set_value(32)
+    at.select_slider(key="heads.imp_window").set_value(32)
+    at.radio(key="heads.imp_method").set_value("ablation")
+    at.button(key="heads.imp_go").click().run()
+    assert not at.exception and not at.error
+    assert any("heads off by mean ablation" in c.value for c in at.caption)
+    assert chart(at, "heads.imp_map")["layout"]["title"]["text"] == "ablation importance, mean ablation"
+    at.button_group(key="heads.tool").set_value("Pruning curve").run()
+    at.select_slider(key="heads.curve_tokens").set_value(32)
+    at.select_slider(key="heads.curve_window").set_value(32)
+    at.number_input(key="heads.curve_seeds").set_value(1)
+    at.button(key="heads.curve_go").click().run()
+    assert not at.exception and not at.error
+    assert chart(at, "heads.curve_cosine")["layout"]["title"]["text"] == "cosine: heads removed by mean ablation"
