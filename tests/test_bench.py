@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hst
 
 from attnviz.base import jobs, timing
-from attnviz.latency import calibrate, child, compare, decode, measure, quantize, results, sweep
+from attnviz.latency import calibrate, child, compare, decode, measure, quantize, results, sweep, tradeoff
 from attnviz.figures import latency as lf
 from attnviz.latency import cli as bench_cli
 from attnviz.latency import costmodel as cm
@@ -705,3 +705,18 @@ def test_attention_only_rows_are_quadratic_in_the_model():
     model = att[~att["measured"]].set_index("seq_len")["median_ms"]
     assert model[256] / model[128] > 3  # n^2 dominates one layer's attention
     assert att["measured"].sum() == 3 and (att["median_ms"] > 0).all()
+
+
+def test_four_vs_eight_heads_table_on_the_pi():
+
+    table = tradeoff.heads_table().set_index(["shape", "n_heads"])
+    assert len(table) == 4 and set(table.index.get_level_values("n_heads")) == {4, 8}
+    toys = table.loc[["toy-recall", "toy-recall-8h"]]
+    assert (toys["d_model"] == 64).all() and toys["exact_accuracy"].between(0, 1).all()
+    for device in ("pi4", "pi5"):
+        ms = table[f"{device} torch fp32 ms"]
+        assert (ms > 0).all()
+        # equal d_model: 8 narrower heads cost at least as much as 4 (more per-head work), never 2x
+        four, eight = ms.xs(4, level="n_heads").iloc[-1], ms.xs(8, level="n_heads").iloc[-1]
+        assert four <= eight < 2 * four
+    assert (table["pi4 torch fp32 ms"] > table["pi5 torch fp32 ms"]).all()

@@ -14,7 +14,8 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from attnviz.base import jobs
-from attnviz.latency import compare, results
+from attnviz.latency import compare, quantize, results
+from attnviz.figures import latency as lf
 from attnviz.base.limits import LIMITS
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "4_Latency.py")
@@ -100,8 +101,9 @@ def test_only_the_chosen_view_computes_and_the_choice_survives_reruns(monkeypatc
         real = getattr(compare, name)
         monkeypatch.setattr(compare, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     at = submit(page(), **SMALL)
-    assert calls == [] and set(figures(at)) == {"Latency of one forward pass",
-                                                "Latency of one forward pass (log-log: slope 1 linear, 2 quadratic)"}
+    # issue 19.5: the log-log view is the growth figure (slope-1 and slope-2 reference lines)
+    assert calls == [] and set(figures(at)) == {"Latency of one forward pass", lf.growth_figure(
+        at.session_state["latency.results"]).layout.title.text}
     show(at, "Comparisons")
     assert calls == ["compare"] and any(t.startswith("Speed-ups") for t in figures(at))
     at.run()  # what a download or any other widget's rerun does
@@ -127,8 +129,9 @@ def test_split_and_fit_for_a_device_not_in_the_sweep(ran):
     ran.selectbox(key="latency.split_device").select("pi5").run()
     assert not ran.exception
     figs = figures(ran)
-    assert "Where the time goes on pi5 (cost model)" in figs and "Quadratic fit of latency" in figs
-    fit = figs["Quadratic fit of latency"]
+    fit_title = next(t for t in figs if t.startswith("Quadratic fit of latency"))  # + where crossovers lie
+    assert "Where the time goes on pi5 (cost model)" in figs
+    fit = figs[fit_title]
     assert values(fit["data"][0]["x"]) == [8, 16, 32] and "n²" in fit["data"][1]["name"]
     assert any("at most" in c.value for c in ran.caption)
 
@@ -361,3 +364,20 @@ def test_a_fit_beyond_any_device_is_refused_and_the_profile_not_kept(monkeypatch
     assert any("beyond any real device" in e.value for e in at.error), [e.value for e in at.error]
     assert "pi4" not in at.session_state["latency.profiles"] and not at.exception
     assert "pi4" in at.metric[-1].label and "recalibrated" not in at.metric[-1].label
+
+
+def test_edge_views_heads_table_and_quantization(monkeypatch):
+    """Issue 19.3 / 19.7: the 4-vs-8-heads table; the quantization tables (measured behind a button)."""
+
+    fake = (pd.DataFrame([dict(model="minilm", mode="int8", latency_ratio=0.7)]),
+            pd.DataFrame([dict(variant="softmax", flushed_share=0.2, mass_lost=0.003, l1_per_row=0.02),
+                          dict(variant="relu", flushed_share=0.03, mass_lost=0.0004, l1_per_row=0.01)]))
+    monkeypatch.setattr(quantize, "quantization_table", lambda **k: fake[0])
+    monkeypatch.setattr(quantize, "probabilities_int8", lambda m: fake[1])
+    at = page()
+    at.button(key="latency.heads_tradeoff").click().run()
+    heads = next(d.value for d in at.dataframe if "n_heads" in d.value.columns)
+    assert set(heads["n_heads"]) == {4, 8} and "pi5 torch fp32 ms" in heads.columns
+    at.button(key="latency.quantize").click().run()
+    assert not at.exception
+    assert any("relu survives better" in c.value for c in at.caption)

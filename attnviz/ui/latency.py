@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 
+import pandas as pd
 import streamlit as st
 
 from attnviz.base import jobs
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import latency as lf
-from attnviz.latency import calibrate, compare, engines, measure, results, sweep
+from attnviz.latency import calibrate, compare, engines, measure, quantize, results, sweep, tradeoff
 from attnviz.latency import costmodel as cm
 from attnviz.ui import common
 from attnviz.ui import jobs as ui_jobs
@@ -24,7 +25,7 @@ from attnviz.weights.catalogue import BUNDLED
 
 PAGE = "latency"
 VARIANTS = ["fused", "eager", "chunked:128", "local:64", "linear", "relu"]
-VIEWS = ["Latency", "Split and fit", "Memory", "Tokens/s", "Comparisons", "Model error"]
+VIEWS = ["Latency", "Split and fit", "Memory", "Tokens/s", "Decode", "Comparisons", "Model error"]
 PROFILES, RESULTS, STOPPED = (session_key(PAGE, k) for k in ("profiles", "results", "stopped"))
 
 
@@ -95,6 +96,9 @@ def sweep_form():
                                  help="cpu: this process's CPU time; ignores other programs on a busy machine "
                                       "(1 thread)")
         form["memory"] = c3.checkbox("Measure peak memory", True, key=K("memory"))
+        form["decode"] = c2.text_input("Decode depths (causal LMs)", "", key=K("decode"), placeholder="0,128,512",
+                                       help="llama-bench's pp (a 128-token prompt) and tg (one token at each KV-cache "
+                                            "depth), measured here and modelled on the Pi backends")
         b1, b2 = st.columns(2)
         cap_s, cap_mb = int(LIMITS.max_sweep_seconds), int(min(measure.memory_budget_mb(), LIMITS.max_sweep_memory_mb))
         form["max_s"] = b1.number_input("Time budget (s)", 1, cap_s, min(120, cap_s), key=K("budget_s"),
@@ -137,6 +141,14 @@ def run_form(form: dict, here: int):
                              deadline=deadline, cancel=cancel, progress=lambda i, n, label: bar.progress(
                                  min(i / max(n, 1), 1.0), text=common.plain(label)))
         bar.empty()
+        if (form.get("decode") or "").strip():
+            with st.spinner("Decode latency…"):
+                depths = [int(x) for x in form["decode"].replace(" ", "").split(",") if x.isdigit()]
+                dec = sweep.decode_sweep(plan, {k: get_model(k) for k in plan.models}, depths or [0],
+                                         profiles=st.session_state[PROFILES], deadline=deadline)
+            attrs = dict(df.attrs)
+            df = pd.concat([df, dec], ignore_index=True).reindex(columns=df.columns)
+            df.attrs = dict(attrs, stopped=attrs.get("stopped") or dec.attrs["stopped"])
         with st.spinner("Calibrating this CPU at the sweep's thread counts…"):
             for t in sorted(set(plan.threads) - {here}):  # the cost-model views need them: here, in the slot
                 try:
@@ -160,13 +172,29 @@ def results_views():
     st.download_button("Download CSV", results.to_csv(df), "attnviz-latency.csv", "text/csv", key=K("download"),
                        on_click="ignore")
     chosen = common.view_choice(PAGE, VIEWS)
+    if chosen == "Decode":
+        return decode_view(df)
+    df = df[df["test"].fillna("") == ""] if "test" in df.columns else df  # one forward pass per row
+    if df.empty:
+        st.info("These results hold decode rows only: choose the Decode view.")
+        return
     {"Latency": latency_view, "Split and fit": split_and_fit, "Memory": memory_view, "Tokens/s": throughput_view,
      "Comparisons": comparisons_view, "Model error": model_error_view}[chosen](df)
 
 
 def latency_view(df):
     st.plotly_chart(lf.latency_figure(df), key=K("fig_linear"))
-    st.plotly_chart(lf.latency_figure(df, log=True), key=K("fig_log"))
+    st.plotly_chart(lf.growth_figure(df), key=K("fig_log"))
+
+
+def decode_view(df):
+    if "test" not in df.columns or not (df["test"] == "tg").any():
+        st.info("Give decode depths (e.g. 0,128,512) and a causal model (SmolLM2), then press Run.")
+        return
+    st.plotly_chart(lf.decode_figure(df), key=K("fig_decode"))
+    st.dataframe(lf.decode_table(df), hide_index=True, key=K("decode_table"))
+    st.caption("llama-bench's meaning: pp = prompt tokens / s of one pass over the prompt; tg = generated tokens "
+               "/ s, one token at a time, reading the KV cache of `depth` earlier tokens (-d).")
 
 
 def memory_view(df):
@@ -198,6 +226,9 @@ def split_and_fit(df):
     if pts.empty:  # that device was not in the sweep: fit the model's own curve
         pts = split.assign(median_ms=split.drop(columns="seq_len").sum(axis=1))
     cross = cm.attention_crossover(cfg, prof, variant)
+    att = compare.attention_only(cfg, ns, prof, "eager" if variant == "fused" else variant, model=key)
+    st.plotly_chart(lf.growth_figure(att, title=f"One layer's attention alone on {where} (QKᵀ, softmax, ·V; "
+                                                "cost model)"), key=K("fig_attention_only"))
     if pts["seq_len"].nunique() >= 3:
         st.plotly_chart(lf.fit_figure(pts["seq_len"], pts["median_ms"], f"{key} · {where}", cross), key=K("fig_fit"))
     else:
@@ -231,6 +262,44 @@ def model_error_view(df):
     st.plotly_chart(lf.error_figure(err), key=K("fig_error"))
     st.caption("On a busy machine choose the cpu clock with one thread: wall time then includes other "
                "programs, which no cost model can predict.")
+
+
+# ---------------------------------------------------------------- edge questions: quantization, heads
+@st.cache_data(max_entries=2, show_spinner="Quantizing and measuring each bundled model…")
+def quantization_tables(rounds: int):
+    with ui_jobs.heavy_job("quantization"):
+        return (quantize.quantization_table(rounds=rounds, loader=common.load_model),
+                quantize.probabilities_int8(common.load_model("minilm")))
+
+
+@st.cache_data(max_entries=1, show_spinner=False)
+def heads_table():
+    return tradeoff.heads_table()  # evaluates the toys once per process, not on every rerun
+
+
+def edge_views():
+    """int8 / bf16 measured here, the seed's 8-bit softmax-vs-ReLU experiment, and 4 vs 8 heads on the Pi."""
+    st.subheader("Quantization and heads on the Pi")
+    if st.button("4 vs 8 heads at equal d_model on a Pi 4 and Pi 5 (4 threads, cost model)", key=K("heads_tradeoff")):
+        st.session_state[K("heads_shown")] = True
+    if st.session_state.get(K("heads_shown")):  # computed once asked for, not on every page open
+        st.dataframe(heads_table(), hide_index=True, key=K("heads_table"))
+        st.caption("The Lab's recall toys (d_model 64) and a MiniLM-sized shape: more, narrower heads cost "
+                   "almost nothing more on the Pi; the toys' exact accuracy on their held-out set is beside it.")
+    if st.button("Measure int8 and bf16 copies of every bundled model here", key=K("quantize")):
+        try:
+            st.session_state[K("quantized")] = quantization_tables(3)
+        except ValueError as err:  # the server is busy
+            st.error(common.plain(str(err)))
+    if K("quantized") in st.session_state:
+        table, probs = st.session_state[K("quantized")]
+        st.dataframe(table, hide_index=True, key=K("quant_table"))
+        st.caption("latency_ratio: quantized / float32 on this CPU (below 1 is faster); int8 is torch's dynamic "
+                   "quantization of the linear layers, bf16 a bf16 copy of them.")
+        st.dataframe(probs, hide_index=True, key=K("probs_table"))
+        better = probs.set_index("variant")["l1_per_row"].idxmin()
+        st.caption(f"Attention probabilities stored in 8 bits (MiniLM): {better} survives better — softmax "
+                   "spreads tiny weights over every key, which 8 bits flush to zero; ReLU's zeros are exact.")
 
 
 # ---------------------------------------------------------------- a CSV from a real device
