@@ -354,7 +354,7 @@ def test_preprocess_shape_and_normalisation():
 def test_preprocess_puts_left_on_left_and_red_in_channel_0():
     image = Image.new("RGB", (280, 140), BLUE)
     image.paste(RED, (0, 0, 140, 140))
-    pixels = preprocess(image, 224, mean=(0, 0, 0), std=(1, 1, 1))
+    pixels = preprocess(image, 224, mean=(0, 0, 0), std=(1, 1, 1), fit="squeeze")
     assert torch.allclose(pixels[:, 100, 10], torch.tensor([1.0, 0.0, 0.0]))
     assert torch.allclose(pixels[:, 100, 210], torch.tensor([0.0, 0.0, 1.0]))
 
@@ -371,7 +371,7 @@ def test_preprocess_matches_the_transformers_processor():
     noise = np.random.default_rng(2).integers(0, 256, (150, 260, 3), dtype=np.uint8)
     image = Image.fromarray(noise)
     reference = processor(image, return_tensors="pt")["pixel_values"][0]
-    assert torch.allclose(preprocess(image, 224), reference, atol=1e-5)
+    assert torch.allclose(preprocess(image, 224, fit="squeeze"), reference, atol=1e-5)
 
 
 def test_preprocess_composites_alpha_like_open_image():

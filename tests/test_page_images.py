@@ -45,7 +45,7 @@ def run_page() -> AppTest:
 
 
 def photo_caption(at) -> str:
-    return next(c.value for c in at.caption if "squeezed to" in c.value)
+    return next(c.value for c in at.caption if "resized to" in c.value)
 
 
 def image_captions(at) -> list[str]:
@@ -260,3 +260,41 @@ def test_a_file_that_fails_to_decode_is_not_decoded_again_on_every_rerun(monkeyp
         assert "**stripes\\.png**" in photo_caption(at)                   # the last good photo stays
     show(at, "Patch query")
     assert calls.count(len(bad)) == decodes
+
+
+# ---------------------------------------------------------------- issue 22.14: crop, pad or squeeze
+def test_non_square_photo_is_centre_cropped_by_default_and_can_be_padded_or_squeezed():
+    at = upload(upload_page(), "stripes.png", png())
+    assert at.sidebar.radio(key="images.fit").value == "crop"
+    assert "90×60 px, centre square cropped, resized to 224×224" in photo_caption(at)
+    at.sidebar.radio(key="images.fit").set_value("pad").run()
+    assert not at.exception
+    assert "padded to a square with the mean colour, resized to 224×224" in photo_caption(at)
+    at.sidebar.radio(key="images.fit").set_value("squeeze").run()
+    assert "90×60 px, squeezed, resized to" in photo_caption(at)
+    at.sidebar.radio(key="images.source").set_value("Sample photo").run()   # a square sample: nothing said
+    assert "cropped" not in photo_caption(at) and "padded" not in photo_caption(at)
+
+
+def test_fit_square_crop_pad_squeeze_pixels():
+    from attnviz.core import images as imageio
+
+    photo = Image.open(io.BytesIO(png()))                   # 90 x 60: left half black, right yellow
+    crop = imageio.fit_square(photo)
+    assert crop.size == (60, 60)
+    assert np.array_equal(np.asarray(crop), np.asarray(photo)[:, 15:75])       # the centre square
+    pad = imageio.fit_square(photo, "pad", (0.5, 0.5, 0.5))
+    assert pad.size == (90, 90)
+    assert np.array_equal(np.asarray(pad)[15:75], np.asarray(photo))
+    assert (np.asarray(pad)[:15] == 128).all() and (np.asarray(pad)[75:] == 128).all()
+    assert imageio.fit_square(photo, "squeeze").size == (90, 60)
+    with pytest.raises(ValueError, match="crop, pad, squeeze"):
+        imageio.fit_square(photo, "stretch")
+    # preprocess: crop by default (nothing stretched), the mean-colour bars normalise to 0
+    plain_stats = dict(mean=(0, 0, 0), std=(1, 1, 1), patch_size=14)
+    assert np.allclose(imageio.preprocess(photo, 112, **plain_stats).numpy(),
+                       imageio.preprocess(crop, 112, **plain_stats).numpy())
+    padded = imageio.preprocess(photo, 112, fit="pad", patch_size=14)
+    assert padded[:, :10].abs().max() < 1e-2                 # the top bar: the mean colour
+    assert not np.allclose(imageio.preprocess(photo, 112, fit="squeeze", **plain_stats).numpy(),
+                           imageio.preprocess(crop, 112, **plain_stats).numpy())

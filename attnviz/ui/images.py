@@ -40,6 +40,19 @@ def decoded(image_key: str, _data: bytes):
     return photo, pictures.display_image(photo)
 
 
+FIT_LABELS = {"crop": "centre crop", "pad": "pad", "squeeze": "squeeze"}
+FIT_SAID = {"crop": "centre square cropped", "pad": "padded to a square with the mean colour",
+            "squeeze": "squeezed"}
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def squared(image_key: str, fit: str, _photo, _fill):
+    """The photo made square as the model sees it (core.images.fit_square) and its display copy,
+    per photo and fit: the overlays lie over exactly the pixels the model saw."""
+    square = imageio.fit_square(_photo, fit, _fill)
+    return square, pictures.display_image(square)
+
+
 @st.cache_resource(max_entries=3, show_spinner=False)
 def traced(model_key: str, image_key: str, size: int, mask_key: bytes, _model, _photo, _mask):
     # cache_resource, not cache_data: a 448-px trace holds ~300 MB of weights; no copy per rerun.
@@ -120,14 +133,16 @@ def choose_photo(cfg):
 class View:
     """One photo, one resolution, one applied mask: the chosen view of it."""
 
-    def __init__(self, model, chosen, size: int, alpha: float):
+    def __init__(self, model, chosen, size: int, alpha: float, fit: str = "crop"):
         self.model, self.cfg = model, model.cfg
-        self.label, self.image_key, self.photo_bytes, self.photo, self.shown = chosen
+        self.label, self.image_key, self.photo_bytes, self.original, _ = chosen
+        self.fit = fit
+        self.photo, self.shown = squared(self.image_key, fit, self.original, tuple(model.image_mean))
         self.size, self.alpha = size, alpha
         self.grid = size // self.cfg.patch_size
 
     def trace(self, mask):
-        return traced(self.model.info.key, self.image_key, self.size, mask.numpy().tobytes(),
+        return traced(self.model.info.key, f"{self.image_key}:{self.fit}", self.size, mask.numpy().tobytes(),
                       self.model, self.photo, mask if (mask == 0).any() else None)
 
     def effect(self, mask):
@@ -138,7 +153,9 @@ class View:
 
     def draw(self, mask, tr):
         heads_off = int((mask == 0).sum())
-        st.caption(f"**{common.plain(self.label)}** · {self.photo.width}×{self.photo.height} px, squeezed to "
+        w, h = self.original.size
+        shape = "" if w == h else f"{FIT_SAID[self.fit]}, "
+        st.caption(f"**{common.plain(self.label)}** · {w}×{h} px, {shape}resized to "
                    f"{self.size}×{self.size} · {self.grid}×{self.grid} patches of {self.cfg.patch_size} px · "
                    f"{tr.n} tokens" + (f" · {heads_off} heads off" if heads_off else ""))
         choice = st.segmented_control("view", VIEWS, default=VIEWS[0], required=True, key=K("view_choice"),
@@ -294,13 +311,16 @@ def settings(model):
             "Input resolution", options, key=K("size"),
             format_func=lambda s: f"{s} px · {vision.token_count(s, cfg.patch_size, n_prefix)} tokens")
         alpha = st.slider("Overlay opacity", 0.0, 1.0, 0.55, 0.05, key=K("alpha"))
+        fit = st.radio("Non-square photo", list(FIT_LABELS), format_func=FIT_LABELS.get, key=K("fit"),
+                       horizontal=True, help="the model takes a square: centre crop (the default) cuts "
+                       "the longer side's edges; pad adds mean-colour bars; squeeze stretches the photo")
     grid = size // cfg.patch_size
     for name, top, default in (("layer", cfg.n_layers - 1, cfg.n_layers - 1),
                                ("q_layer", cfg.n_layers - 1, cfg.n_layers - 1),
                                ("a_layer", cfg.n_layers, cfg.n_layers - 1),
                                ("row", grid - 1, grid // 2), ("col", grid - 1, grid // 2)):
         ss[K(name)] = min(ss.get(K(name), default), top)
-    return size, alpha
+    return size, alpha, fit
 
 
 def page():
@@ -312,6 +332,6 @@ def page():
     if chosen is None:
         st.info("Upload a photo to begin (scikit-image's sample photos are not installed).")
         st.stop()
-    size, alpha = settings(model)
-    view = View(model, chosen, size, alpha)
+    size, alpha, fit = settings(model)
+    view = View(model, chosen, size, alpha, fit)
     head_editor(model.cfg, PAGE, model_key=model.info.key, effect=view.effect, split=(1, 3))
