@@ -302,8 +302,10 @@ def test_cli_help():
     out = cli("--help")
     assert out.returncode == 0
     for flag in ("--model", "--seq-lens", "--variants", "--heads", "--threads", "--repeats", "--warmup",
-                 "--backend", "--out"):
+                 "--backend", "--out", "--engine", "--dtype", "--pi-threads", "--decode-depths"):
         assert flag in out.stdout
+    for word in ("ncnn", "ggml", "int8", "fp16", "q4_0", "pp", "tg"):  # issue 19: engines and dtypes documented
+        assert word in out.stdout
 
 
 def test_cli_tiny_sweep_writes_a_csv_the_page_reads(tmp_path):
