@@ -445,3 +445,54 @@ def test_metric_delta_helper():
     assert metric_delta(0.004, "x", "higher") == dict(delta="x", delta_color="off", delta_arrow="off")
     with pytest.raises(ValueError):
         metric_delta(1, "x", "up")
+
+
+# ---------------------------------------------------------------- issue 22.6 and 22.9: prune and measure
+def speed_table(tokens, full, q1, q3):
+    import pandas as pd
+    return pd.DataFrame(dict(tokens=tokens, runs=5, full_ms=full, full_ms_q1=q1, full_ms_q3=q3,
+                             pruned_ms=[f * 0.9 for f in full], pruned_ms_q1=[f * 0.85 for f in full],
+                             pruned_ms_q3=[f * 0.95 for f in full], speedup=1.1, speedup_q1=1.08,
+                             speedup_q3=1.12, bound=1.3))
+
+
+def test_a_row_whose_spread_exceeds_half_its_median_is_flagged():
+    from attnviz.latency.speedup import noisy_lengths
+    # the issue's row: median 4,227 ms, first quartile 312 ms; the ratios of its rounds agree
+    table = speed_table([16, 32, 64], [20.0, 4227.0, 90.0], [19.0, 312.0, 60.0], [21.0, 4300.0, 140.0])
+    assert noisy_lengths(table) == [32, 64]          # 64: IQR 80 ms > half of 90 ms
+
+
+def test_prune_and_measure_has_progress_and_measures_unsettled_lengths_again(monkeypatch):
+    from attnviz.latency import speedup
+    calls = []
+
+    def fake(model, keep, lengths, repeats, should_stop=None, progress=None, **kw):
+        calls.append(list(lengths))
+        assert progress is not None and should_stop is not None and not should_stop()
+        progress(1, 2, lengths[0])
+        noisy = len(calls) == 1
+        table = speed_table(list(lengths), [100.0] * len(lengths), [20.0 if noisy else 99.0] * len(lengths),
+                            [300.0 if noisy else 101.0] * len(lengths))
+        return speedup.Speedup(10, 8, 70, 72, table, cfg_full=model.cfg, cfg_pruned=model.cfg)
+
+    monkeypatch.setattr(speedup, "measure_speedup", fake)
+    monkeypatch.setattr(speedup.Speedup, "modelled", lambda self, devices=(): None)
+    at = tool(app(), "Real pruning")
+    at.multiselect(key="heads.lengths").set_value([16, 32]).run()
+    at.button(key="heads.prune_go").click().run()
+    assert not at.exception
+    assert calls == [[16, 32], [16, 32]]             # both unsettled: measured once more
+    assert any("Measured again" in c.value and "16, 32 tokens" in c.value for c in at.caption)
+    assert not any("Not settled" in w.value for w in at.warning)   # the second runs settled
+    assert frame_with(at, "speedup_q1")["full_ms_q1"].tolist() == [99.0, 99.0]
+    assert at.session_state["heads.speed:minilm:running"] is False
+
+
+def test_remeasure_replaces_only_the_noisy_rows():
+    from attnviz.latency import speedup
+    from attnviz.ui.heads_tools import remeasure
+    sp = speedup.Speedup(1, 1, 1, 1, speed_table([16, 32], [10.0, 100.0], [9.0, 10.0], [11.0, 300.0]))
+    out, again = remeasure(sp, lambda lengths: speedup.Speedup(1, 1, 1, 1, speed_table(lengths, [50.0], [49.0], [51.0])))
+    assert again == [32] and out.table["full_ms"].tolist() == [10.0, 50.0]
+    assert remeasure(sp, None, should_stop=lambda: True) == (sp, [])

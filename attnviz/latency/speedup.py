@@ -74,7 +74,7 @@ def measure_speedup(model, keep, lengths=(32, 128, 512), repeats: int = 5, seed:
     The bound: only attention shrinks when heads go, so with attention taking a share a of the
     time and a fraction k of heads kept, the speed-up cannot exceed 1 / (1 - a (1 - k)) (Amdahl).
     `a` is measured against the same model with every head pruned; the FLOP-based bound from
-    `forward_flops` is given next to it."""
+    `forward_flops` is given next to it. `progress(rounds done, rounds in all, tokens)` after each round."""
     if int(repeats) < MIN_REPEATS:
         raise ValueError(f"{int(repeats)} run(s) per length give no median worth the name: use at least "
                          f"{MIN_REPEATS} (a single run on a busy machine can be off by several times)")
@@ -108,6 +108,8 @@ def measure_speedup(model, keep, lengths=(32, 128, 512), repeats: int = 5, seed:
             order = (0, 1, 2) if r % 2 == 0 else (2, 1, 0)
             for i in order:
                 times[i].append(time_forward(models[i], ids))
+            if progress is not None:   # per round: one long length is minutes on a small machine
+                progress(j * repeats + r + 1, len(lengths) * repeats, n)
         if len(times[0]) < repeats:  # stopped mid-length: its few rounds are not a measurement
             break
         (f1, t_full, f3), (p1, t_small, p3), (_, t_none, _) = (Timing.of(t).quartiles for t in times)
@@ -120,18 +122,21 @@ def measure_speedup(model, keep, lengths=(32, 128, 512), repeats: int = 5, seed:
                          speedup=speedup, speedup_q1=s1, speedup_q3=s3,
                          no_attention_ms=1e3 * t_none, attention_share=share, bound=1 / (1 - share * (1 - k)),
                          attention_share_flops=flop_share, flops_speedup=f_full["total"] / f_small["total"]))
-        if progress is not None:
-            progress(j + 1, len(lengths), None)
     return Speedup(model.num_params(), small.num_params(), int(keep.sum()), int(model.kept.sum()),
                    pd.DataFrame(rows), complete=len(rows) == len(lengths), cfg_full=model.cfg,
                    cfg_pruned=small.cfg)
 
 
-def noisy_lengths(table: pd.DataFrame, spread: float = 1.25) -> list[int]:
+def noisy_lengths(table: pd.DataFrame, spread: float = 1.25, time_spread: float = 0.5) -> list[int]:
     """Sequence lengths whose speed-up is not settled: the IQR of the per-round ratios spans more
-    than a factor `spread`, or the median lies above its Amdahl bound (beyond 5 %)."""
+    than a factor `spread`, the median lies above its Amdahl bound (beyond 5 %), or either model's
+    time has an IQR above `time_spread` times its median (a 4,227 ms median with a 312 ms first
+    quartile is not a measurement, even when the ratios of its rounds agree)."""
     if table.empty:
         return []
     wide = table["speedup_q3"] > spread * table["speedup_q1"]
     above = table["speedup"] > 1.05 * table["bound"]
+    for col in ("full_ms", "pruned_ms"):
+        if {col, f"{col}_q1", f"{col}_q3"} <= set(table.columns):
+            wide |= table[f"{col}_q3"] - table[f"{col}_q1"] > time_spread * table[col]
     return [int(n) for n in table.loc[wide | above, "tokens"]]

@@ -5,6 +5,7 @@ between steps when its browser session goes away (`attnviz.ui.jobs`).
 """
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from attnviz.analysis import importance, pruning
@@ -166,6 +167,52 @@ def curve_tool(view, keep):
         csv_download("Pruning curve CSV", ss[store][0].table, f"pruning-curve-{view.mkey}.csv", K("curve_csv"))
 
 
+def remeasure(sp, measure, should_stop=lambda: False):
+    """(the speed-up with each noisy length's row replaced by a second measurement, the lengths
+    measured again). `measure(lengths)` is `speedup.measure_speedup` for this model and mask."""
+    noisy = speedup.noisy_lengths(sp.table)
+    if not noisy or should_stop():
+        return sp, []
+    second = measure(noisy).table
+    done = [int(n) for n in second["tokens"]]
+    kept = sp.table[~sp.table["tokens"].isin(done)]
+    sp.table = pd.concat([kept, second]).sort_values("tokens", ignore_index=True)
+    return sp, done
+
+
+def measure_tracked(view, keep, lengths, repeats: int, store: str):
+    """Prune and measure with a progress bar and Cancel (a click interrupts the run), holding a
+    heavy-job slot; each result is saved at once, then the noisy lengths are measured once more."""
+    ss = st.session_state
+    code = pruning.encode_mask(keep)
+    try:
+        with ui_jobs.heavy_job("prune and measure") as cancel:
+            ss[store + ":running"] = True
+            cancel_slot = st.empty()
+            cancel_slot.button("Cancel", key=K("prune_cancel"))
+            bar = st.progress(0.0, text="Building the pruned model and warming both up…")
+            deadline = jobs.Deadline(LIMITS.max_importance_seconds)
+            stop = lambda: deadline.expired() or cancel.is_set()
+
+            def progress(what):
+                return lambda done, total, n: bar.progress(
+                    done / max(total, 1), text=f"{what}: round {done} of {total} (at {n} tokens)")
+
+            sp = speedup.measure_speedup(view.model, keep, lengths, repeats, should_stop=stop,
+                                         progress=progress("Timing full and pruned in turn"))
+            ss[store] = (code, sp, [])
+            ss[store] = (code, *remeasure(sp, lambda again: speedup.measure_speedup(
+                view.model, keep, again, repeats, should_stop=stop,
+                progress=progress("Measuring the unsettled lengths again")), stop))
+    except ValueError as err:
+        st.error(common.plain(str(err)))
+        ss[store + ":running"] = False
+        return
+    ss[store + ":running"] = False
+    cancel_slot.empty()
+    bar.empty()
+
+
 def prune_tool(view, keep):
     ss = st.session_state
     lengths = st.multiselect("sequence lengths", [16, 32, 64, 128, 256, 512, 1024], [32, 128, 512],
@@ -177,17 +224,14 @@ def prune_tool(view, keep):
                "is not touched.")
     store = K(f"speed:{view.mkey}")
     if st.button("Prune and measure", key=K("prune_go"), disabled=not keep.any() or not lengths):
-        try:
-            with ui_jobs.heavy_job("prune and measure") as cancel, \
-                    st.spinner("Building the pruned model, warming both up and timing them in turn…"):
-                deadline = jobs.Deadline(LIMITS.max_importance_seconds)
-                ss[store] = (pruning.encode_mask(keep), speedup.measure_speedup(
-                    view.model, keep, lengths, int(repeats), should_stop=lambda: deadline.expired() or cancel.is_set()))
-        except ValueError as err:
-            st.error(common.plain(str(err)))
+        measure_tracked(view, keep, lengths, int(repeats), store)
+    if ss.get(store + ":running"):  # a click (Cancel or any widget) interrupted the run
+        ss[store + ":running"] = False
+        st.warning("Prune and measure was cancelled" + (": the last finished measurement is shown."
+                                                         if store in ss else "."))
     if store not in ss:
         return
-    mask_code, sp = ss[store]
+    mask_code, sp, again = ss[store]
     if mask_code != pruning.encode_mask(keep):
         st.info("Measured for an earlier mask; press the button to measure this one.")
     if not sp.complete:
@@ -207,9 +251,12 @@ def prune_tool(view, keep):
                "attention takes the measured share of the time (Amdahl, 1 / (1 − share × removed "
                "fraction)); flops_speedup: the same from FLOP counts.")
     noisy = speedup.noisy_lengths(sp.table)
+    if again:
+        st.caption(f"Measured again (their first runs were not settled): {', '.join(map(str, again))} tokens.")
     if noisy:
-        st.warning(f"Not settled at {', '.join(map(str, noisy))} tokens: the runs spread widely or the "
-                   "speed-up exceeds its bound — timing noise on a busy machine. Raise the runs per "
+        st.warning(f"Not settled at {', '.join(map(str, noisy))} tokens" + (" even when measured again" if
+                   set(noisy) & set(again) else "") + ": the runs spread by more than half their median, "
+                   "or the speed-up exceeds its bound — timing noise on a busy machine. Raise the runs per "
                    "length or measure when the machine is quiet.")
     if modelled is not None:
         st.caption("Raspberry Pi 4 / 5, modelled by attnviz.latency.costmodel (a roofline model, not measured):")
