@@ -496,3 +496,20 @@ def test_remeasure_replaces_only_the_noisy_rows():
     out, again = remeasure(sp, lambda lengths: speedup.Speedup(1, 1, 1, 1, speed_table(lengths, [50.0], [49.0], [51.0])))
     assert again == [32] and out.table["full_ms"].tolist() == [10.0, 50.0]
     assert remeasure(sp, None, should_stop=lambda: True) == (sp, [])
+
+
+def test_evaluation_length_never_offers_more_tokens_than_the_text_has():
+    at = tool(app(), "Importance")
+    bundled = at.select_slider(key="heads.imp_tokens")
+    assert bundled.value == 256 and max(map(int, bundled.options)) <= limits.LIMITS.max_importance_tokens
+    words = " ".join(["the cat sat on the mat"] * 7)             # 42 words: about 42 tokens
+    at.text_area(key="heads.text:enc").input(words).run()
+    at.radio(key="heads.imp_src").set_value("the text above").run()
+    assert not at.exception
+    slider = at.select_slider(key="heads.imp_tokens")
+    n = int(slider.options[-1])
+    assert slider.options[:-1] == ["32"] and 32 < n < 64   # ends on the text's own length
+    assert int(slider.value) == n                          # 256 was asked: all the text has
+    at.text_area(key="heads.text:enc").input("the cat sat on the mat").run()   # shorter than 32
+    assert not at.exception and "heads.imp_tokens" not in [s.key for s in at.get("select_slider")]
+    assert any("all the text has" in c.value for c in at.caption)

@@ -35,12 +35,42 @@ def eval_data(_model, key, text, tokens, window):
     return importance.eval_windows(_model, text, tokens, window)
 
 
-def eval_settings(view, prefix):
+TOKEN_CHOICES = (32, 64, 128, 256, 512, 1024, 2048)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def text_tokens(key: str, text: str | None, _model) -> int:
+    """How many content tokens the evaluation text has (at most the largest choice); 0 when it
+    cannot be used (eval_data then says why)."""
+    try:
+        return importance.eval_windows(_model, text, max(TOKEN_CHOICES), 32).available
+    except ValueError:
+        return 0
+
+
+def token_options(available: int) -> list[int]:
+    """The slider's choices: never more tokens than the text has (nor than this server allows);
+    a text between two choices ends on its own length."""
+    top = min(available, int(LIMITS.max_importance_tokens)) if available else TOKEN_CHOICES[0]
+    options = [t for t in TOKEN_CHOICES if t < top]
+    return options + [top] if top not in options else options
+
+
+def eval_settings(view, prefix, default_tokens=None):
     ss = st.session_state
     c1, c2, c3, c4 = st.columns(4)
     source = c1.radio("evaluation text", ["bundled (Alice, ch. I–II)", "the text above"], key=K(f"{prefix}_src"))
-    tokens = c2.select_slider("tokens", [32, 64, 128, 256, 512, 1024, 2048], 128 if view.lm else 256,
-                              key=K(f"{prefix}_tokens"))
+    options = token_options(text_tokens(view.mkey, None if source.startswith("bundled") else view.text, view.model))
+    wanted = default_tokens or (128 if view.lm else 256)
+    default = max([t for t in options if t <= wanted] or options[:1])
+    if ss.get(K(f"{prefix}_tokens"), default) not in options:   # a shorter text: the nearest choice below
+        ss[K(f"{prefix}_tokens")] = max([t for t in options if t <= ss[K(f"{prefix}_tokens")]] or options[:1])
+    if len(options) == 1:   # a slider needs two choices
+        tokens = options[0]
+        c2.caption(f"tokens: {tokens}, all the text has")
+    else:
+        tokens = c2.select_slider("tokens", options, default, key=K(f"{prefix}_tokens"),
+                                  help=f"at most the {options[-1]:,} tokens the evaluation text has")
     window = c3.select_slider("window", [32, 64, 128, 256], 64, key=K(f"{prefix}_window"))
     cap = max(1, int(LIMITS.max_importance_seconds))
     if ss.get(K(f"{prefix}_budget"), 0) > cap:
