@@ -16,7 +16,10 @@ st.markdown(
     "4. **Latency** — what attention costs as sequences grow, here and on a Raspberry Pi.\n"
     "5. **Lab** — attention step by step, positional encodings, variants, toy transformers.\n"
     "6. **Translate** — a translation model's cross-attention: which source words each output "
-    "word reads."
+    "word reads.\n"
+    "7. **Speech** — Whisper's text tokens attending to the audio, and word timestamps from "
+    "those heads.\n"
+    "8. **Readouts** — what the model believes at each layer, which heads wrote the prediction."
 )
 
 st.subheader("Bundled models")
