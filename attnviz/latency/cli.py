@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         bar.close()
         if args.decode_depths:
             depths = parse_depths(args.decode_depths)
-            dec = decode_sweep(plan, models, depths, args.n_prompt, deadline=deadline)
+            dec = decode_sweep(plan, models, depths, args.n_prompt, deadline=deadline, own_process=True)
             df = pd.concat([df, dec], ignore_index=True).reindex(columns=df.columns)
             df.attrs["stopped"] = df.attrs.get("stopped") or dec.attrs["stopped"]
     except ValueError as err:

@@ -285,10 +285,12 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
 
 
 def decode_sweep(plan: SweepPlan, models: dict, depths: list[int], n_prompt: int = 128, *,
-                 profiles: dict | None = None, deadline: Deadline | None = None) -> pd.DataFrame:
+                 profiles: dict | None = None, deadline: Deadline | None = None,
+                 own_process: bool = False) -> pd.DataFrame:
     """llama-bench's pp n_prompt and tg at each depth for every causal model of the plan: modelled on
     each Pi backend x engine x dtype at the first Pi thread count, measured here (backend cpu) with
-    the per-call KV cache. A deadline stops the measured part, keeping the modelled rows."""
+    the per-call KV cache (at the plan's first thread count when `own_process`, else at this process's).
+    A deadline stops the measured part, keeping the modelled rows."""
     profiles = dict(cm.PROFILES, **(profiles or {}))
     meta = dict(machine_metadata(), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     rows, stopped = [], ""
@@ -303,9 +305,10 @@ def decode_sweep(plan: SweepPlan, models: dict, depths: list[int], n_prompt: int
                                                                  measured=False, pi_threads=plan.pi_threads[0])]
         if "cpu" in plan.backends and not stopped:
             try:
-                rows += decode.decode_rows(key, model, n_prompt, depths, profiles={}, repeats=plan.repeats,
-                                           warmup=plan.warmup, clock=plan.clock,
-                                           check=None if deadline is None else deadline.check)
+                with thread_count(plan.threads[0]) if own_process else nullcontext():
+                    rows += decode.decode_rows(key, model, n_prompt, depths, profiles={}, repeats=plan.repeats,
+                                               warmup=plan.warmup, clock=plan.clock,
+                                               check=None if deadline is None else deadline.check)
             except (JobTimeout, JobCancelled) as err:
                 stopped = f"{err}; the decode rows measured before it are kept"
     for r in rows:
