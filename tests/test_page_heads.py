@@ -513,3 +513,16 @@ def test_evaluation_length_never_offers_more_tokens_than_the_text_has():
     at.text_area(key="heads.text:enc").input("the cat sat on the mat").run()   # shorter than 32
     assert not at.exception and "heads.imp_tokens" not in [s.key for s in at.get("select_slider")]
     assert any("all the text has" in c.value for c in at.caption)
+
+
+def test_importance_map_marks_the_heads_that_are_off():
+    at = app()
+    apply(switch(at, (1, 2), (4, 7)))
+    at.radio(key="heads.imp_src").set_value("the text above").run()
+    at.select_slider(key="heads.imp_window").set_value(32).run()
+    at.button(key="heads.imp_go").click().run()
+    assert not at.exception
+    spec = chart(at, "heads.imp_map")
+    marks = next(t for t in spec["data"] if t.get("name") == "off")
+    assert sorted(zip(values(marks["y"]).tolist(), values(marks["x"]).tolist())) == [(1, 2), (4, 7)]
+    assert any("× marks the heads that are off" in c.value for c in at.caption)

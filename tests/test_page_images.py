@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
@@ -298,3 +299,34 @@ def test_fit_square_crop_pad_squeeze_pixels():
     assert padded[:, :10].abs().max() < 1e-2                 # the top bar: the mean colour
     assert not np.allclose(imageio.preprocess(photo, 112, fit="squeeze", **plain_stats).numpy(),
                            imageio.preprocess(crop, 112, **plain_stats).numpy())
+
+
+# ---------------------------------------------------------------- issue 22.7: say the scale, draw a colour bar
+def test_overlays_say_their_scale_offer_a_shared_one_and_draw_a_colour_bar():
+    at = run_page()
+    assert at.radio(key="images.scale").value == "own range"
+    captions = image_captions(at)
+    assert any("each tile scaled to its own range" in c for c in captions)
+    assert len(at.get("image")) == 2                         # the overlays and their colour bar
+    at.radio(key="images.scale").set_value("one scale for all tiles").run()
+    assert not at.exception
+    assert any("all tiles on one colour scale" in c for c in image_captions(at))
+    show(at, "Patch query")
+    assert any("all tiles on one colour scale" in c for c in image_captions(at)) and len(at.get("image")) == 2
+
+
+def test_shared_scale_keeps_a_weak_head_dark():
+    from attnviz.figures import images as pictures
+    weak = np.zeros((4, 4), np.float32)
+    weak[0, 0] = 0.1
+    maps = torch.from_numpy(np.stack([weak, 10 * weak]))[None]          # (1, 2, 4, 4): same pattern
+    photo = Image.new("RGB", (64, 64), (128, 128, 128))
+    own = np.asarray(pictures.head_overlays(photo, maps, [0], tile=64, alpha=1.0))
+    shared = np.asarray(pictures.head_overlays(photo, maps, [0], tile=64, alpha=1.0, shared=True))
+    left, right = slice(0, 64), slice(68, 132)                          # tiles 64 px, gap 4
+    body = slice(18, 82)                                                # below the label strip
+    assert np.array_equal(own[body, left], own[body, right])            # own range: look the same
+    assert shared[body, left][:16, :16].mean() < shared[body, right][:16, :16].mean()   # weak: darker
+    assert pictures.map_range(maps) == (0.0, pytest.approx(1.0))
+    bar = pictures.colour_bar("0", "1", width=100)
+    assert bar.size[0] == 100

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 
+from attnviz.base.names import head_name
 from attnviz.figures.attention import head_heatmap, token_label
 
 ORDER_COLOURS = {"importance": "#1f77b4", "random": "#ff7f0e"}
@@ -138,4 +140,18 @@ def latency_figure(table: pd.DataFrame, modelled: pd.DataFrame | None = None) ->
     figure.update_xaxes(title="tokens", type="log")
     figure.update_yaxes(title="latency (ms)", type="log")
     figure.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10))
+    return figure
+
+
+def mark_off_heads(figure: go.Figure, keep) -> go.Figure:
+    """Cross out the heads that are off (`keep` [L, H] bool, False = off) on a layer x head map,
+    so a score is never read as a switched-off head's (issue 22.11)."""
+    off = torch.nonzero(~torch.as_tensor(keep, dtype=torch.bool)).tolist()     # [(layer, head)]
+    if off:
+        figure.add_trace(go.Scatter(
+            x=[h for _, h in off], y=[layer for layer, _ in off], mode="markers", name="off",
+            marker=dict(symbol="x-thin", size=12, line=dict(width=2, color="white")),
+            text=[head_name(layer, h) for layer, h in off], hovertemplate="%{text} is off<extra></extra>",
+            showlegend=True))
+        figure.update_layout(legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0))
     return figure

@@ -6,6 +6,7 @@ of the photo: a grid that would be larger is drawn with smaller tiles.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
@@ -75,12 +76,34 @@ def overlay_tile(image_size: tuple[int, int], rows: int, columns: int, tile: int
     return low
 
 
+def map_range(maps) -> tuple[float, float]:
+    """(min, max) of the maps: the ends of the one colour scale `head_overlays(shared=True)` uses."""
+    maps = torch.as_tensor(maps).float()
+    return float(maps.min()), float(maps.max())
+
+
+def colour_bar(low: str, high: str, width: int = 320, cmap: str = "inferno", title: str = "") -> Image.Image:
+    """A horizontal colour bar (the overlays' colormap, left = `low`, right = `high`), labelled."""
+    bar_h, text_h = 14, 16
+    ramp = render.apply_colormap(np.linspace(0.0, 1.0, width)[None, :].repeat(bar_h, 0), cmap)  # (h, w, 3)
+    canvas = Image.new("RGB", (width, bar_h + 2 * text_h), render.OVERVIEW_BACKGROUND)
+    canvas.paste(Image.fromarray(ramp, mode="RGB"), (0, text_h))
+    draw = ImageDraw.Draw(canvas)
+    font = render.label_font(12, low + high + title)
+    draw.text((0, text_h + bar_h + 1), low, fill=(0, 0, 0), font=font)
+    draw.text((width - 1, text_h + bar_h + 1), high, fill=(0, 0, 0), font=font, anchor="ra")
+    if title:
+        draw.text((width // 2, 1), title, fill=(0, 0, 0), font=font, anchor="ma")
+    return canvas
+
+
 def head_overlays(image: Image.Image, maps, layers: list[int], tile: int = 128,
                   alpha: float = 0.5, cmap: str = "inferno", off=None,
-                  max_pixels: int | None = None) -> Image.Image:
+                  max_pixels: int | None = None, shared: bool = False) -> Image.Image:
     """One labelled tile per head: rows = layers, columns = heads (maps [L, H, gh, gw]).
 
-    Each tile is scaled to its own min..max, so weak heads still show their pattern. `off`
+    Each tile is scaled to its own min..max, so weak heads still show their pattern; with
+    `shared`, all tiles share one scale (`map_range`), so tiles compare by colour. `off`
     ([L, H] bool, rows matching `layers`) marks switched-off heads in the labels. Tiles are
     `tile` px wide unless the whole grid would then pass `max_pixels` (many heads, a tall photo):
     then they are as wide as fits. Raises ValueError when not even 1-px-wide tiles fit."""
@@ -91,9 +114,12 @@ def head_overlays(image: Image.Image, maps, layers: list[int], tile: int = 128,
     if len(layers) != n_layers:
         raise ValueError(f"{n_layers} layers of maps but {len(layers)} layer labels")
     fitting = overlay_tile(image.size, n_layers, n_heads, tile, max_pixels)
-    flat = maps.reshape(n_layers * n_heads, *maps.shape[2:])                  # (L*H, gh, gw)
+    flat = maps.reshape(n_layers * n_heads, *maps.shape[2:]).float()          # (L*H, gh, gw)
+    if shared:
+        low, high = map_range(flat)
+        flat = (flat - low) / (high - low) if high > low else torch.zeros_like(flat)
     return render.grid_of_overlays(image, flat, layer_head_labels(layers, n_heads, off),
-                                   columns=n_heads, tile=fitting, alpha=alpha, cmap=cmap)
+                                   columns=n_heads, tile=fitting, alpha=alpha, cmap=cmap, normalise=not shared)
 
 
 def mark_patches(image: Image.Image, patches: list[tuple[int, int]], grid: tuple[int, int],

@@ -165,7 +165,9 @@ def importance_tool(view, keep):
         if len(table):
             figure = viz.stat_map_figure(table, "score" if normalised else "raw")
             figure.update_layout(title=f"{imp.method} importance, {imp.ablation} ablation")
-            st.plotly_chart(figure, key=K("imp_map"))
+            st.plotly_chart(heads_viz.mark_off_heads(figure, keep), key=K("imp_map"))
+            if not keep.all():
+                st.caption("× marks the heads that are off in the applied mask.")
             st.dataframe(table, hide_index=True, key=K("imp_table"))
             csv_download("Importance CSV", table, f"head-importance-{view.mkey}.csv", K("imp_csv"))
 

@@ -13,6 +13,7 @@ import streamlit as st
 import torch
 
 from attnviz.analysis import vision
+from attnviz.base import exports
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.core import images as imageio
@@ -40,6 +41,8 @@ def decoded(image_key: str, _data: bytes):
     return photo, pictures.display_image(photo)
 
 
+SCALES = {"own range": "each tile scaled to its own range (dark = its weakest patch, bright = its strongest)",
+          "one scale for all tiles": "all tiles on one colour scale"}
 FIT_LABELS = {"crop": "centre crop", "pad": "pad", "squeeze": "squeeze"}
 FIT_SAID = {"crop": "centre square cropped", "pad": "padded to a square with the mean colour",
             "squeeze": "squeezed"}
@@ -168,13 +171,29 @@ class View:
         # Only a photo a view could be drawn from becomes the one a later bad upload falls back to.
         st.session_state[K("last")] = (self.label, self.image_key, self.photo_bytes)
 
-    def cls_overlay(self, tr, off, every: bool, layer: int, tile: int = 224, shown=None):
+    def cls_overlay(self, tr, off, every: bool, layer: int, tile: int = 224, shown=None, shared=False):
         maps = vision.cls_maps(tr)                                              # (L, H, gh, gw)
         shown = self.shown if shown is None else shown
         if every:
-            return pictures.head_overlays(shown, maps, tr.layers, tile=tile // 2, alpha=self.alpha, off=off)
+            return pictures.head_overlays(shown, maps, tr.layers, tile=tile // 2, alpha=self.alpha, off=off,
+                                          shared=shared)
         return pictures.head_overlays(shown, maps[layer:layer + 1], [layer], tile=tile,
-                                      alpha=self.alpha, off=off[layer:layer + 1])
+                                      alpha=self.alpha, off=off[layer:layer + 1], shared=shared)
+
+    def scale_choice(self) -> bool:
+        """True when the tiles share one colour scale (the user's choice; default: own range)."""
+        return st.radio("Colour scale", list(SCALES), key=K("scale"), horizontal=True,
+                        help="own range: each tile from its own weakest (dark) to strongest (bright) "
+                             "patch, so weak heads still show a pattern; one scale: tiles compare by "
+                             "colour") == "one scale for all tiles"
+
+    def scale_bar(self, maps, shared: bool, what: str):
+        """The colour bar under the overlays: its ends are the shared range's values, or each tile's own."""
+        if shared:
+            low, high = pictures.map_range(maps)
+            st.image(pictures.colour_bar(f"{low:.3g}", f"{high:.3g}", title=what + ", one scale for all tiles"))
+        else:
+            st.image(pictures.colour_bar("tile's min", "tile's max", title=what + ", each tile its own range"))
 
     def cls_view(self, tr, off, head_mask):
         every = st.radio("Show", ["One layer", "Every layer × head"], key=K("view"), horizontal=True)
@@ -185,9 +204,13 @@ class View:
                               help="attention sinks, flagged as in the artefacts view")
         found = self.artefacts(tr) if outline else None
         shown = None if not (found and found.patches) else pictures.mark_patches(self.shown, found.patches, tr.grid)
-        st.image(self.cls_overlay(tr, off, every != "One layer", layer, shown=shown),
-                 caption="Attention from CLS to each patch; each tile scaled to its own range"
+        shared = self.scale_choice()
+        st.image(self.cls_overlay(tr, off, every != "One layer", layer, shown=shown, shared=shared),
+                 caption="Attention from CLS to each patch; " + SCALES[
+                     "one scale for all tiles" if shared else "own range"]
                  + ("" if found is None else f"; {len(found.patches)} artefact patch(es) outlined"))
+        maps = vision.cls_maps(tr)
+        self.scale_bar(maps if every != "One layer" else maps[layer], shared, "attention weight")
 
     def query_view(self, tr, off, head_mask):
         cols = st.columns(3)
@@ -196,9 +219,12 @@ class View:
         q_layer = cols[2].slider("Layer", 0, self.cfg.n_layers - 1, key=K("q_layer"))
         query = vision.patch_query_maps(tr, row, col)                          # (L, H, gh, gw)
         marked = pictures.mark_patches(self.shown, [(row, col)], tr.grid)
+        shared = self.scale_choice()
         st.image(pictures.head_overlays(marked, query[q_layer:q_layer + 1], [q_layer], tile=224,
-                                        alpha=self.alpha, off=off[q_layer:q_layer + 1]),
-                 caption=f"Where patch ({row}, {col}) (outlined) attends, per head of layer {q_layer}")
+                                        alpha=self.alpha, off=off[q_layer:q_layer + 1], shared=shared),
+                 caption=f"Where patch ({row}, {col}) (outlined) attends, per head of layer {q_layer}; "
+                 + SCALES["one scale for all tiles" if shared else "own range"])
+        self.scale_bar(query[q_layer], shared, "attention weight")
 
     def rollout_view(self, tr, off, head_mask):
         discount = st.checkbox("Discount the high-norm artefact patches", key=K("discount"),
@@ -276,11 +302,12 @@ class View:
     def export_view(self, tr, off, head_mask):
         # Callables: the files are built only when a button is clicked, not on every rerun.
         ss = st.session_state
-        stem = self.label.rsplit(".", 1)[0]
+        stem = exports.file_stem(self.model.info.key, self.label.rsplit(".", 1)[0], self.fit)
         every = ss.get(K("view")) == "Every layer × head"
         layer = ss.get(K("layer"), self.cfg.n_layers - 1)
+        shared = ss.get(K("scale")) == "one scale for all tiles"
         st.download_button("PNG: the CLS → patch overlays shown",
-                           lambda: render.image_png(self.cls_overlay(tr, off, every, layer)),
+                           lambda: render.image_png(self.cls_overlay(tr, off, every, layer, shared=shared)),
                            f"{stem}_{self.size}px_cls_view.png", "image/png", key=K("png_view"))
         st.download_button(
             "PNG: every head's CLS → patch overlay",
