@@ -395,3 +395,19 @@ def test_only_the_chosen_view_computes_and_the_choice_outlives_buttons(monkeypat
     assert at.radio(key="attention.view").value == "Rollout & flow" and _chart(at, "attention.flow")
     assert calls["rollout"] == 1                                   # kept in the shared cache
     assert (6, 12) not in calls["stats"]
+
+
+def test_detail_caption_names_the_mean_of_row_maxima_and_the_brightest_cell(page):
+    """Issue 22.4: "max weight 0.19" was the mean of the row maxima beside a 0.35 cell."""
+    at = _view(page, "Detail")
+    z = _array(_chart(at, "attention.detail")["data"][0]["z"])
+    caption = " ".join(c.value for c in at.caption if "entropy" in c.value)
+    assert "mean of row maxima" in caption and "max weight" not in caption
+    assert f"brightest cell {np.nanmax(z):.2f}" in caption
+
+
+def test_byte_level_vocabulary_warning_speaks_of_bytes_not_unk():
+    """Issue 22.4: SmolLM2 has no [UNK]; it splits characters into bytes."""
+    at = _submit(_smollm2_page(), "Привет, как дела? Это тестовое предложение на русском языке.")
+    warning = [w.value for w in at.warning if "vocabulary" in w.value]
+    assert warning and "bytes" in warning[0] and "[UNK]" not in warning[0]

@@ -214,7 +214,11 @@ def vocabulary_warning(tokenizer, text: str, model_name: str = "this model") -> 
     if coverage is None or not coverage.mostly_outside:
         return None
     shown = ", ".join(f"“{show(e)}”" for e in coverage.examples)
+    # A byte-level tokenizer has no [UNK]: what it cannot spell with its vocabulary it splits into
+    # the UTF-8 bytes of each character.
+    how = ("are split into the bytes of each character or into pieces" if
+           tokenizer_kind(tokenizer) == "bytelevel" else "become [UNK] tokens or words spelled out in pieces")
     return (f"Most of this text is outside {model_name}'s vocabulary: {coverage.share:.0%} of its "
-            f"letters become [UNK] tokens or words spelled out in pieces of under "
+            f"letters {how} of under "
             f"{FRAGMENT_MAX_CHARS_PER_TOKEN:g} characters (e.g. {shown}). Its attention patterns "
             "say little about how the model reads words; a model trained on this language would.")

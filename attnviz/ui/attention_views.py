@@ -111,7 +111,8 @@ def detail(s: Shown):
         one = outputs.renormalise_rows(one)
     row = analysis.head_stats(one, window_special(s), causal=cfg.causal).iloc[0]
     st.caption(f"Role: **{row['role']}** · entropy {row['entropy']:.2f} nats · mean distance "
-               f"{row['mean_distance']:.1f} tokens · max weight {row['max_weight']:.2f}"
+               f"{row['mean_distance']:.1f} tokens · mean of row maxima {row['max_weight']:.2f} · "
+               f"brightest cell {float(matrix.max()):.2f}"
                + (" · collapsed" if row["collapsed"] else "")
                + (" · uniform" if row["uniform"] else ""))
 
