@@ -181,6 +181,24 @@ def test_cached_decoding_equals_recomputing_every_prefix(key, sentence, en_pt, p
     torch.testing.assert_close(cached.logprobs, full.logprobs, atol=1e-4, rtol=0)
 
 
+def test_whole_vocabulary_greedy_resumes_where_the_shortlist_misses(en_pt, monkeypatch, set_limits):
+    """Whole-vocabulary greedy scores the shortlist per step and checks every step against the whole
+    vocabulary after the loop: with a shortlist of only the 60 commonest pieces nearly every step
+    misses, and the result is still exactly whole-vocabulary greedy (recomputed without the check)."""
+    from attnviz.core.translation import Shortlist
+    set_limits(max_translate_seconds=3600.0)   # recomputing every prefix is slow on a loaded machine
+    empty = torch.zeros(0, dtype=torch.long)
+    monkeypatch.setattr(en_pt, "shortlist", Shortlist(60, torch.zeros(en_pt.cfg.vocab_size + 1, dtype=torch.long), empty))
+    for sentence, max_tokens in ((EN[8], None), (EN[10], None), (EN[8], 3)):
+        checked = en_pt.translate(sentence, max_tokens=max_tokens)
+        full = en_pt.translate(sentence, max_tokens=max_tokens, cache=False)
+        assert torch.equal(checked.target_ids, full.target_ids) and checked.stopped == full.stopped
+        assert not set(checked.target_ids.tolist()) <= set(range(60))   # pieces the shortlist lacks
+        torch.testing.assert_close(checked.cross_attentions, full.cross_attentions, atol=1e-5, rtol=0)
+        torch.testing.assert_close(checked.logprobs, full.logprobs, atol=1e-4, rtol=0)
+        assert torch.equal(checked.top_ids, full.top_ids)
+
+
 def test_trace_is_the_same_run_teacher_forced(en_pt):
     tr = en_pt.translate(EN[8])
     forced = en_pt.trace(EN[8], target=tr.target_ids.tolist())

@@ -97,11 +97,27 @@ class SSRU(nn.Module):
         super().__init__()
         self.W = Linear(d, d, bias=False)
         self.Wf = Linear(d, d)
+        self._fused, self._fused_version = None, None
+
+    def fused(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[W; W_f] (2d, d) and [0; b_f]: both products in one matmul (one dispatch a step).
+        Rebuilt when either weight changes (training, a loaded state)."""
+        version = (self.W.weight._version, self.Wf.weight._version, self.Wf.bias._version,
+                   self.W.weight.data_ptr(), self.Wf.weight.data_ptr())
+        if self._fused_version != version:
+            w = torch.cat([self.W.weight, self.Wf.weight]).detach()
+            self._fused = (w, torch.cat([torch.zeros_like(self.Wf.bias), self.Wf.bias]).detach())
+            self._fused_version = version
+        return self._fused
 
     def forward(self, x, c=None):
         """x (B, T, d), c (B, d) or None (zeros) -> (out (B, T, d), c after the last position)."""
-        f = torch.sigmoid(self.Wf(x))
-        z = (1 - f) * self.W(x)                    # (B, T, d): the input's share of each step
+        if torch.is_grad_enabled():  # training: the two products, so gradients reach W and W_f
+            wx, f = self.W(x), torch.sigmoid(self.Wf(x))
+        else:
+            wx, f = torch.nn.functional.linear(x, *self.fused()).chunk(2, dim=-1)   # (B, T, d) each
+            f = torch.sigmoid(f)
+        z = (1 - f) * wx                           # (B, T, d): the input's share of each step
         if x.shape[1] == 1:                        # one decoding step: no loop
             c = z[:, 0] if c is None else torch.addcmul(z[:, 0], f[:, 0], c)
             return torch.relu(c)[:, None], c
@@ -177,6 +193,29 @@ class SSRUDecoderLayer(CrossAndFeedForward):
         x = self.norm_ssru(x + r)
         x, att = self.cross_and_ffn(x, memory_kv, allowed, head_mask, need_weights)
         return x, carry, att, None
+
+    def step_row(self, x, c, kT, v, into=None, head_mask=None):
+        """`forward` for one row without module dispatch (greedy decoding's loop): x (1, d), c (1, d)
+        or None, kT (h, dh, S) and v (h, S, dh) this layer's encoder K^T / V; the cross-attention
+        weights (h, 1, S) are written into `into` when given. -> (x (1, d), c)."""
+        lin, norm = torch.nn.functional.linear, torch.nn.functional.layer_norm
+        wx, f = lin(x, *self.ssru.fused()).chunk(2, dim=-1)                   # (1, d) each
+        f = torch.sigmoid(f)
+        z = (1 - f) * wx
+        c = z if c is None else torch.addcmul(z, f, c)
+        d, eps, cross = x.shape[-1], self.norm_ssru.eps, self.cross
+        x = norm(x + torch.relu(c), (d,), self.norm_ssru.weight, self.norm_ssru.bias, eps)
+        q = lin(x, cross.q.weight, cross.q.bias).view(cross.n_heads, 1, cross.d_head)   # (h, 1, dh)
+        att = torch.matmul(q, kT).mul_(1.0 / math.sqrt(cross.d_head))       # (h, 1, S)
+        att = torch.softmax(att, dim=-1) if into is None else torch.softmax(att, dim=-1, out=into)
+        y = torch.matmul(att, v)                                             # (h, 1, dh)
+        if head_mask is not None:
+            y = y * head_mask.to(y.dtype)[:, None, None]
+        x = norm(x + lin(y.view(1, d), cross.out.weight, cross.out.bias), (d,),
+                 self.norm_cross.weight, self.norm_cross.bias, eps)
+        h = lin(torch.relu(lin(x, self.mlp.fc_in.weight, self.mlp.fc_in.bias)), self.mlp.fc_out.weight,
+                self.mlp.fc_out.bias)
+        return norm(x + h, (d,), self.norm_ffn.weight, self.norm_ffn.bias, eps), c
 
 
 class AttentionDecoderLayer(CrossAndFeedForward):
@@ -314,6 +353,23 @@ class Seq2Seq(nn.Module):
         """A fresh decoding over `memory` (B, S, d): each layer's encoder K/V, computed once."""
         kv = [layer.cross.keys_values(memory) for layer in self.decoder]
         return DecoderState(kv, allowed, [None] * len(self.decoder))
+
+    def row_layout(self, state: DecoderState):
+        """Each layer's encoder (K^T (h, dh, S), V (h, S, dh)), laid out once for `step_row`; or None
+        where that fast path does not apply (not a post-norm ReLU SSRU decoder over one sentence)."""
+        c = self.cfg
+        if c.decoder != "ssru" or c.pre_norm or c.activation != "relu" or state.allowed is not None \
+                or state.memory_kv[0][0].shape[0] != 1:
+            return None
+        return [(k[0].transpose(-2, -1).contiguous(), v[0].contiguous()) for k, v in state.memory_kv]
+
+    def step_row(self, x, carry: list, layout, *, head_mask=None, into=None):
+        """`step` for one embedded row x (1, d) of an SSRU decoder (`row_layout`), `carry` updated in
+        place; `into` [L, h, 1, S] receives the cross-attention weights. -> the last layer's (1, d)."""
+        for i, layer in enumerate(self.decoder):
+            x, carry[i] = layer.step_row(x, carry[i], *layout[i], None if into is None else into[i],
+                                         None if head_mask is None else head_mask[i])
+        return x
 
     def step(self, ids, state: DecoderState, *, head_mask=None, self_head_mask=None,
              need_weights=False, need_self=False, logits=True) -> StepOutput:

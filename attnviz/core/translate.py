@@ -24,7 +24,7 @@ from attnviz.base.jobs import Deadline, heavy_job
 from attnviz.base.limits import LIMITS
 from attnviz.core.model import ModelInfo
 from attnviz.core.seq2seq import DecoderState, Seq2Seq, Seq2SeqConfig
-from attnviz.core.translation import Pieces, Shortlist, Translation
+from attnviz.core.translation import Pieces, Shortlist, Translation, self_matrix
 
 __all__ = ["Seq2SeqModel", "Translation", "Pieces", "Shortlist", "MAX_BEAM", "TOP_K"]
 
@@ -156,7 +156,8 @@ class Seq2SeqModel:
             raise ValueError(f"model {self.info.key!r} has no lexical shortlist; translate with shortlist=False")
         masks = self._masks(head_mask, encoder_head_mask, self_head_mask)
         src, labels, cut = self.source(text)
-        masks["vocab"] = self._vocabulary(src) if shortlist else None
+        masks["shortlist"] = self._vocabulary(src) if self.shortlist is not None else None
+        masks["vocab"] = masks["shortlist"] if shortlist else None
         n_max = self.target_limit(len(src), max_tokens)
         heavy = beam > 1 and len(src) > LIMITS.heavy_beam_tokens
         deadline = Deadline(LIMITS.max_translate_seconds, "the translation")
@@ -217,32 +218,35 @@ class Seq2SeqModel:
         return out.logits if vocab is None else F.linear(out.logits, vocab[1], vocab[2])
 
     def _greedy(self, memory, masks, n_max, deadline, attentions, cache):
-        net, eos = self.net, self.cfg.eos_id
+        """Greedy decoding. Per step only the product and the argmax; log-probabilities and top
+        candidates come from every step's logits at once after the loop."""
+        net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
         state = net.start(memory)
-        feed = self._start_ids()
-        ids, logps, top_v, top_i, rows, self_rows = [], [], [], [], [], []
+        layout = net.row_layout(state) if cache and self._start_ids().shape[1] == 1 else None
+        if layout is not None:
+            return self._greedy_rows(masks, n_max, deadline, attentions, layout, state.carry, memory.shape[1])
+        L, feed = len(net.decoder), self._start_ids()
+        ids, cols, logit_rows, rows, self_rows = [], [], [], [], []
         stopped = "max_tokens"
         for _ in range(n_max):
             if not cache:  # recompute every position from a fresh state: the reference for the cache
                 state = net.start(memory)
                 feed = torch.cat([self._start_ids(), torch.tensor([ids], dtype=torch.long)], 1) if ids \
                     else self._start_ids()
-            vocab = masks["vocab"]
             out = net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
                            need_weights=attentions, need_self=attentions, logits=vocab is None)
             logits = self._logits(out, vocab)[0, -1].float()
-            logp = torch.log_softmax(self.adjust_logits(logits, len(ids)) if vocab is None else logits, dim=-1)
-            best = int(logp.argmax())
-            nxt = best if vocab is None else int(vocab[0][best])
+            if vocab is None:
+                logits = self.adjust_logits(logits, len(ids))
+            logit_rows.append(logits)
+            best = logits.argmax()
+            cols.append(best)
+            nxt = int(best if vocab is None else vocab[0][best])
             ids.append(nxt)
-            logps.append(logp[best])
-            v, i = logp.topk(min(TOP_K, len(logp)))
-            top_v.append(v)
-            top_i.append(i if vocab is None else vocab[0][i])
             if attentions:
-                rows.append(torch.stack([out.cross[j][0, :, -1] for j in range(len(net.decoder))]))
+                rows.append(torch.stack([out.cross[j][0, :, -1] for j in range(L)]))
                 if out.self_att:
-                    self_rows.append([out.self_att[j][0, :, -1] for j in range(len(net.decoder))])
+                    self_rows.append([out.self_att[j][0, :, -1] for j in range(L)])
             if nxt == eos:
                 stopped = "eos"
                 break
@@ -251,8 +255,67 @@ class Seq2SeqModel:
                 break
             feed = torch.tensor([[nxt]])
         cross = torch.stack(rows, dim=2) if rows else None            # [L, H, n_tgt, S]
-        return (torch.tensor(ids), torch.stack(logps), (torch.stack(top_v), torch.stack(top_i)),
-                cross, _self_matrix(self_rows), stopped)
+        return self._scored(ids, torch.stack(logit_rows), torch.stack(cols), vocab) + (
+            cross, self_matrix(self_rows), stopped)
+
+    def _greedy_rows(self, masks, n_max, deadline, attentions, layout, carry, S):
+        """Greedy decoding of an SSRU decoder, one row a step (`Seq2Seq.step_row`), its cross-
+        attention written straight into [L, H, n_max, S]. For the whole vocabulary with a shortlist
+        at hand, each step scores only the shortlist (~250 pieces, as the native engine) and one
+        product over the whole vocabulary after the loop checks every step (the hidden rows do not
+        depend on what was scored): where the whole vocabulary's choice differs, decoding resumes
+        from that step with it (only the steps after it are checked again). The tokens are exactly
+        whole-vocabulary greedy, and the 32,000 x 256 output matrix is read once per pass rather
+        than once per token."""
+        net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
+        check = vocab is None and masks.get("shortlist") is not None
+        scored = masks["shortlist"] if check else vocab
+        buf = torch.empty(len(net.decoder), self.cfg.n_heads, n_max, S) if attentions else None
+        ids, cols, hidden, logit_rows, carries = [], [], [], [], []
+        t, done, stopped = 0, 0, "max_tokens"   # done: steps checked against the whole vocabulary
+        while True:
+            while t < n_max:
+                feed = self._start_ids() if t == 0 else torch.tensor([[ids[t - 1]]])
+                x = net.step_row(net.embed(feed, t, "dec")[0], carry, layout, head_mask=masks["cross"],
+                                 into=None if buf is None else buf[:, :, t:t + 1])     # x (1, d)
+                hidden.append(x)
+                carries.append(list(carry))  # the state after step t: where a check resumes
+                logits = (net.lm_head(x) if scored is None else F.linear(x, scored[1], scored[2]))[0].float()
+                logit_rows.append(logits)
+                best = logits.argmax()
+                cols.append(best)
+                ids.append(int(best if scored is None else scored[0][best]))
+                t += 1
+                if ids[-1] == eos or deadline.expired():
+                    stopped = "eos" if ids[-1] == eos else "deadline"
+                    break
+            if not check:
+                logits, cols = torch.stack(logit_rows), torch.stack(cols)
+                break
+            # the steps not yet checked, in one product over the whole vocabulary: (n - done, vocab)
+            new = net.lm_head(torch.cat(hidden[done:])).float()
+            full = new if done == 0 else torch.cat([full[:done], new])
+            picks = full.argmax(-1).tolist()
+            k = next((i for i in range(done, len(ids)) if picks[i] != ids[i]), None)
+            if k is None:
+                logits, cols = full, torch.tensor(picks)
+                break
+            # step k's whole-vocabulary choice is outside the shortlist: take it, go on from there
+            ids, hidden, carries = ids[:k] + [picks[k]], hidden[:k + 1], carries[:k + 1]
+            carry[:], t, done = carries[k], k + 1, k + 1
+            stopped = "eos" if ids[-1] == eos else "max_tokens"
+            if ids[-1] == eos or t >= n_max:
+                logits, cols = full[:t], torch.tensor(picks[:t])
+                break
+        cross = None if buf is None else buf[:, :, :len(ids)].contiguous()   # [L, H, n_tgt, S]
+        return self._scored(ids, logits, cols, vocab) + (cross, None, stopped)
+
+    def _scored(self, ids: list[int], logits, cols, vocab):
+        """Each step's logits (n, vocab or shortlist) and chosen columns -> (ids, logprobs, tops)."""
+        logp = torch.log_softmax(logits, dim=-1)
+        top_v, top_i = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
+        return (torch.tensor(ids), logp.gather(1, cols[:, None])[:, 0],
+                (top_v, top_i if vocab is None else vocab[0][top_i]))
 
     def _beam(self, memory, masks, beam: int, n_max: int, deadline) -> tuple[list[int], str]:
         """Marian's beam search: the beam shrinks by one for every hypothesis that ends; the best
@@ -318,14 +381,3 @@ class Seq2SeqModel:
     def num_params(self) -> int:
         return sum(p.numel() for p in self.net.parameters())
 
-
-def _self_matrix(rows: list[list[torch.Tensor]]) -> torch.Tensor | None:
-    """Per-step self-attention rows (each [H, t+1]) -> [L, H, n, n], zero above the diagonal."""
-    if not rows:
-        return None
-    n, L, H = len(rows), len(rows[0]), rows[0][0].shape[0]
-    out = torch.zeros(L, H, n, rows[-1][0].shape[-1])  # keys: n, or n + prompt - 1 after a prompt
-    for t, per_layer in enumerate(rows):
-        for j, r in enumerate(per_layer):
-            out[j, :, t, :r.shape[-1]] = r
-    return out

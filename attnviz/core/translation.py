@@ -102,3 +102,15 @@ class Shortlist:
             if 0 <= w < len(self.offsets) - 1:
                 parts.append(self.pieces[int(self.offsets[w]):int(self.offsets[w + 1])])
         return torch.unique(torch.cat(parts))
+
+
+def self_matrix(rows: list[list[torch.Tensor]]) -> torch.Tensor | None:
+    """Per-step self-attention rows (each [H, t+1]) -> [L, H, n, n], zero above the diagonal."""
+    if not rows:
+        return None
+    n, L, H = len(rows), len(rows[0]), rows[0][0].shape[0]
+    out = torch.zeros(L, H, n, rows[-1][0].shape[-1])  # keys: n, or n + prompt - 1 after a prompt
+    for t, per_layer in enumerate(rows):
+        for j, r in enumerate(per_layer):
+            out[j, :, t, :r.shape[-1]] = r
+    return out
