@@ -526,3 +526,29 @@ def test_importance_map_marks_the_heads_that_are_off():
     marks = next(t for t in spec["data"] if t.get("name") == "off")
     assert sorted(zip(values(marks["y"]).tolist(), values(marks["x"]).tolist())) == [(1, 2), (4, 7)]
     assert any("× marks the heads that are off" in c.value for c in at.caption)
+
+
+def test_a_stopped_pruning_curve_still_has_its_random_baseline_up_to_the_same_step():
+    from tests.test_importance import data, lm_config
+    from attnviz.weights.catalogue import random_model
+    cfg = lm_config()
+    calls = []
+    curve = pruning.pruning_curve(random_model(cfg), data(cfg, windows=1), step=0.25, max_fraction=0.75,
+                                  seeds=(0, 1), progress=lambda d, t, c: calls.append(d),
+                                  should_stop=lambda: len(calls) >= 6)
+    assert not curve.complete and curve.done == 6
+    t = curve.table
+    reached = t.groupby("order")["fraction"].max()
+    assert reached["random"] == reached["importance"] == 0.25      # both curves, the same share removed
+    assert (t[t["order"] == "random"].groupby("seed").size() == 2).all()
+
+
+def test_pruning_curve_defaults_finish_with_the_random_baseline():
+    at = tool(app(), "Pruning curve")
+    at.button(key="heads.curve_go").click().run()
+    assert not at.exception
+    curve, budget = at.session_state["heads.curve:minilm"]
+    assert budget == 120 and set(curve.table["order"]) == {"importance", "random"}   # even if stopped early
+    lm = tool(app(model="smollm2"), "Pruning curve")
+    assert lm.select_slider(key="heads.curve_tokens").value == 64   # small enough for 120 s
+    assert lm.number_input(key="heads.curve_seeds").value == 3

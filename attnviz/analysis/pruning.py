@@ -83,11 +83,23 @@ def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
             progress(curve.done, curve.total, curve)
 
     keep = alive.clone()
-    for fraction in fractions:  # importance order, re-estimated after each step
+    positions = torch.nonzero(alive.flatten()).flatten()
+    orders = [positions[torch.randperm(n_alive, generator=torch.Generator().manual_seed(int(seed)))]
+              for seed in seeds]
+    # Step by step, the random orders first (one cheap pass each), then the importance order: a run
+    # stopped by its budget still has both curves up to the same share of heads removed.
+    for fraction in fractions:
+        target = min(n_alive - 1, round(fraction * n_alive))  # one head always stays
+        for seed, order in zip(seeds, orders):
+            if stop():
+                curve.stopped = stop.reason
+                return curve
+            random_keep = alive.flatten().clone()
+            random_keep[order[:target]] = False
+            record("random", int(seed), fraction, random_keep.view_as(alive))
         if stop():
             curve.stopped = stop.reason
             return curve
-        target = min(n_alive - 1, round(fraction * n_alive))  # one head always stays
         extra = target - int((alive & ~keep).sum())
         if extra > 0:
             imp = head_importance(model, data, method, keep.float(), ref, should_stop=stop,
@@ -101,17 +113,6 @@ def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
             keep[drop] = False
             keep = keep.view_as(alive)
         record("importance", -1, fraction, keep)
-    positions = torch.nonzero(alive.flatten()).flatten()
-    for seed in seeds:
-        order = positions[torch.randperm(n_alive, generator=torch.Generator().manual_seed(int(seed)))]
-        for fraction in fractions:
-            if stop():
-                curve.stopped = stop.reason
-                return curve
-            target = min(n_alive - 1, round(fraction * n_alive))
-            keep = alive.flatten().clone()
-            keep[order[:target]] = False
-            record("random", int(seed), fraction, keep.view_as(alive))
     return curve
 
 

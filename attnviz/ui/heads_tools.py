@@ -174,7 +174,9 @@ def importance_tool(view, keep):
 
 def curve_tool(view, keep):
     ss = st.session_state
-    data, budget = eval_settings(view, "curve")
+    # a curve costs ~10 importance passes and 10 per random order: on a language model its
+    # defaults stay small enough to finish, random baseline included, within the default budget
+    data, budget = eval_settings(view, "curve", default_tokens=64 if view.lm else None)
     s1, s2, s3 = st.columns(3)
     seeds = s1.number_input("random orders (seeds)", 1, 10, 3, key=K("curve_seeds"))
     method = s2.radio("importance", ["gradient", "ablation"], key=K("curve_method"), horizontal=True,
