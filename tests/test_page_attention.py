@@ -411,3 +411,19 @@ def test_byte_level_vocabulary_warning_speaks_of_bytes_not_unk():
     at = _submit(_smollm2_page(), "Привет, как дела? Это тестовое предложение на русском языке.")
     warning = [w.value for w in at.warning if "vocabulary" in w.value]
     assert warning and "bytes" in warning[0] and "[UNK]" not in warning[0]
+
+
+def test_home_lists_every_page_with_a_thumbnail_and_the_model_table_fits():
+    """Issue 22.13: one line and a thumbnail per page; the model table has few, bounded columns."""
+    import json
+
+    at = _run(AppTest.from_file(HOME, default_timeout=120))
+    pages = sorted(p.stem.split("_", 1)[1] for p in (ROOT / "pages").glob("*.py"))
+    text = " ".join(m.value for m in at.markdown)
+    for name in pages:
+        assert f". {name}** — " in text, name
+    assert len(at.get("image")) == len(pages)
+    table = [d for d in at.dataframe if "licence" in d.value.columns][0]
+    config = json.loads(table.proto.columns)
+    assert len(table.value.columns) <= 6
+    assert all(config[c].get("width") in ("small", "medium", "large") for c in table.value.columns)
