@@ -281,3 +281,20 @@ def test_permutation_stops_at_the_lab_time_limit(set_limits):
     assert not at.exception
     assert "the permutation test stopped at its time limit of 0 s. Use a shorter sentence" in shown(at.error)
     assert "lab.perm_for" not in at.session_state and jobs.running_jobs() == []
+
+
+def test_variants_say_not_fine_tuned_and_speed_words_follow_the_measurement():
+    """Issue 22.3: fidelity numbers read as verdicts, and a caption called local attention faster
+    beside a measured 0.66x."""
+    at = view(app(), "Variants in a pretrained model")
+    at.multiselect(key="lab.var_specs").set_value(["local:4", "temp:2"])
+    at.multiselect(key="lab.var_layers_minilm").set_value([0])
+    at.button(key="lab.var_go").click().run()
+    assert not at.exception
+    assert "Not fine-tuned" in texts(at.info)
+    table = frame_with(at, "speed-up")
+    caption = texts(at.caption)
+    for label, ratio in zip(table["variant"], table["speed-up"]):
+        word = "faster" if ratio > 1.05 else "slower" if ratio < 0.95 else "about as fast"
+        assert f"{label} {ratio:.2f}× ({word})" in caption
+    assert "so they are not faster" not in caption

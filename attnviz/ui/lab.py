@@ -166,6 +166,9 @@ def variants_view(model):
         st.caption(f"Measure runs the text through the model once per variant and timing run "
                    f"(at most {LIMITS.max_lab_seconds:g} s in all, one of the server's heavy jobs).")
         return
+    st.info("Not fine-tuned: each variant is swapped into a model trained with softmax attention, "
+            "so these numbers say how far its output drifts from the model's own, not how well the "
+            "variant would do after training.")
     table = fidelity_table(rows)
     st.dataframe(table, hide_index=True)
     metric = "top-1 agreement" if rows[0].kl is not None else "sentence cosine"
@@ -175,10 +178,23 @@ def variants_view(model):
     c2.plotly_chart(lf.bars_figure(list(table["variant"]), table["speed-up"],
                                    "Measured speed-up over fused softmax (>1 is faster)"),
                     key=key("var_speed"))
-    st.caption("Times are medians of runs alternated with the unchanged model on this machine. "
-               "The variants other than local and softmax are computed through their explicit "
-               "n × n form here, so they are not faster at these lengths; their gain is memory and "
-               "scaling (see the Latency page).")
+    st.caption(speed_caption(rows))
+
+
+def speed_words(ratio: float) -> str:
+    """How a measured speed-up reads: within 5 % either way is "about as fast" (timing noise)."""
+    if ratio > 1.05:
+        return "faster"
+    return "slower" if ratio < 0.95 else "about as fast"
+
+
+def speed_caption(rows) -> str:
+    """What was measured, in words taken from the measured ratios (never a claim beside them)."""
+    measured = ", ".join(f"{r.label} {r.speedup:.2f}× ({speed_words(r.speedup)})" for r in rows)
+    return (f"Measured here against fused softmax: {measured}. Times are medians of runs alternated "
+            "with the unchanged model on this machine. Most variants are computed through their "
+            "explicit n × n form here, so at these lengths a gain is not expected; what they "
+            "promise is memory and scaling at long lengths (see the Latency page).")
 
 
 # ---------------------------------------------------------------- 5. cross-modal
