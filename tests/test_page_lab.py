@@ -298,3 +298,12 @@ def test_variants_say_not_fine_tuned_and_speed_words_follow_the_measurement():
         word = "faster" if ratio > 1.05 else "slower" if ratio < 0.95 else "about as fast"
         assert f"{label} {ratio:.2f}× ({word})" in caption
     assert "so they are not faster" not in caption
+
+
+def test_toy_comparison_shows_exact_accuracy_as_a_percentage():
+    """Issue 22.7: "exact accuracy 1" reads 100 %."""
+    at = view(app(), "Toy transformers")
+    at.button(key="lab.toy_cmp").click().run()
+    assert not at.exception
+    table = next(d for d in at.dataframe if "exact accuracy" in d.value.columns)
+    assert json.loads(table.proto.columns)["exact accuracy"]["type_config"]["format"] == "percent"

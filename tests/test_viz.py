@@ -11,6 +11,8 @@ import torch
 from PIL import Image
 
 from attnviz.analysis import stats as analysis
+from attnviz.analysis import lab
+from attnviz.figures import lab as lf
 from attnviz.figures import render
 from attnviz.figures import attention as viz
 
@@ -280,3 +282,26 @@ def test_overview_png_stays_within_a_pixel_budget():
     figure = viz.overview_export_figure(attn, max_pixels=budget)
     labels = [t.get_text() for t in figure.axes[0].get_yticklabels()]
     assert labels[0] == "0" and len(labels) <= 24                  # thinned when tiles are small
+
+
+def test_overview_figure_fits_its_tiles_and_has_a_colour_bar():
+    """Issue 22.7: 30 x 9 left a wide empty band beside the grid and had no colour scale."""
+    layers, heads = 30, 9
+    figure = viz.overview_figure(random_attention(layers, heads, 12))
+    spec = as_json(figure)
+    png = Image.open(io.BytesIO(base64.b64decode(spec["data"][0]["source"].split(",", 1)[1])))
+    layout = spec["layout"]
+    plot_height = layout["height"] - layout["margin"]["t"] - layout["margin"]["b"]
+    image_width = plot_height * png.size[0] / png.size[1]
+    assert layout["width"] - layout["margin"]["l"] - layout["margin"]["r"] <= image_width + 120
+    hover = spec["data"][1]
+    assert hover["showscale"] and hover["zmin"] == 0 and hover["zmax"] == 1
+    assert "largest weight" in hover["colorbar"]["title"]["text"]
+    assert np.isnan(decode(hover["z"]).astype(float)).all()      # nothing painted over the image
+
+
+def test_one_signed_matrix_scale_runs_to_zero_not_past_it():
+    """Issue 22.7: ALiBi's biases are all <= 0 but the scale ran to +25."""
+    alibi = lab.alibi_table(32, 8)[0]
+    trace = as_json(lf.matrix_figure(alibi))["data"][0]
+    assert trace["zmax"] == 0 and trace["zmin"] < 0

@@ -82,11 +82,15 @@ def overview_figure(attn, max_cell: int = 64, gap: int = 2, per_head: bool = Tru
              else np.full((n_layers, n_heads), "", dtype=object))
     if extra.shape != (n_layers, n_heads):
         raise ValueError(f"hover_text must be [{n_layers}][{n_heads}], got {extra.shape}")
-    # A fully transparent heatmap over the image carries the hover and click targets.
+    # A heatmap over the image carries the hover and click targets, and the colour bar: its cells
+    # are all gaps (NaN, so nothing is painted over the image; hoverongaps keeps their hover).
     figure.add_trace(go.Heatmap(
-        x=x_centres, y=y_centres, z=np.zeros((n_layers, n_heads), dtype=np.float32),
-        customdata=np.stack([layer_grid, head_grid, extra], axis=-1),
-        colorscale=[[0, "rgba(0,0,0,0)"], [1, "rgba(0,0,0,0)"]], showscale=False,
+        x=x_centres, y=y_centres, z=np.full((n_layers, n_heads), np.nan, dtype=np.float32),
+        customdata=np.stack([layer_grid, head_grid, extra], axis=-1), hoverongaps=True,
+        colorscale=cmap, zmin=0, zmax=1, showscale=True,
+        colorbar=dict(title=dict(text="share of the head's<br>largest weight" if per_head
+                                 else "share of the largest<br>weight of all heads", side="right"),
+                      thickness=12),
         hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>%{customdata[2]}"
                       "<extra></extra>"))
     if selected is not None:
@@ -102,8 +106,14 @@ def overview_figure(attn, max_cell: int = 64, gap: int = 2, per_head: bool = Tru
                         ticktext=[str(layer) for layer in range(n_layers)], showgrid=False,
                         zeroline=False, autorange="reversed", scaleanchor="x")
     aspect = rgb.shape[0] / rgb.shape[1]
-    figure.update_layout(height=height or int(np.clip(aspect * 600 + 80, 260, 1400)),
-                         margin=dict(l=50, r=10, t=50, b=10), dragmode=False)
+    total = height or int(np.clip(aspect * 600 + 80, 260, 1400))
+    # The image keeps its aspect (scaleanchor): a figure as wide as the page would leave an empty
+    # band beside a tall grid (30 layers x 9 heads), so the figure is as wide as the image drawn at
+    # this height, plus the margins and the colour bar.
+    margin = dict(l=50, r=10, t=50, b=10)
+    plot_height = total - margin["t"] - margin["b"]
+    width = int(plot_height / aspect) + margin["l"] + margin["r"] + 110
+    figure.update_layout(height=total, width=max(width, 320), margin=margin, dragmode=False)
     return figure
 
 

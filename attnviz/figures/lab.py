@@ -47,6 +47,9 @@ def matrix_figure(matrix, title: str = "", row_labels: list[str] | None = None,
     bound = bound or 1.0
     scale = dict(colorscale="RdBu_r", zmid=0, zmin=-bound, zmax=bound) if diverging \
         else dict(colorscale="Greys", zmin=0, zmax=1)
+    if diverging and finite.size and finite.max() <= 0 < bound:
+        # one-signed (ALiBi's biases are all <= 0): the scale runs over [min, 0], the blue half
+        scale = dict(colorscale="Blues_r", zmin=-bound, zmax=0)
     text = np.where(np.isneginf(z), "−∞ (masked)", "").astype(object)
     figure = go.Figure(go.Heatmap(
         z=shown, x=np.arange(z.shape[1]), y=np.arange(z.shape[0]), customdata=text, **scale,

@@ -172,7 +172,7 @@ def overview(s: Shown):
     st.plotly_chart(ui.clickable_overview(viz.overview_figure(
                         s.cap.overview, per_head=s.per_head, selected=(s.layer, s.head),
                         hover_text=views.known_roles(s))),
-                    key=key("overview"), on_select="rerun", selection_mode="points")
+                    key=key("overview"), on_select="rerun", selection_mode="points", width="content")
     st.caption(f"{cfg.n_layers} layers × {cfg.n_heads} heads. Click a head, or choose it above; "
                "hover shows its role once the statistics are computed.")
 

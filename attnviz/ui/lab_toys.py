@@ -190,7 +190,8 @@ def compare_and_memory():
                          "ms (256 prompts)": 1000 * toy_training.latency(m, 256, repeats=10)})
         ss[key("toy_cmp_rows")] = rows
     if key("toy_cmp_rows") in ss:
-        st.dataframe(pd.DataFrame(ss[key("toy_cmp_rows")]), hide_index=True)
+        st.dataframe(pd.DataFrame(ss[key("toy_cmp_rows")]), hide_index=True, column_config={
+            "exact accuracy": st.column_config.NumberColumn(format="percent")})   # 1 reads 100 %
         st.caption("Same width (d_model) split into 4 or 8 heads: the same parameters, smaller heads, "
                    "more of them to run; times measured on this machine when you clicked.")
     if st.button("Measure peak training memory with and without checkpointing", key=key("toy_mem")):
