@@ -85,7 +85,8 @@ def main():
             with torch.inference_mode():
                 enc = [timed(lambda: model.net.encode(model.source(s)[0][None], need_weights=True))
                        for _ in range(args.rounds) for s in texts]
-            print(f"  of which our encoder (6 layers, attention captured): {1000 * statistics.median(enc):6.1f} ms/sentence")
+            print(f"  of which our encoder (6 layers, attention captured): "
+                  f"{1000 * statistics.median(enc):6.1f} ms/sentence")
 
 
 if __name__ == "__main__":

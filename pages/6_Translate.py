@@ -16,15 +16,4 @@ if tr is None:
     st.stop()
 view.summary(model, tr)
 
-cross, lines, steps, enc, off = st.tabs(["Cross-attention", "Alignment", "Step through decoding",
-                                         "Encoder self-attention", "Switch heads off"])
-with cross:
-    view.cross_attention(model, tr)
-with lines:
-    view.alignment_lines(model, tr)
-with steps:
-    view.steps(model, tr)
-with enc:
-    view.encoder(model, tr)
-with off:
-    view.heads_off(model, text, beam, tr)
+view.views(model, text, beam, tr)

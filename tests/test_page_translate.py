@@ -1,5 +1,6 @@
 """AppTest of pages/6_Translate.py with the bundled en-pt / pt-en students: the default sentence,
-every tab, heads switched off, and bad input (empty, spaces, unknown pieces, a long paste)."""
+every view (only the chosen one is drawn), heads switched off, and bad input (empty, spaces,
+unknown pieces, a long paste)."""
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,22 @@ def run_page(text: str | None = None, direction: str | None = None) -> AppTest:
     return at
 
 
+VIEWS = ["Cross-attention", "Alignment", "Step through decoding", "Encoder self-attention", "Switch heads off"]
+
+
 def charts(at) -> set[str]:
     return {c.proto.id for c in at.get("plotly_chart")}
+
+
+def view(at, name: str) -> AppTest:
+    """Choose one of the page's views: only the chosen view is drawn and computed."""
+    at.radio(key="translate.view").set_value(name).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def charts_of_every_view(at) -> int:
+    return sum(len(view(at, name).get("plotly_chart")) for name in VIEWS)
 
 
 def test_default_sentence_is_translated_with_every_view():
@@ -29,15 +44,17 @@ def test_default_sentence_is_translated_with_every_view():
     assert at.subheader[0].value == "Eu te amo."
     metrics = {m.label: m.value for m in at.metric}
     assert float(metrics["log-probability"]) < 0 and metrics["tokens"] == "5 → 6"
-    assert len(at.get("plotly_chart")) >= 8   # heatmap, grid, alignment, step row, top-10, encoder x3
+    assert at.radio(key="translate.view").value == "Cross-attention"
+    assert len(at.get("plotly_chart")) == 2   # only the chosen view: its heatmap and grid
+    assert charts_of_every_view(at) >= 8   # heatmap, grid, alignment, step row, top-10, encoder x3
     assert any("SSRU" in m.value for m in at.markdown)
-    at.slider(key="translate.step").set_value(3).run()
+    view(at, "Step through decoding").slider(key="translate.step").set_value(3).run()
     assert not at.exception
     assert any("now choosing **mo**" in m.value for m in at.markdown)
 
 
 def test_switching_cross_attention_heads_off_changes_the_translation():
-    at = run_page()
+    at = view(run_page(), "Switch heads off")
     assert any("Every head is on" in i.value for i in at.info)
     at.checkbox(key="translate.layer:en-pt:2x8:1").uncheck().run()  # the shared editor's layer box
     assert not at.exception, at.exception
@@ -79,12 +96,13 @@ def test_portuguese_into_en_pt_still_translates():
 
 
 def test_single_heads_wait_for_apply():
-    at = run_page()
+    at = view(run_page(), "Switch heads off")
     at.pills(key="translate.row:en-pt:2x8:1").set_value([1, 2, 3, 4, 5, 6, 7]).run()
     assert not at.exception, at.exception
     assert not any(m.value.startswith("Change:") or "did not change" in m.value for m in at.markdown)
     at.button(key="translate.apply").click().run()
     assert not at.exception, at.exception
+    assert at.radio(key="translate.view").value == "Switch heads off"   # the choice survives the button
     # one head of the last layer off: the same words, a lower log-probability, no differing step
     assert any(m.value == "The translation did not change." for m in at.markdown)
     metrics = [(m.label, m.value) for m in at.metric]
@@ -107,6 +125,6 @@ def test_an_allowed_local_bart_folder_runs_on_the_page(tmp_path, set_limits):
     at.text_input(key="translate.folder").input(str(tmp_path / "tiny-bart")).run()
     at.text_area(key="translate.text").input("w5 w9 w17").run()
     assert not at.exception, at.exception
-    assert at.subheader and len(at.get("plotly_chart")) >= 8   # self-attention decoder: same views
+    assert at.subheader and charts_of_every_view(at) >= 8   # self-attention decoder: same views
     at.text_input(key="translate.folder").input(str(tmp_path / "elsewhere")).run()
     assert not at.exception and at.error

@@ -188,7 +188,8 @@ def test_whole_vocabulary_greedy_resumes_where_the_shortlist_misses(en_pt, monke
     from attnviz.core.translation import Shortlist
     set_limits(max_translate_seconds=3600.0)   # recomputing every prefix is slow on a loaded machine
     empty = torch.zeros(0, dtype=torch.long)
-    monkeypatch.setattr(en_pt, "shortlist", Shortlist(60, torch.zeros(en_pt.cfg.vocab_size + 1, dtype=torch.long), empty))
+    offsets = torch.zeros(en_pt.cfg.vocab_size + 1, dtype=torch.long)   # no source piece adds any
+    monkeypatch.setattr(en_pt, "shortlist", Shortlist(60, offsets, empty))
     for sentence, max_tokens in ((EN[8], None), (EN[10], None), (EN[8], 3)):
         checked = en_pt.translate(sentence, max_tokens=max_tokens)
         full = en_pt.translate(sentence, max_tokens=max_tokens, cache=False)

@@ -1,6 +1,7 @@
 """The Translate page's views: a sentence through a real encoder-decoder, its cross-attention per
 layer and head, alignment lines, decoding step by step, the encoder's self-attention, and
-cross-attention heads switched off. The page itself is a title plus calls to these functions."""
+cross-attention heads switched off. Only the chosen view is drawn and computed (`views`, through
+the project's remembered `view_choice`). The page itself is a title plus calls to these functions."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.figures import attention as viz
 from attnviz.figures import translate as tfig
 from attnviz.core.translate import Seq2SeqModel
-from attnviz.ui.common import LOCAL, load_folder, load_model, local_folders_allowed, plain
+from attnviz.ui.common import LOCAL, load_folder, load_model, local_folders_allowed, plain, view_choice
 from attnviz.ui.head_editor import head_editor
 from attnviz.weights.catalogue import list_models
 
@@ -262,3 +263,18 @@ def diff_markdown(before: str, after: str) -> str:
         text = plain(words)
         parts.append(f"~~{text}~~" if kind == "removed" else f"**{text}**" if kind == "added" else text)
     return "Change: " + " ".join(parts)
+
+
+VIEWS = {
+    "Cross-attention": lambda model, text, beam, tr: cross_attention(model, tr),
+    "Alignment": lambda model, text, beam, tr: alignment_lines(model, tr),
+    "Step through decoding": lambda model, text, beam, tr: steps(model, tr),
+    "Encoder self-attention": lambda model, text, beam, tr: encoder(model, tr),
+    "Switch heads off": heads_off,
+}
+
+
+def views(model, text: str, beam: int, tr):
+    """The chosen view only (st.tabs would compute all five on every rerun); the choice is kept
+    across buttons, the head editor's Apply and page switches."""
+    VIEWS[view_choice(PAGE, list(VIEWS))](model, text, beam, tr)
