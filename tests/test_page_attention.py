@@ -427,3 +427,29 @@ def test_home_lists_every_page_with_a_thumbnail_and_the_model_table_fits():
     config = json.loads(table.proto.columns)
     assert len(table.value.columns) <= 6
     assert all(config[c].get("width") in ("small", "medium", "large") for c in table.value.columns)
+
+
+def test_find_heads_opens_on_it_and_the_noun_it_refers_to():
+    """Issue 22.11: the default pair was the last and the first token ("." → "the")."""
+    at = _view(_run(AppTest.from_file(PAGE, default_timeout=180)), "Find heads")
+    q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
+    assert q.options[q.index].endswith(": it") and k.options[k.index].endswith(": animal")
+    ranking = _rank_table(at)
+    top = ranking.iloc[0]
+    assert top["key_rank"] == 1 and top["weight"] > 0.3      # a head that really links them
+    _view(at, "Model output")
+    assert any("mean-pooled" in c.value and "second sentence" in c.value for c in at.caption)
+
+
+def test_head_scores_also_as_a_layer_by_head_map():
+    """Issue 22.11: the head scores as a layer × head map, beside the table."""
+    at = _view(_smollm2_page(), "Head scores")
+    at.number_input(key="attention.hs_T").set_value(8)
+    at.number_input(key="attention.hs_n").set_value(1)
+    next(b for b in at.button if b.proto.label == "Compute head scores").click()
+    _run(at)
+    table = next(d.value for d in at.dataframe if d.proto.id.endswith("-attention.hs_table"))
+    z = _array(_chart(at, "attention.hs_grid")["data"][0]["z"])
+    assert z.shape == (30, 9)
+    np.testing.assert_allclose(z, table.pivot(index="layer", columns="head",
+                                              values="previous_token").to_numpy(), atol=1e-6)

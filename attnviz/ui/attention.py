@@ -16,6 +16,8 @@ from attnviz.ui import jobs as ui_jobs
 from attnviz.ui.attention_views import PAGE, Shown, key
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
+# Find heads opens on a pair a real head shows: the pronoun and the noun it refers to.
+DEFAULT_PAIR = ("it", "animal")
 OWN = "(your own text)"
 
 
@@ -119,16 +121,32 @@ def follow_text(model_id: str, cap: outputs.TextCapture) -> list[int]:
     text = st.session_state[key("text")]
     content = [i for i, special in enumerate(cap.special[cap.start: cap.start + cap.size].tolist())
                if not special] or list(range(cap.size))
+    rank_q, rank_k = default_pair(cap, content)
     ui.follow_owner(key("pos_for"), (model_id, text), {key("pos"): cap.n - 1})
     ui.follow_owner(key("window_for"), (model_id, text, cap.start),
                     {key("flow_token"): cap.size - 1, key("line_q"): None,
-                     key("rank_q"): content[-1], key("rank_k"): content[0]})
+                     key("rank_q"): rank_q, key("rank_k"): rank_k})
     ui.keep_in_options({key("pos"): (range(cap.n), cap.n - 1),
                         key("flow_token"): (range(cap.size), cap.size - 1),
                         key("line_q"): ([None, *range(cap.size)], None),
-                        key("rank_q"): (range(cap.size), content[-1]),
-                        key("rank_k"): (range(cap.size), content[0])})
+                        key("rank_q"): (range(cap.size), rank_q),
+                        key("rank_k"): (range(cap.size), rank_k)})
     return content
+
+
+def word(token: str) -> str:
+    """A token as a plain lower-case word: no leading-space mark (Ġ, ▁), no ## continuation."""
+    return token.lstrip("Ġ▁ ").removeprefix("##").lower()
+
+
+def default_pair(cap: outputs.TextCapture, content: list[int]) -> tuple[int, int]:
+    """Find heads' (query, key) window positions: the last "it" and the "animal" before it when
+    the text has them (the default text does), else the last and the first content token."""
+    words = [word(cap.tokens[cap.start + i]) for i in range(cap.size)]
+    pronoun, noun = DEFAULT_PAIR
+    queries = [i for i in content if words[i] == pronoun]
+    keys = [i for i in content if words[i] == noun and queries and i < queries[-1]]
+    return (queries[-1], keys[-1]) if keys else (content[-1], content[0])
 
 
 def pick_head(picked_key: str, picked: tuple[int, int] | None):

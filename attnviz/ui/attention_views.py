@@ -15,6 +15,7 @@ from attnviz.base import exports, jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.core.model import Model
 from attnviz.figures import attention as viz
+from attnviz.figures import lab as lf
 from attnviz.ui import common as ui
 from attnviz.ui import jobs as ui_jobs
 
@@ -227,6 +228,11 @@ def scores_view(s: Shown):
                  selection_mode="single-row",
                  column_config={c: st.column_config.ProgressColumn(
                      c, format="%.3f", min_value=0.0, max_value=1.0) for c in SCORE_COLUMNS})
+    shown = st.radio("Map of", SCORE_COLUMNS, horizontal=True, key=key("hs_map"),
+                     format_func=lambda c: c.replace("_", "-") + " score")
+    grid = scores.pivot(index="layer", columns="head", values=shown).to_numpy()   # (L, H)
+    st.plotly_chart(lf.head_grid_figure(grid, f"{shown.replace('_', '-')} score: layer × head"),
+                    key=key("hs_grid"))
     st.download_button("Head scores CSV", exports.csv_text(scores), "head_scores.csv",
                        "text/csv", key=key("hs_csv"), on_click="ignore")
 
@@ -258,7 +264,12 @@ def model_output(s: Shown):
                                      title=f"Next token after {token_name(cap.tokens)(position)}"
                                            ", top 10"), key=key("topk"))
         return
-    other = st.text_input("Compare with", COMPARE_TEXT, key=key("compare"))
+    other = st.text_input("Compare with", COMPARE_TEXT, key=key("compare"),
+                          help="a second sentence, compared with the page's text")
+    st.caption("Compares the page's text with this second sentence as the sentence encoder does: "
+               "each is mean-pooled over its tokens' last hidden states into one normalised "
+               "embedding, and their cosine says how alike in meaning the model finds them "
+               "(1 = same direction, 0 = unrelated).")
     if not other.strip():
         st.info("Type a second sentence to compare.")
         return
