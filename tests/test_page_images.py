@@ -313,6 +313,9 @@ def test_overlays_say_their_scale_offer_a_shared_one_and_draw_a_colour_bar():
     assert any("all tiles on one colour scale" in c for c in image_captions(at))
     show(at, "Patch query")
     assert any("all tiles on one colour scale" in c for c in image_captions(at)) and len(at.get("image")) == 2
+    captions = image_captions(show(at, "Rollout & saliency"))
+    assert any("rollout" in c and "scaled to its own range" in c for c in captions)
+    assert any("saliency output (0…1)" in c for c in captions)              # a fixed scale, said
 
 
 def test_shared_scale_keeps_a_weak_head_dark():

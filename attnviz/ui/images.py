@@ -236,7 +236,7 @@ class View:
         left, middle, right = st.columns(3)
         left.image(self.shown, caption="Photo")
         middle.image(render.overlay_patch_map(shown, vision.rollout_map(tr, head_mask, discount=drop), self.alpha),
-                     caption="Attention rollout from CLS over all layers (kept heads)"
+                     caption="Attention rollout from CLS over all layers (kept heads), scaled to its own range"
                      + ("" if found is None else f"; {len(found.patches)} artefact patch(es) discounted, outlined"))
         if tr.saliency is not None:
             right.image(render.overlay_patch_map(self.shown, tr.saliency, self.alpha, normalise=False),
@@ -257,7 +257,7 @@ class View:
         found = self.artefacts(tr)
         st.image(render.overlay_patch_map(pictures.mark_patches(self.shown, found.patches, tr.grid),
                                           found.norms, self.alpha),
-                 caption="Hidden-state norm per patch; flagged patches outlined")
+                 caption="Hidden-state norm per patch, scaled to its own range; flagged patches outlined")
         st.write(f"Median norm {found.median:.2f}, MAD {found.mad:.2f}, threshold {found.threshold:.2f}: "
                  f"**{len(found.patches)} of {self.grid * self.grid} patches flagged**. DINOv2 reuses a few "
                  "low-information patches as global scratch space (Darcet et al. 2024, 'Vision "
@@ -298,6 +298,7 @@ class View:
         rollouts = [vision.rollout_map(before), vision.rollout_map(tr, head_mask)]
         st.image([render.overlay_patch_map(self.shown, r, self.alpha) for r in rollouts],
                  caption=["Rollout, all heads", "Rollout, heads off"], width=300)
+        st.caption("Each rollout is scaled to its own range; the saliency maps share the model's 0…1 scale.")
 
     def export_view(self, tr, off, head_mask):
         # Callables: the files are built only when a button is clicked, not on every rerun.
