@@ -307,3 +307,23 @@ def test_toy_comparison_shows_exact_accuracy_as_a_percentage():
     assert not at.exception
     table = next(d for d in at.dataframe if "exact accuracy" in d.value.columns)
     assert json.loads(table.proto.columns)["exact accuracy"]["type_config"]["format"] == "percent"
+
+
+def test_no_progress_bar_is_left_after_toy_training_or_variants_measure():
+    """Issue 22.10: the progress bars of toy training and Variants › Measure stayed on screen."""
+    at = view(app(), "Toy transformers")
+    at.radio(key="lab.toy_source").set_value("train one now").run()
+    at.number_input(key="lab.toy_steps").set_value(50)
+    at.select_slider(key="lab.toy_width").set_value(32)
+    at.slider(key="lab.toy_layers").set_value(1)
+    at.slider(key="lab.toy_len").set_value(3)
+    at.button(key="lab.toy_train").click().run()
+    assert not at.exception
+    assert "Trained 50 steps" in texts(at.success) + texts(at.warning)
+    assert len(at.get("progress")) == 0
+    view(at, "Variants in a pretrained model")
+    at.multiselect(key="lab.var_specs").set_value(["temp:2"])
+    at.multiselect(key="lab.var_layers_minilm").set_value([0])
+    at.button(key="lab.var_go").click().run()
+    assert not at.exception and frame_with(at, "speed-up") is not None
+    assert len(at.get("progress")) == 0

@@ -83,7 +83,11 @@ def train_form():
                    "suddenly).")
         if train_go:
             toy_training.check_settings(settings)
-            bar, chart, seen = st.progress(0.0, "training…"), st.empty(), []
+            # the live progress bar and loss chart sit in one placeholder, emptied when training
+            # ends however it ends: the result below replaces them (no stale bar left on screen)
+            live = st.empty()
+            with live.container():
+                bar, chart, seen = st.progress(0.0, "training…"), st.empty(), []
 
             def report(step, total, loss):
                 seen.append(loss)
@@ -94,10 +98,13 @@ def train_form():
             # one of the server's heavy-job slots (ServerBusy, a ValueError, at once if none is
             # free); the training itself stops at its time budget (LIMITS.max_train_seconds)
             # and stops between steps when this browser session goes away
-            with ui_jobs.heavy_job("a toy training") as cancel:
-                res = toy_training.train(settings, report, eval_every=max(50, settings.steps // 10),
-                                         should_stop=cancel)
-                mem = toy_training.training_memory(settings, check=cancel.check)
+            try:
+                with ui_jobs.heavy_job("a toy training") as cancel:
+                    res = toy_training.train(settings, report, eval_every=max(50, settings.steps // 10),
+                                             should_stop=cancel)
+                    mem = toy_training.training_memory(settings, check=cancel.check)
+            finally:
+                live.empty()
             ss[key("toy_trained")] = (res, mem, f"trained:{uuid.uuid4().hex}")
     except ValueError as err:
         st.error(ui.plain(str(err)))
