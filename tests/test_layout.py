@@ -1,0 +1,154 @@
+"""The architecture's rules, read from the source text (see README, "Architecture").
+
+Layers import only downward: base -> core -> toys -> weights -> analysis | latency -> figures -> ui.
+Only attnviz/ui imports streamlit; plotly and matplotlib only figures and ui; no attnviz import
+inside a function; no private name taken from another module; pages and app.py <= 80 lines;
+library files <= 400 lines.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "attnviz"
+RANK = {"base": 0, "core": 1, "toys": 2, "weights": 3, "analysis": 4, "latency": 4, "figures": 5, "ui": 6}
+ENTRY = {"__init__", "bench"}  # attnviz/__init__.py (the public API) and attnviz/bench.py (the CLI)
+PAGE_MAX, LIBRARY_MAX = 80, 400
+
+
+def library_files() -> list[Path]:
+    return sorted(LIB.rglob("*.py"))
+
+
+def page_files() -> list[Path]:
+    return [ROOT / "app.py"] + sorted((ROOT / "pages").glob("*.py"))
+
+
+def layer_of(path: Path) -> str | None:
+    parts = path.relative_to(LIB).parts
+    return parts[0] if len(parts) > 1 else None
+
+
+def imports(tree: ast.AST):
+    """(node, module name, imported names) for every import, with relative imports resolved."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            yield node, ("." * node.level) + (node.module or ""), [a.name for a in node.names]
+
+
+def attnviz_targets(module: str, names: list[str]) -> list[str]:
+    """The attnviz packages an import reaches: `from attnviz.core import model` -> ["core"]."""
+    if module == "attnviz":
+        return [n for n in names if n in RANK] or ["attnviz"]
+    if module.startswith("attnviz."):
+        return [module.split(".")[1]]
+    return []
+
+
+def parse(path: Path) -> ast.AST:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_no_relative_imports_so_every_dependency_reads_as_a_path():
+    bad = [f"{rel(p)}:{n.lineno}" for p in library_files() for n, mod, _ in imports(parse(p))
+           if mod.startswith(".")]
+    assert not bad, bad
+
+
+def test_layers_import_only_downward():
+    bad = []
+    for path in library_files():
+        layer = layer_of(path)
+        for node, mod, names in imports(parse(path)):
+            for target in attnviz_targets(mod, names):
+                if layer is None:  # entry modules: anything but the ui
+                    ok = target != "ui" and path.stem in ENTRY
+                elif target == "attnviz":
+                    ok = False     # the public API sits above every layer
+                else:
+                    ok = target == layer or RANK.get(target, 99) < RANK[layer]
+                if not ok:
+                    bad.append(f"{rel(path)}:{node.lineno} imports attnviz.{target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_subpackage_states_its_layer():
+    for layer in RANK:
+        doc = ast.get_docstring(parse(LIB / layer / "__init__.py")) or ""
+        assert doc.startswith("Layer") and "Imports:" in doc, layer
+
+
+@pytest.mark.parametrize("library, allowed", [("streamlit", {"ui"}), ("plotly", {"figures", "ui"}),
+                                              ("matplotlib", {"figures", "ui"})])
+def test_ui_and_plotting_libraries_stay_in_their_layers(library, allowed):
+    bad = [f"{rel(p)}:{n.lineno}" for p in library_files() for n, mod, _ in imports(parse(p))
+           if mod.split(".")[0] == library and layer_of(p) not in allowed]
+    assert not bad, bad
+
+
+def test_no_attnviz_import_inside_a_function():
+    bad = []
+    for path in library_files() + page_files():
+        for fn in ast.walk(parse(path)):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node, mod, _ in imports(fn):
+                    if mod.startswith(".") or mod == "attnviz" or mod.startswith("attnviz."):
+                        bad.append(f"{rel(path)}:{node.lineno}")
+    assert not bad, bad
+
+
+def _module_aliases(tree: ast.AST) -> set[str]:
+    """Names bound to attnviz modules: `from attnviz.core import model` binds `model`."""
+    out = set()
+    for node, mod, names in imports(tree):
+        if isinstance(node, ast.Import) and mod.startswith("attnviz"):
+            out.update(a.asname or a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (mod == "attnviz" or mod.startswith("attnviz.")):
+            for alias in node.names:
+                target = f"{mod}.{alias.name}"
+                if (LIB / Path(*target.split(".")[1:])).with_suffix(".py").exists() or \
+                        (LIB / Path(*target.split(".")[1:])).is_dir():
+                    out.add(alias.asname or alias.name)
+    return out
+
+
+def test_no_private_name_crosses_modules():
+    bad = []
+    for path in library_files() + page_files():
+        tree = parse(path)
+        for node, mod, names in imports(tree):
+            if mod.startswith("attnviz") or mod.startswith("."):
+                bad += [f"{rel(path)}:{node.lineno} imports {n}" for n in names
+                        if n.startswith("_") and not n.startswith("__")]
+        aliases = _module_aliases(tree)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                bad.append(f"{rel(path)}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+def test_pages_are_a_title_and_calls():
+    long = {rel(p): n for p in page_files() if (n := len(p.read_text().splitlines())) > PAGE_MAX}
+    assert not long, long
+    for path in page_files():
+        for node, mod, names in imports(parse(path)):
+            root = mod.split(".")[0]
+            assert root in ("streamlit", "attnviz") and mod in ("streamlit", "attnviz", "attnviz.ui"), \
+                f"{rel(path)}:{node.lineno} imports {mod}: pages call attnviz and attnviz.ui only"
+
+
+def test_library_files_stay_readable():
+    long = {rel(p): n for p in library_files() if (n := len(p.read_text().splitlines())) > LIBRARY_MAX}
+    assert not long, long
