@@ -327,3 +327,16 @@ def test_no_progress_bar_is_left_after_toy_training_or_variants_measure():
     at.button(key="lab.var_go").click().run()
     assert not at.exception and frame_with(at, "speed-up") is not None
     assert len(at.get("progress")) == 0
+
+
+def test_first_open_says_what_is_loading_and_how_long_it_took():
+    """Issue 22.8: the first open showed only the sidebar spinner for many seconds."""
+    from attnviz import ui
+
+    ui.forget_loaded()
+    at = app()
+    assert not at.exception
+    status = [e.label for e in at.get("status") if "Loaded minilm in" in e.label]
+    assert status and "M parameters" in status[0]
+    at.run()                                               # the next run does not say it again
+    assert not [e for e in at.get("status") if "Loaded minilm" in e.label]

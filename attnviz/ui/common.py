@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import time
 from pathlib import Path
 
 import matplotlib
@@ -87,6 +88,41 @@ def load_folder(typed: str) -> Model:
     return _shared_model(f"folder:{resolved}", typed)
 
 
+LOADED: set[str] = set()   # models this server process has loaded once (its first open says so)
+
+
+def loaded_with_status(notice, choice: str, typed: str | None) -> Model:
+    """Load the picked model. The first load in this process (seconds: reading, and on a new
+    server converting, the weights) shows in the main area what is loading and, when done, how
+    long it took; later runs take the shared copy at once."""
+    name = f"folder:{typed}" if typed is not None else choice
+    load = (lambda: load_folder(typed)) if typed is not None else (lambda: load_model(choice))
+    if name in LOADED:
+        with st.spinner(plain(f"Loading {choice}…")):
+            return load()
+    with notice.status(plain(f"Loading {choice}…"), expanded=True) as status:
+        st.write(plain(f"Reading {choice}'s weights into memory. The first start of a server "
+                       "also converts them to this app's format and caches them on disk; every "
+                       "later page and session shares this one copy."))
+        start = time.perf_counter()
+        try:
+            model = load()
+        except ValueError:
+            status.update(label=plain(f"Could not load {choice}"), state="error")
+            raise
+        status.update(label=plain(f"Loaded {choice} in {time.perf_counter() - start:.1f} s: "
+                                  f"{model.num_params() / 1e6:.1f} M parameters"),
+                      state="complete", expanded=False)
+    LOADED.add(name)
+    return model
+
+
+def forget_loaded():
+    """Drop the shared models (tests: the next open is a first open again)."""
+    _shared_model.clear()
+    LOADED.clear()
+
+
 def local_folders_allowed() -> bool:
     return bool(LIMITS.allowed_model_dirs.strip())
 
@@ -107,6 +143,7 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
         st.session_state[CUSTOM_KEY] = st.session_state[SHARED_CUSTOM_KEY]
     if st.session_state[page_key] not in keys:
         st.session_state[page_key] = default
+    notice = st.empty()    # the main area's loading status (the sidebar's spinner is easy to miss)
     with st.sidebar:
         choice = st.selectbox("Model", keys, key=page_key,
                               format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})")
@@ -123,8 +160,7 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
                 return None
             choice = typed
         try:
-            with st.spinner(plain(f"Loading {choice} (the first start converts and caches the weights)…")):
-                model = load_folder(typed) if typed is not None else load_model(choice)
+            model = loaded_with_status(notice, choice, typed)
         except ValueError as err:
             st.error(plain(err))
             return None
