@@ -4,7 +4,7 @@ attnviz.ui.latency, the work attnviz.latency."""
 import streamlit as st
 
 from attnviz.ui import latency as view
-from attnviz.ui import latency_translate
+from attnviz.ui import latency_speech, latency_translate
 
 st.set_page_config(page_title="attnviz · Latency", layout="wide")
 st.title("Latency")
@@ -13,4 +13,5 @@ view.sweep_form()
 view.results_views()
 view.edge_views()
 latency_translate.translation_section()
+latency_speech.speech_section()
 view.device_import()

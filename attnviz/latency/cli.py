@@ -22,7 +22,7 @@ from attnviz.latency.calibrate import host_profile
 from attnviz.latency.child import STOPPED_EXIT
 from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES
 from attnviz.latency.measure import load, memory_budget_mb
-from attnviz.latency import translation
+from attnviz.latency import speech, translation
 from attnviz.latency.results import MAX_THREADS, to_csv
 from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate, parse_int_list,
                                    run_sweep)
@@ -119,6 +119,8 @@ def main(argv=None) -> int:
         return 0
     if args.model and any(translation.is_translator(k) for k in args.model):  # en-pt, pt-en: encode + per token
         return translation.main(args, ap)
+    if args.model and any(speech.is_speech(k) for k in args.model):  # whisper: a 30 s window + per token
+        return speech.main(args, ap)
     try:
         plan = SweepPlan(models=args.model or ["minilm"], seq_lens=parse_int_list(args.seq_lens, "--seq-lens"),
                          variants=[v for v in args.variants.split(",") if v.strip()],

@@ -16,7 +16,7 @@ import torch
 from attnviz.base.exports import csv_text
 from attnviz.base.timing import measure
 from attnviz.core.attention import SOFTMAX
-from attnviz.core.seq2seq import Seq2SeqConfig
+from attnviz.core.seq2seq import DecoderState, Seq2SeqConfig
 from attnviz.core.translate import Seq2SeqModel
 from attnviz.latency.costmodel import F32, PROFILES, Op, gemm_op, layer_ops, op_seconds
 from attnviz.latency.sweep import parse_int_list
@@ -86,16 +86,25 @@ def measure_here(model: Seq2SeqModel, n_src: int, repeats: int = 5, warmup: int 
     src[0, -1] = cfg.eos_id
     feed = torch.randint(1, cfg.vocab_size, (DECODE_STEPS, 1, 1), generator=g)
     feed[0] = cfg.decoder_start_id
+    return time_encode_decode(net, src, feed, repeats, warmup)
+
+
+def time_encode_decode(net, src: torch.Tensor, feed: torch.Tensor, repeats: int = 5, warmup: int = 1) -> dict:
+    """Median encode_ms of `net.encode(src)` (weights captured) plus the decoder's cross K/V, and
+    decode_ms_per_token of feeding
+    `feed` (T, 1, 1) one token a step from a fresh decoding state: the translators' and Whisper's."""
     with torch.inference_mode():
         memory, _ = net.encode(src)
-        encode = measure(lambda: net.encode(src, need_weights=True), repeats, warmup)
+        # encoding includes the cross K/V (once per sentence), as `encode_ops` counts it
+        encode = measure(lambda: net.start(net.encode(src, need_weights=True)[0]), repeats, warmup)
+        kv = net.start(memory).memory_kv
 
         def decode():
-            state = net.start(memory)
+            state = DecoderState(kv, None, [None] * len(kv))
             for ids in feed:
                 net.step(ids, state, need_weights=True)
         steps = measure(decode, repeats, warmup)
-    return dict(encode_ms=1e3 * encode.median, decode_ms_per_token=1e3 * steps.median / DECODE_STEPS)
+    return dict(encode_ms=1e3 * encode.median, decode_ms_per_token=1e3 * steps.median / len(feed))
 
 
 def sweep(models: dict, lengths: list[int], backends: list[str], repeats: int = 5,
@@ -136,9 +145,14 @@ def main(args, ap) -> int:
         df = sweep({key: load_model(key) for key in args.model}, lengths, backends, args.repeats, args.warmup)
     except ValueError as err:
         ap.error(str(err))
+    return write_csv(df, args.out)
+
+
+def write_csv(df: pd.DataFrame, out: str | None) -> int:
+    """The CSV to the file `out`, or to stdout without one (the translation and speech branches)."""
     text = csv_text(df)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text)
     else:
         sys.stdout.write(text)
