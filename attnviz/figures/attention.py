@@ -351,3 +351,39 @@ def head_rank_figure(ranking: pd.DataFrame, top: int = 20, title: str = "") -> g
     figure.update_layout(title=title, height=int(np.clip(22 * len(shown) + 100, 200, 600)),
                          margin=dict(l=10, r=10, t=50 if title else 20, b=10))
     return figure
+
+
+# --- Home page thumbnails ----------------------------------------------------------------------
+# Schematic pictures of each page's main figure, drawn from numpy at run time (a few kB and
+# microseconds each): the home page loads no model and ships no image files that would drift.
+PAGE_THUMB = (36, 54)   # rows, columns of a thumbnail before enlarging
+
+
+def page_thumbnail(page: str) -> np.ndarray:
+    """A schematic (rows, cols, 3) uint8 picture of the page's main figure, viridis-coloured."""
+    h, w = PAGE_THUMB
+    r, c = np.mgrid[0:h, 0:w].astype(float)
+    y, x = r / (h - 1), c / (w - 1)
+    if page == "Attention":      # a causal head: the diagonal and the first token, future grey
+        z = np.exp(-((x - y) * 12) ** 2) + 0.6 * (x < 0.08)
+        z = np.where(x > y, np.nan, z)
+    elif page == "Heads":        # a layer × head grid, some heads switched off
+        z = ((r // 6 * 7 + c // 6 * 3) % 11) / 10.0
+        z = np.where(((r // 6) + 2 * (c // 6)) % 5 == 0, np.nan, z)
+    elif page == "Images":       # patches, one region looked at
+        z = np.exp(-(((x - 0.6) * 3) ** 2 + ((y - 0.45) * 3) ** 2)) * (0.6 + 0.4 * ((r // 6 + c // 6) % 2))
+    elif page == "Latency":      # time against length: quadratic, a bound below
+        z = (np.abs((1 - y) - x ** 2) < 0.05) + 0.5 * (np.abs((1 - y) - 0.5 * x) < 0.04)
+    elif page == "Lab":          # Q·Kᵀ → softmax → weights, three small matrices
+        block = (c % 18 < 14) & (r > 10) & (r < 26)
+        z = np.where(block, np.sin(r * 0.9 + c * 0.7) * 0.5 + 0.5 * (c // 18) / 2, np.nan)
+    elif page == "Translate":    # source × target alignment, mostly monotone
+        z = np.exp(-((x - (0.2 + 0.7 * y ** 1.3)) * 10) ** 2)
+    elif page == "Speech":       # audio frames under text tokens
+        z = np.where(y > 0.5, 0.5 + 0.5 * np.sin(c * 1.3) * np.exp(-((y - 0.75) * 6) ** 2),
+                     np.exp(-((x - y * 1.8) * 8) ** 2))
+    else:                        # Readouts: a layer ladder, belief growing with depth
+        z = np.where(c % 9 < 7, (1 - y) * (x > 0.3 * y), np.nan)
+    rgb = apply_colormap(np.clip(z, 0, 1))                                     # (h, w, 3)
+    rgb[np.isnan(z)] = (217, 217, 217)
+    return np.kron(rgb, np.ones((3, 3, 1), dtype=np.uint8))                    # (3h, 3w, 3)

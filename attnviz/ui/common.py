@@ -8,8 +8,6 @@ import re
 import time
 from pathlib import Path
 
-import matplotlib
-import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -350,9 +348,7 @@ def clear_selection(table_key: str):
 
 
 # ---------------------------------------------------------------- the home page's page list
-# (page name, what it shows in one line). The thumbnails are drawn here from numpy at run time:
-# schematic pictures of each page's main figure, a few kB and microseconds each, so the home page
-# loads no model and ships no image files that would drift from the figures they stand for.
+# (page name, what it shows in one line); each gets a schematic thumbnail (viz.page_thumbnail).
 PAGES = [
     ("Attention", "paste text: every layer × head at a glance, a head in detail, token-to-token "
                   "lines, statistics and roles, rollout, the model's own output, exports."),
@@ -364,43 +360,10 @@ PAGES = [
     ("Speech", "Whisper's text tokens attending to the audio, and word timestamps from those heads."),
     ("Readouts", "what the model believes at each layer, which heads wrote the prediction."),
 ]
-THUMB = (36, 54)   # rows, columns of a thumbnail before enlarging
-
-
-def thumbnail(page: str) -> np.ndarray:
-    """A schematic (rows, cols, 3) uint8 picture of the page's main figure, viridis-coloured."""
-    h, w = THUMB
-    r, c = np.mgrid[0:h, 0:w].astype(float)
-    y, x = r / (h - 1), c / (w - 1)
-    if page == "Attention":      # a causal head: the diagonal and the first token, future grey
-        z = np.exp(-((x - y) * 12) ** 2) + 0.6 * (x < 0.08)
-        z = np.where(x > y, np.nan, z)
-    elif page == "Heads":        # a layer × head grid, some heads switched off
-        z = ((r // 6 * 7 + c // 6 * 3) % 11) / 10.0
-        z = np.where(((r // 6) + 2 * (c // 6)) % 5 == 0, np.nan, z)
-    elif page == "Images":       # patches, one region looked at
-        z = np.exp(-(((x - 0.6) * 3) ** 2 + ((y - 0.45) * 3) ** 2)) * (0.6 + 0.4 * ((r // 6 + c // 6) % 2))
-    elif page == "Latency":      # time against length: quadratic, a bound below
-        z = (np.abs((1 - y) - x ** 2) < 0.05) + 0.5 * (np.abs((1 - y) - 0.5 * x) < 0.04)
-    elif page == "Lab":          # Q·Kᵀ → softmax → weights, three small matrices
-        block = (c % 18 < 14) & (r > 10) & (r < 26)
-        z = np.where(block, np.sin(r * 0.9 + c * 0.7) * 0.5 + 0.5 * (c // 18) / 2, np.nan)
-    elif page == "Translate":    # source × target alignment, mostly monotone
-        z = np.exp(-((x - (0.2 + 0.7 * y ** 1.3)) * 10) ** 2)
-    elif page == "Speech":       # audio frames under text tokens
-        z = np.where(y > 0.5, 0.5 + 0.5 * np.sin(c * 1.3) * np.exp(-((y - 0.75) * 6) ** 2),
-                     np.exp(-((x - y * 1.8) * 8) ** 2))
-    else:                        # Readouts: a layer ladder, belief growing with depth
-        z = np.where(c % 9 < 7, (1 - y) * (x > 0.3 * y), np.nan)
-    rgba = matplotlib.colormaps["viridis"](np.nan_to_num(np.clip(z, 0, 1)))
-    rgba[np.isnan(z)] = (0.85, 0.85, 0.85, 1.0)
-    return (np.kron(rgba[..., :3], np.ones((3, 3, 1))) * 255).astype(np.uint8)   # (3h, 3w, 3)
-
-
 def page_list():
     """The home page's list: a thumbnail, the page's name and one line of what it shows."""
     for row in range(0, len(PAGES), 4):
         for col, (n, (name, line)) in zip(st.columns(4), enumerate(PAGES[row: row + 4], row + 1)):
             with col:
-                st.image(thumbnail(name))
+                st.image(viz.page_thumbnail(name))
                 st.markdown(f"**{n}. {name}** — {line}")
