@@ -96,6 +96,7 @@ def test_the_latency_page_shows_whisper_cost():
     page = str(Path(__file__).resolve().parent.parent / "pages" / "4_Latency.py")
     at = AppTest.from_file(page, default_timeout=180).run()
     assert not at.exception, at.exception
+    assert "whisper-tiny-en" not in at.multiselect(key="latency.models").options  # the sweep is for one-pass models
     at.toggle(key="latency.speech_show").set_value(True).run()
     assert not at.exception, at.exception
     table = at.dataframe[-1].value
@@ -103,3 +104,7 @@ def test_the_latency_page_shows_whisper_cost():
     anchored = table[(table["backend"] == "pi5") & (table["engine"] == "ggml")].iloc[0]
     assert anchored["published encode ms"] == 1106.11
     assert anchored["encode ms (30 s window)"] == pytest.approx(1106.11, rel=0.25)
+    at.checkbox(key="latency.speech_measure").check().run()
+    assert not at.exception, at.exception
+    measured = at.dataframe[-1].value
+    assert measured[measured["backend"] == "cpu"]["decode ms / token"].iloc[0] > 0

@@ -65,8 +65,9 @@ def sweep_form():
     here = measure.threads_now()  # this server's torch threads: other counts run in a separate process
     with st.form(K("form")):
         c1, c2, c3 = st.columns(3)
-        picked = c1.multiselect("Models", [k for k, s in BUNDLED.items() if s["task"] != "translation"],
-                                default=["minilm"], key=K("models"))  # translators: their own section below
+        one_pass = [k for k, s in BUNDLED.items() if s["task"] not in ("translation", "speech")]
+        picked = c1.multiselect("Models", one_pass, default=["minilm"],
+                                key=K("models"))  # translators and Whisper: their own sections below
         specs = c1.text_area("Synthetic shapes (one per line)", key=K("synthetic"), height=68,
                              placeholder="synthetic:layers=6,d=384,heads=8",
                              help="Random weights, for timing: layers, d, heads; optional kv, dh, ff, vocab, "

@@ -45,8 +45,8 @@ def speech_section():
         c1, c2 = st.columns([2, 1])
         engines = c1.multiselect("Pi engines", list(ENGINES), default=["torch", "ggml"], key=K("engines"),
                                  format_func=lambda e: f"{e}: {ENGINES[e]}")
-        measure_here = c2.checkbox("measure on this CPU too", key=K("measure"),
-                                   help="times the encoder once on a 30 s window and 16 decoding steps (several seconds)")
+        measure_here = c2.checkbox("measure on this CPU too", key=K("measure"), help="times the encoder on "
+                                   "a 30 s window and 16 decoding steps, twice each (several seconds)")
         if not engines:
             st.info("Pick an engine.")
             return
