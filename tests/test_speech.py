@@ -18,7 +18,7 @@ from attnviz.core.speech import APPENDED, Transcript, Word, alignment_matrix, dt
 from attnviz.weights import ctranslate2 as ct2_reader
 from attnviz.weights.catalogue import bundled_path
 
-transformers = pytest.importorskip("transformers")
+import ctranslate2  # noqa: E402  (test-only reference engine, in requirements.txt: never skipped)
 from transformers import WhisperConfig as HFConfig, WhisperForConditionalGeneration  # noqa: E402
 
 CLIP = Path(attnviz.__file__).parent / "data" / "audio" / "hello_world.wav"
@@ -204,7 +204,6 @@ def test_bundled_weights_match_transformers_eager(model, heard, hf_heard):
 
 
 def test_greedy_tokens_identical_to_ctranslate2(model, heard, clip):
-    ctranslate2 = pytest.importorskip("ctranslate2")
     folder = str(bundled_path("whisper-tiny-en"))
     engine = ctranslate2.models.Whisper(folder, device="cpu", compute_type="float32", intra_threads=1)
     prompt = [["<|startoftranscript|>", "<|notimestamps|>"]]
