@@ -17,6 +17,24 @@ from attnviz.core.transformer import Transformer
 MAX_IMAGE_SIDE = 1036     # 74 DINOv2 patches: 5,477 tokens, about the most a trace should hold
 
 
+def count_params(*modules) -> int:
+    """Parameters of the given modules (None skipped): the one parameter count."""
+    return sum(p.numel() for m in modules if m is not None for p in m.parameters())
+
+
+def weights_fingerprint(*modules) -> str:
+    """SHA-256 of every parameter and buffer of the modules (None skipped), in order: shows that a
+    shared model was never changed by the sessions using it."""
+    h = hashlib.sha256()
+    for module in modules:
+        if module is None:
+            continue
+        for name, t in module.state_dict().items():
+            h.update(name.encode())
+            h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     key: str
@@ -36,7 +54,7 @@ class ModelInfo:
         """The info of a built network: its shape from `cfg`, its parameter count from `net`."""
         return cls(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                    source=source, n_kv_heads=cfg.n_kv_heads, max_positions=cfg.max_positions,
-                   params=sum(p.numel() for p in net.parameters()), **extra)
+                   params=count_params(net), **extra)
 
 
 @dataclass
@@ -247,17 +265,10 @@ class Model:
     def fingerprint(self) -> str:
         """SHA-256 of every parameter and buffer, in order: shows that a shared model was never
         changed by the sessions using it."""
-        h = hashlib.sha256()
-        modules = [self.net] + ([self.decoder] if self.decoder is not None else [])
-        for module in modules:
-            for name, t in module.state_dict().items():
-                h.update(name.encode())
-                h.update(t.detach().contiguous().cpu().numpy().tobytes())
-        return h.hexdigest()
+        return weights_fingerprint(self.net, self.decoder)
 
     def num_params(self) -> int:
-        return sum(p.numel() for p in self.net.parameters()) + (
-            sum(p.numel() for p in self.decoder.parameters()) if self.decoder is not None else 0)
+        return count_params(self.net, self.decoder)
 
 
 def _variants(spec, n_layers):

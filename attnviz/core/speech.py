@@ -24,7 +24,7 @@ from attnviz.base.jobs import Deadline
 from attnviz.base.limits import LIMITS
 from attnviz.core.audio import RATE, Audio, log_mel, read_audio
 from attnviz.core.translate import Seq2SeqModel
-from attnviz.core.model import ModelInfo
+from attnviz.core.model import ModelInfo, count_params
 from attnviz.core.whisper import FRAMES_PER_SECOND, HOP, Whisper, WhisperConfig
 
 MEDIAN_WIDTH = 7               # Whisper's median filter over time, in encoder frames (140 ms)
@@ -89,7 +89,7 @@ class SpeechModel(Seq2SeqModel):
         net = Whisper.from_state(cfg, state)
         info = ModelInfo(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_enc_layers + cfg.n_dec_layers,
                          n_heads=cfg.n_heads, source=source, n_kv_heads=cfg.n_heads,
-                         max_positions=cfg.n_text_ctx, params=sum(p.numel() for p in net.parameters()), **info)
+                         max_positions=cfg.n_text_ctx, params=count_params(net), **info)
         return cls(net, info, tokenizer)
 
     def __repr__(self):

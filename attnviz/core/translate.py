@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from attnviz.base.jobs import Deadline, heavy_job
 from attnviz.base.limits import LIMITS
-from attnviz.core.model import ModelInfo
+from attnviz.core.model import ModelInfo, count_params, weights_fingerprint
 from attnviz.core.seq2seq import DecoderState, Seq2Seq, Seq2SeqConfig
 from attnviz.core.translation import Pieces, Shortlist, Translation, self_matrix
 
@@ -55,7 +55,7 @@ class Seq2SeqModel:
         net = Seq2Seq.from_state(cfg, state)
         info = ModelInfo(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_enc_layers + cfg.n_dec_layers,
                          n_heads=cfg.n_heads, source=source, n_kv_heads=cfg.n_heads,
-                         max_positions=cfg.max_positions, params=sum(p.numel() for p in net.parameters()), **info)
+                         max_positions=cfg.max_positions, params=count_params(net), **info)
         return cls(net, info, tokenizer, shortlist)
 
     @property
@@ -371,13 +371,8 @@ class Seq2SeqModel:
     # ---------------------------------------------------------------- bookkeeping
     def fingerprint(self) -> str:
         """SHA-256 of every parameter and buffer: shows a shared model was never changed."""
-        import hashlib
-        h = hashlib.sha256()
-        for name, t in self.net.state_dict().items():
-            h.update(name.encode())
-            h.update(t.detach().contiguous().cpu().numpy().tobytes())
-        return h.hexdigest()
+        return weights_fingerprint(self.net)
 
     def num_params(self) -> int:
-        return sum(p.numel() for p in self.net.parameters())
+        return count_params(self.net)
 

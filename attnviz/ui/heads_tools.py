@@ -292,9 +292,8 @@ def prune_tool(view, keep):
                    set(noisy) & set(again) else "") + ": the runs spread by more than half their median, "
                    "or the speed-up exceeds its bound — timing noise on a busy machine. Raise the runs per "
                    "length or measure when the machine is quiet.")
-    if modelled is not None:
-        st.caption("Raspberry Pi 4 / 5, modelled by attnviz.latency.costmodel (a roofline model, not measured):")
-        st.dataframe(modelled, hide_index=True, key=K("pi_table"))
+    st.caption("Raspberry Pi 4 / 5, modelled by attnviz.latency.costmodel (a roofline model, not measured):")
+    st.dataframe(modelled, hide_index=True, key=K("pi_table"))
 
 
 def tools(view, keep):
