@@ -34,7 +34,12 @@ def test_short_input_is_captured_whole_and_equals_trace(cfg):
 
 @pytest.mark.parametrize("cfg", [LLAMA, BERT], ids=["llama", "bert"])
 @pytest.mark.parametrize("start", [0, 37, 500])
-def test_long_input_window_and_pooled_overview_are_exact(cfg, start):
+@pytest.mark.parametrize("chunk_floats", [None, 4 * 150 * 20], ids=["own-weights", "recomputed"])
+def test_long_input_window_and_pooled_overview_are_exact(cfg, start, chunk_floats, monkeypatch):
+    """Both scans: a layer's weights small enough to take from the block itself, and (a chunk
+    budget below H x n x n) recomputed query-chunk by query-chunk."""
+    if chunk_floats is not None:
+        monkeypatch.setattr(outputs, "CHUNK_FLOATS", chunk_floats)
     model = random_model(cfg, seed=2)
     n = 150
     ids = _ids(n, seed=3)

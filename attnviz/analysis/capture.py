@@ -181,17 +181,21 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress,
     positions = torch.arange(n)
     stop_w = start + size
     checks = lambda: _check(deadline, cancel)     # noqa: E731  before every block and every chunk
-    for step in net.iter_blocks(x, check=checks):
+    # When one layer's weights fit a chunk (SmolLM2 up to ~1,300 tokens) the blocks return their
+    # own weights and nothing is computed twice; longer texts recompute them chunk by chunk.
+    own = H * n * n <= CHUNK_FLOATS
+    for step in net.iter_blocks(x, check=checks, capture=range(L) if own else ()):
         layer, blk, x = step.layer, net.blocks[step.layer], step.out
         attn_module = blk.attn
         if attn_module.n_heads:
             heads = attn_module.heads             # original indices (pruned models hold fewer)
-            q, k = _queries_keys(attn_module, blk.norm1(step.x) if blk.pre_norm else step.x, rope)
-            for r0 in range(0, n, chunk):
+            if not own:
+                q, k = _queries_keys(attn_module, blk.norm1(step.x) if blk.pre_norm else step.x, rope)
+            for r0 in range(0, n, n if own else chunk):
                 checks()
-                r1 = min(n, r0 + chunk)
+                r1 = n if own else min(n, r0 + chunk)
                 allowed = positions[None, :] <= positions[r0:r1, None] if cfg.causal else None
-                w = softmax_weights(q[:, :, r0:r1], k, allowed)[0]           # (h, r, n)
+                w = step.weights[0] if own else softmax_weights(q[:, :, r0:r1], k, allowed)[0]  # (h, r, n)
                 keys = F.pad(w, (0, m * block - n)).view(len(heads), r1 - r0, m, block).sum(-1)
                 rows = F.pad(keys, (0, 0, 0, -(r1 - r0) % block))             # (h, r', m)
                 pooled = rows.view(len(heads), -1, block, m).sum(2)          # (h, r'/b, m)
@@ -201,7 +205,6 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress,
                 if lo < hi:
                     window[layer, heads, lo - start: hi - start] = w[:, lo - r0: hi - r0, start:stop_w]
             overview[layer] /= row_counts[:, None]
-            del q, k
         if progress:
             progress(layer + 1, L)
     x, _ = net.finish(x, logits=False)
