@@ -3,8 +3,8 @@ lines, finding heads, statistics, head scores, rollout, the model's own output, 
 and views live in attnviz.ui.attention; only the chosen view's work runs."""
 import streamlit as st
 
-from attnviz.ui import attention
-
 st.set_page_config(page_title="attnviz · Attention", layout="wide")
 st.title("Attention")
+with st.spinner("Starting: PyTorch, transformers and attnviz load once per server (a few seconds)…"):
+    from attnviz.ui import attention  # noqa: E402  (the title is painted first)
 attention.page()

@@ -1,8 +1,8 @@
 """Heads: switch heads off and watch the outputs change; rank heads; pruning curves; real pruning."""
 import streamlit as st
 
-from attnviz.ui import heads
-
 st.set_page_config(page_title="Heads · attnviz", layout="wide")
 st.title("Heads — switch heads off, rank them, prune for real")
+with st.spinner("Starting: PyTorch, transformers and attnviz load once per server (a few seconds)…"):
+    from attnviz.ui import heads  # noqa: E402  (the title is painted first)
 heads.page()

@@ -3,11 +3,11 @@ Raspberry Pi; a CSV from a real Pi overlays measured on modelled. Layout only: t
 attnviz.ui.latency, the work attnviz.latency."""
 import streamlit as st
 
-from attnviz.ui import latency as view
-from attnviz.ui import latency_speech, latency_translate
-
 st.set_page_config(page_title="attnviz · Latency", layout="wide")
 st.title("Latency")
+with st.spinner("Starting: PyTorch, transformers and attnviz load once per server (a few seconds)…"):
+    from attnviz.ui import latency as view  # noqa: E402  (the title is painted first)
+    from attnviz.ui import latency_speech, latency_translate  # noqa: E402  (the title is painted first)
 view.intro()
 view.sweep_form()
 view.results_views()

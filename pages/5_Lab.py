@@ -3,8 +3,8 @@ model, and toy transformers trained here in under a minute. Views live in attnvi
 chosen one runs, and its heavy work waits for a button."""
 import streamlit as st
 
-from attnviz.ui import lab
-
 st.set_page_config(page_title="attnviz · Lab", layout="wide")
 st.title("Lab")
+with st.spinner("Starting: PyTorch, transformers and attnviz load once per server (a few seconds)…"):
+    from attnviz.ui import lab  # noqa: E402  (the title is painted first)
 lab.page()

@@ -1,10 +1,10 @@
 """Speech: Whisper's text tokens attending to the audio, and word timestamps from those heads."""
 import streamlit as st
 
-from attnviz.ui import speech as view
-
 st.set_page_config(page_title="attnviz · Speech", layout="wide")
 st.title("Speech — where the text listens")
+with st.spinner("Starting: PyTorch, transformers and attnviz load once per server (a few seconds)…"):
+    from attnviz.ui import speech as view  # noqa: E402  (the title is painted first)
 
 picked = view.inputs()
 if picked is None:

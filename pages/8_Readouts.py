@@ -1,8 +1,8 @@
 """Readouts: what the model believes at each layer, which heads wrote the prediction, what it writes next."""
 import streamlit as st
 
-from attnviz.ui import readouts
-
 st.set_page_config(page_title="Readouts · attnviz", layout="wide")
 st.title("Readouts — logit lens, logit attribution, generation, two prompts")
+with st.spinner("Starting: PyTorch, transformers and attnviz load once per server (a few seconds)…"):
+    from attnviz.ui import readouts  # noqa: E402  (the title is painted first)
 readouts.page()

@@ -152,3 +152,22 @@ def test_pages_are_a_title_and_calls():
 def test_library_files_stay_readable():
     long = {rel(p): n for p in library_files() if (n := len(p.read_text().splitlines())) > LIBRARY_MAX}
     assert not long, long
+
+
+# What only the Speech page needs (scipy's signal/ndimage, transformers' Whisper feature extractor:
+# ~1.5 s of imports) is imported where audio is first decoded, so the first open of any other page
+# on a fresh server does not wait for it.
+SPEECH_ONLY = ("scipy.signal", "scipy.ndimage", "transformers.models.whisper")
+
+
+@pytest.mark.parametrize("module", ["attention", "heads", "images", "lab", "latency", "translate",
+                                    "readouts"])
+def test_a_page_imports_only_what_its_first_view_needs(module):
+    import subprocess
+    import sys
+    code = (f"import sys, attnviz.ui.{module}; "
+            f"print(' '.join(m for m in {SPEECH_ONLY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", f"attnviz.ui.{module} imports {out.stdout.strip()} at start-up"

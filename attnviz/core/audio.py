@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import soundfile as sf
 import torch
-from scipy.signal import resample_poly
-from transformers.models.whisper.feature_extraction_whisper import WhisperFeatureExtractor
+# scipy.signal and transformers' feature extractor are imported where audio is first decoded
+# (they take ~1.5 s to import): a server whose first page is not Speech never pays for them.
 
 from attnviz.base.limits import LIMITS
 
@@ -143,6 +143,7 @@ def read_audio(x, *, rate: int = RATE, cut: bool = False, max_seconds: float = 3
     mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]   # [n, channels] -> [n]
     if rate != RATE:
         g = math.gcd(RATE, rate)
+        from scipy.signal import resample_poly
         mono = resample_poly(mono, RATE // g, rate // g).astype(np.float32)
     if len(mono) < MIN_SECONDS * RATE:
         raise ValueError(f"the audio is {len(mono) / RATE:.2f} s long; give at least {MIN_SECONDS} s of speech")
@@ -159,7 +160,9 @@ def read_audio(x, *, rate: int = RATE, cut: bool = False, max_seconds: float = 3
 
 
 @functools.lru_cache(maxsize=4)
-def feature_extractor(n_mels: int) -> WhisperFeatureExtractor:
+def feature_extractor(n_mels: int):
+    """transformers' WhisperFeatureExtractor for ``n_mels`` mel bands."""
+    from transformers.models.whisper.feature_extraction_whisper import WhisperFeatureExtractor
     return WhisperFeatureExtractor(feature_size=n_mels)
 
 

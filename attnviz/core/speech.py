@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from scipy.ndimage import median_filter
 
 from attnviz.base.jobs import Deadline
 from attnviz.base.limits import LIMITS
@@ -189,6 +188,7 @@ def alignment_matrix(weights: np.ndarray, skip: int, audio_frames: int) -> np.nd
     mean, std = w.mean(-2, keepdims=True), w.std(-2, keepdims=True)   # over tokens, per frame
     w = (w - mean) / np.where(std > 0, std, 1.0)
     if audio_frames > MEDIAN_WIDTH // 2:  # 'mirror' is torch's 'reflect' padding, as Whisper pads
+        from scipy.ndimage import median_filter   # here, not at start-up: see core.audio
         w = median_filter(w, size=(1, 1, MEDIAN_WIDTH), mode="mirror")
     return w.mean(0)[skip:-1]
 
