@@ -3,9 +3,11 @@ conversion a strip of rows at a time.
 
 A 40 Mpx upload in a high-bit-depth mode (float32 or int32 TIFF, 16-bit or grey+alpha PNG) used to
 peak at 1-2 GB while it became RGB: whole-image float64 copies, and RGBA compositing at full size.
-Here an image is first shrunk in its own mode by an integer factor (Pillow's box filter, in C) to
-at most LIMITS.max_decoded_pixels, then converted strip by strip into one RGB image, so the work
-beyond the decoded file is about that RGB image (4 bytes a pixel in Pillow) plus one strip.
+Here an image is shrunk by an integer factor (Pillow's box filter, in C) to at most
+LIMITS.max_decoded_pixels and converted a band of rows at a time, each band shrunk in its own mode
+where Pillow can, straight into one RGB image: the work beyond the decoded pixels is that RGB image
+(4 bytes a pixel in Pillow) plus one band. `attnviz.core.bands` feeds PNG and TIFF files here band
+by band, so that the full-size image never exists at all.
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ ORIENTATION = 0x0112          # EXIF tag
 TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
              4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
              6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90}
+_SWAPPING = (Image.Transpose.TRANSPOSE, Image.Transpose.ROTATE_270, Image.Transpose.TRANSVERSE,
+             Image.Transpose.ROTATE_90)
+_ROWS_TO_LEFT = (Image.Transpose.TRANSPOSE, Image.Transpose.ROTATE_90)  # row y becomes column y
 
 
 def shrink_factor(width: int, height: int, max_pixels: int) -> int:
@@ -33,30 +38,42 @@ def shrink_factor(width: int, height: int, max_pixels: int) -> int:
     return factor
 
 
-def _strips(image: Image.Image, rows_multiple: int = 1):
-    """(top, crop) for strips of about STRIP_PIXELS, each a multiple of `rows_multiple` rows."""
+def strips(image: Image.Image, rows_multiple: int = 1):
+    """(top, crop) for strips of a loaded image, about STRIP_PIXELS each, a multiple of
+    `rows_multiple` rows but the last."""
     width, height = image.size
     rows = max(1, STRIP_PIXELS // max(1, width * rows_multiple)) * rows_multiple
     for top in range(0, height, rows):
         yield top, image.crop((0, top, width, min(height, top + rows)))
 
 
-def shrink(image: Image.Image, factor: int) -> Image.Image:
-    """`image` (loaded) made `factor` times smaller per side; RGB where its mode has no box filter."""
-    if factor <= 1:
-        return image
-    own = image.mode in REDUCIBLE and "transparency" not in image.info
-    width, height = image.size
-    out = Image.new(image.mode if own else "RGB", (math.ceil(width / factor), math.ceil(height / factor)))
-    for top, strip in _strips(image, factor):  # whole multiples of `factor` rows: seamless
-        out.paste((strip if own else to_rgb(strip)).reduce(factor), (0, top // factor))
-    return out
+def shrink_to_rgb(bands, size: tuple[int, int], factor: int, levels: tuple[float, float] | None = None,
+                  orientation: int = 1) -> Image.Image:
+    """An image of `size`, given as bands of rows, made `factor` times smaller per side, 8-bit RGB
+    and oriented (an EXIF orientation), one band at a time: the result is the only whole image.
 
-
-def orient(image: Image.Image, orientation: int) -> Image.Image:
-    """Apply an EXIF orientation (read from the file before it was shrunk)."""
+    `bands` yields (top, image) in order, each a whole multiple of `factor` rows but the last, so
+    the box filter is seamless. A mode with a box filter of its own is shrunk before it is
+    converted; the others (1, P, PA, I;16*, anything with a transparent colour) after. 32-bit
+    integer and float levels are mapped by `levels`, the (min, max) of the whole image."""
+    width, height = math.ceil(size[0] / factor), math.ceil(size[1] / factor)
     method = TRANSPOSE.get(orientation)
-    return image if method is None else image.transpose(method)
+    swapped = method in _SWAPPING
+    out = Image.new("RGB", (height, width) if swapped else (width, height))
+    for top, band in bands:
+        if band.mode in REDUCIBLE and "transparency" not in band.info:
+            small = to_rgb(band.reduce(factor) if factor > 1 else band, levels)
+        else:
+            small = to_rgb(band, levels)
+            small = small.reduce(factor) if factor > 1 else small
+        top, rows = top // factor, small.height
+        if method is not None:
+            small = small.transpose(method)
+        if swapped:  # rows of the shrunk image become columns of the result
+            out.paste(small, (top if method in _ROWS_TO_LEFT else height - top - rows, 0))
+        else:
+            out.paste(small, (0, top if method in (None, Image.Transpose.FLIP_LEFT_RIGHT) else height - top - rows))
+    return out
 
 
 def to_rgb(image: Image.Image, levels: tuple[float, float] | None = None) -> Image.Image:
@@ -74,7 +91,7 @@ def to_rgb(image: Image.Image, levels: tuple[float, float] | None = None) -> Ima
     if width * height <= STRIP_PIXELS:
         return _convert(image, levels)
     out = Image.new("RGB", image.size)
-    for top, strip in _strips(image):
+    for top, strip in strips(image):
         out.paste(_convert(strip, levels), (0, top))
     return out
 
@@ -104,7 +121,7 @@ def _convert(image: Image.Image, levels) -> Image.Image:
 def sample_range(image: Image.Image) -> tuple[float, float]:
     """(min, max) of the finite samples (non-finite count as 0), read a strip at a time."""
     low, high = math.inf, -math.inf
-    for _, strip in _strips(image):
+    for _, strip in strips(image):
         samples = np.nan_to_num(np.asarray(strip).astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
         low, high = min(low, float(samples.min())), max(high, float(samples.max()))
     return low, high

@@ -3,8 +3,9 @@
 `open_image` is the one door through which uploaded bytes become pixels: it caps the file size
 and the pixel count (read from the header, before anything is decoded), accepts only a short list
 of formats, shrinks what is larger than LIMITS.max_decoded_pixels while decoding, and turns every
-colour mode Pillow can produce into plain 8-bit RGB (`attnviz.core.colour`). Every refusal is a
-ValueError whose message says what was wrong and what to do. At most LIMITS.max_image_decodes
+colour mode Pillow can produce into plain 8-bit RGB (`attnviz.core.colour`); a large PNG or TIFF
+is decoded a band of rows at a time (`attnviz.core.bands`), so its full-size pixels never exist.
+Every refusal is a ValueError whose message says what was wrong and what to do. At most LIMITS.max_image_decodes
 decodes run at once, server-wide; bytes that failed once fail again at once (remembered by their
 SHA-256), without being decoded again.
 
@@ -31,7 +32,8 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from attnviz.base.limits import LIMITS
-from attnviz.core.colour import orient, sample_range, shrink, shrink_factor, to_rgb
+from attnviz.core.bands import TooLargeToDecode, decode_in_bands
+from attnviz.core.colour import ORIENTATION, sample_range, shrink_factor, shrink_to_rgb, strips, to_rgb
 
 logger = logging.getLogger(__name__)
 
@@ -189,24 +191,28 @@ def _decode(data: bytes, max_pixels: int, max_aspect: float) -> Image.Image:
         check_aspect(width, height, max_aspect)
         factor = shrink_factor(width, height, LIMITS.max_decoded_pixels)
         try:
+            banded = decode_in_bands(image, data, factor)  # a large PNG or TIFF never exists whole
+            if banded is not None:
+                return banded
             if factor > 1 and image.format == "JPEG":  # decoded at 1/2, 1/4 or 1/8 scale
                 image.draft(image.mode, (-(-width // factor), -(-height // factor)))
             # An animation opens on its first frame; load() decodes just that frame.
             image.load()
-            levels = None
+            factor = shrink_factor(*image.size, LIMITS.max_decoded_pixels)  # a JPEG: what draft left
             if factor == 1:
                 oriented = ImageOps.exif_transpose(image)
-            else:  # a shrunk copy has no EXIF of its own, nor the full image's levels: read them first
-                orientation = image.getexif().get(0x0112, 1)
+            else:  # shrunk and converted a strip at a time, oriented as the EXIF of the whole says
                 levels = sample_range(image) if image.mode in ("I", "F") else None
-                oriented = orient(shrink(image, shrink_factor(*image.size, LIMITS.max_decoded_pixels)),
-                                  orientation)
+                return shrink_to_rgb(strips(image, factor), image.size, factor, levels,
+                                     image.getexif().get(ORIENTATION, 1))
+        except TooLargeToDecode:
+            raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
             raise ValueError(f"The image is too large to open safely ({err}).") from None
         except _DECODE_ERRORS as err:
             raise ValueError(_describe_decode_error(err, data)) from None
-    del image  # closing keeps Pillow's pixels: a shrunk image's full-size decode goes only now
-    return to_rgb(oriented, levels)
+    del image  # closing keeps Pillow's pixels: the full-size decode goes only now
+    return to_rgb(oriented)
 
 
 def check_aspect(width: int, height: int, max_aspect: float | None = None) -> None:
