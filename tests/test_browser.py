@@ -174,3 +174,27 @@ def test_latency_tiny_sweep(page, server):
     expect(page.locator(".js-plotly-plot").first).to_be_visible()
     assert_no_errors(page)
     page.screenshot(path=str(ARTIFACTS / "latency.png"))
+
+
+def test_sidebar_links_start_with_home_and_lead_to_every_page(page, server):
+    """Issue 22.13: Streamlit's own list named the home page "app"; ours (attnviz.ui.common.sidebar_nav)
+    says Home, then each page, and its links navigate."""
+    open_page(page, server)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    links = sidebar.locator('[data-testid="stPageLink-NavLink"]')
+    expect(links).to_have_count(9)
+    expect(sidebar.locator('[data-testid="stSidebarNav"]')).to_have_count(0)   # Streamlit's own list is off
+    label = links.first.locator('[data-testid="stMarkdownContainer"]')
+    expect(label).to_have_text("Home")
+    assert "app" not in [t.strip() for t in links.locator('[data-testid="stMarkdownContainer"]').all_inner_texts()]
+    links.nth(4).click()                                  # Latency: a page without a model picker
+    page.wait_for_url(re.compile(r"/Latency$"))
+    wait_idle(page)
+    expect(page.get_by_role("heading", name="Latency").first).to_be_visible()
+    expect(page.locator('[data-testid="stSidebar"] [data-testid="stPageLink-NavLink"]').first).to_contain_text("Home")
+    page.locator('[data-testid="stSidebar"] [data-testid="stPageLink-NavLink"]').first.click()
+    page.wait_for_url(re.compile(r"127\.0\.0\.1:\d+/?$"))
+    wait_idle(page)
+    expect(page.get_by_text("Bundled models").first).to_be_visible()
+    assert_no_errors(page)
+    page.screenshot(path=str(ARTIFACTS / "sidebar-links.png"))

@@ -381,3 +381,33 @@ def test_edge_views_heads_table_and_quantization(monkeypatch):
     at.button(key="latency.quantize").click().run()
     assert not at.exception
     assert any("relu survives better" in c.value for c in at.caption)
+
+
+def test_memory_view_draws_one_line_for_devices_whose_memory_is_the_same():
+    """Issue 22.7: the memory model does not depend on the device: pi4 lay exactly under pi5."""
+    at = show(submit(page(), **dict(SMALL, backends=["cpu", "pi4", "pi5"])), "Memory")
+    memory = next(f for t, f in figures(at).items() if t.startswith("Peak memory"))
+    names = [t["name"] for t in memory["data"]]
+    assert len(names) == 2 and names[0].endswith("cpu · measured") and "pi4 = pi5" in names[1]
+    assert names[1].endswith("modelled")
+    assert "memory does not depend on the device" in memory["layout"]["title"]["text"]
+    assert any(c.value.startswith("pi4 = pi5: the memory model does not depend on the device") for c in at.caption)
+    latency = figures(show(at, "Latency"))["Latency of one forward pass"]
+    assert len(latency["data"]) == 3 and all(t["name"].endswith(("measured", "modelled")) for t in latency["data"])
+
+
+# ---------------------------------------------------------------- issue 22.13: the sidebar's page links
+HOME = str(Path(PAGE).parents[1] / "app.py")
+NAV = ["Home", "Attention", "Heads", "Images", "Latency", "Lab", "Translate", "Speech", "Readouts"]
+
+
+def test_sidebar_links_start_with_home_on_home_and_on_a_page_without_a_model_picker():
+    """Streamlit's own list named the home page "app" (after app.py); ours says Home, then every page."""
+    assert "showSidebarNavigation = false" in (Path(PAGE).parents[1] / ".streamlit" / "config.toml").read_text()
+    at = AppTest.from_file(HOME, default_timeout=180).run()
+    assert not at.exception
+    links = at.sidebar.get("page_link")
+    assert [link.value for link in links] == NAV
+    assert links[0].proto.page == "" and [link.proto.page for link in links[1:]] == NAV[1:]
+    at.switch_page("pages/4_Latency.py").run()   # the Latency page has no model picker: it draws them itself
+    assert not at.exception and [link.value for link in at.sidebar.get("page_link")] == NAV

@@ -6,6 +6,7 @@ import json
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from PIL import Image
@@ -15,6 +16,8 @@ from attnviz.analysis import lab
 from attnviz.figures import lab as lf
 from attnviz.figures import render
 from attnviz.figures import attention as viz
+from attnviz.figures import heads as heads_viz
+from attnviz.figures import latency as latency_viz
 
 
 def decode(value):
@@ -305,3 +308,90 @@ def test_one_signed_matrix_scale_runs_to_zero_not_past_it():
     alibi = lab.alibi_table(32, 8)[0]
     trace = as_json(lf.matrix_figure(alibi))["data"][0]
     assert trace["zmax"] == 0 and trace["zmin"] < 0
+
+
+# ---------------------------------------------------------------- issue 22.7: the encoder difference map
+def test_difference_map_of_no_change_says_so_instead_of_a_micro_scale():
+    """No head off (or none reaching this head): every Δ is exactly 0. It showed a ±1µ colour bar."""
+    same = random_attention(1, 1, 5)[0, 0]
+    for causal in (False, True):
+        spec = as_json(heads_viz.difference_heatmap(same, same.clone(), list("abcde"), causal=causal))
+        trace = spec["data"][0]
+        z = decode(trace["z"]).astype(float)
+        assert np.nanmax(np.abs(z)) == 0 and trace["zmid"] == 0
+        assert trace["showscale"] is False                        # no scale of ±0 to misread
+        assert trace["zmin"] == -trace["zmax"] and trace["zmax"] >= 1e-3  # 0 sits in the white middle
+        notes = [a["text"] for a in spec["layout"].get("annotations", [])]
+        assert notes == [heads_viz.NO_DIFFERENCE] and "no difference" in notes[0]
+
+
+@pytest.mark.parametrize("size,top_text", [(3e-7, "3.0×10⁻⁷"), (0.25, "0.25"), (0.0012, "0.0012")])
+def test_difference_map_scale_says_its_magnitude_in_plain_numbers(size, top_text):
+    before = torch.full((4, 4), 0.25)
+    after = before.clone()
+    after[1, 2] += size
+    after[3, 0] -= size / 2
+    trace = as_json(heads_viz.difference_heatmap(before, after, list("abcd")))["data"][0]
+    top = float(np.float32(0.25 + size) - np.float32(0.25))     # what float32 holds of the change
+    assert trace["showscale"] is not False and trace["zmax"] == pytest.approx(top) and trace["zmin"] == -trace["zmax"]
+    bar = trace["colorbar"]
+    assert bar["tickvals"] == pytest.approx([-top, -top / 2, 0, top / 2, top])
+    assert bar["ticktext"][2] == "0" and bar["ticktext"][-1] == heads_viz.plain_number(top)
+    assert heads_viz.plain_number(size) == top_text and bar["ticktext"][0].startswith("-")
+    assert not any("µ" in t or "e-" in t for t in bar["ticktext"])
+    assert "Δ weight %{z:.3g}" in trace["hovertemplate"]          # tiny changes do not hover as 0.0000
+
+
+# ---------------------------------------------------------------- issue 22.7: latency legends
+def latency_rows(backend, measured, threads=4, scale=1.0, model="minilm"):
+    ns = np.array([16, 32, 64])
+    ms = scale * (1 + ns / 10)
+    return pd.DataFrame(dict(model=model, variant="fused", n_heads=12, threads=threads, backend=backend,
+                             engine="torch", dtype="fp32", measured=measured, seq_len=ns, median_ms=ms,
+                             p10_ms=ms * 0.9, p90_ms=ms * 1.1, peak_mem_mb=2.0 + ns / 100 * (3 if measured else 1),
+                             tokens_per_s=1000 * ns / ms, test=""))
+
+
+def sweep_rows():
+    return pd.concat([latency_rows("cpu", True, threads=2), latency_rows("pi4", False, scale=5),
+                      latency_rows("pi5", False, scale=2)], ignore_index=True)
+
+
+def test_memory_draws_devices_with_one_curve_as_one_named_line():
+    """Issue 22.7: the memory model does not depend on the device, so pi4 was drawn exactly under pi5."""
+    figure = latency_viz.memory_figure(sweep_rows())
+    names = [t.name for t in figure.data]
+    assert len(figure.data) == 2 and names == ["2 thr · cpu · measured", "4 thr · pi4 = pi5 · modelled"]
+    assert "pi4 = pi5: memory does not depend on the device" in figure.layout.title.text
+    assert list(figure.data[1].y) == list(latency_rows("pi4", False)["peak_mem_mb"])
+    assert latency_viz.same_devices(sweep_rows()) == ["pi4 = pi5"]
+    differ = sweep_rows()
+    differ.loc[differ["backend"] == "pi5", "peak_mem_mb"] += 1      # curves that differ stay two lines
+    assert len(latency_viz.memory_figure(differ).data) == 3 and latency_viz.same_devices(differ) == []
+    assert "does not depend" not in latency_viz.memory_figure(differ).layout.title.text
+    # latency does depend on the device: three lines, each named
+    assert len(latency_viz.latency_figure(sweep_rows()).data) == 3
+
+
+def test_every_latency_legend_names_measured_or_modelled():
+    """Issue 22.7: measured vs modelled was told by the dash style alone."""
+    df = sweep_rows()
+    kinds = ("measured", "modelled")
+    for figure in (latency_viz.latency_figure(df), latency_viz.memory_figure(df), latency_viz.throughput_figure(df),
+                   latency_viz.growth_figure(df)):
+        lines = [t for t in figure.data if not str(t.name).startswith("slope")]
+        assert lines and all(t.name.endswith(kinds) for t in lines), [t.name for t in lines]
+        for t in lines:
+            assert (t.line.dash == "solid") == t.name.endswith("measured")
+    fit = latency_viz.fit_figure([16, 32, 64], [1.0, 2.0, 5.0], "minilm · pi5", measured=False)
+    assert fit.data[0].name == "minilm · pi5 · modelled" and fit.data[1].name.startswith("fit: ")
+    assert latency_viz.fit_figure([16, 32, 64], [1.0, 2.0, 5.0], "minilm · cpu").data[0].name.endswith("measured")
+    device = latency_rows("pi4", True)
+    twins = latency_rows("pi5", False, scale=0.5)
+    overlay = latency_viz.overlay_figure(device, twins, "Measured on the device vs pi5")
+    assert [t.name for t in overlay.data] == ["minilm · 4 thr · measured", "minilm · 4 thr · modelled (pi5)"]
+    decode = pd.DataFrame(dict(model="smollm2", backend=["cpu", "cpu", "pi5", "pi5"], engine="torch", dtype="fp32",
+                               threads=4, measured=[True, True, False, False], test="tg", depth=[0, 128] * 2,
+                               tg_tps=[20.0, 18.0, 5.0, 4.0]))
+    assert [t.name for t in latency_viz.decode_figure(decode).data] == [
+        "smollm2 · cpu · torch · fp32 · 4 thr · measured", "smollm2 · pi5 · torch · fp32 · 4 thr · modelled"]

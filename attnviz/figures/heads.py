@@ -103,17 +103,42 @@ def topk_pair(full: tuple[list[str], object], masked: tuple[list[str], object],
     return go.Figure(data=data, layout=layout)
 
 
+NO_DIFFERENCE = "no difference: every weight is unchanged (Δ = 0 exactly)"
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def plain_number(value: float) -> str:
+    """A scale's number written out, two significant digits: 0.5, -0.0012, 3.1×10⁻⁷; never an SI
+    prefix (plotly's default writes 1e-6 as "1µ", which reads as one)."""
+    if value == 0:
+        return "0"
+    if abs(value) >= 1e-4:
+        return np.format_float_positional(value, precision=2, fractional=False, trim="-")
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
+
+
 def difference_heatmap(before, after, tokens: list[str], title: str = "", causal: bool = False,
                        max_ticks: int = LIVE_MAX_TICKS) -> go.Figure:
-    """after - before of one head's [n, n] attention, on a diverging scale centred at zero; at most
-    `max_ticks` token labels per axis (every token in the hover)."""
+    """after - before of one head's [n, n] attention, on a diverging scale centred at zero whose
+    ticks say the largest change in plain numbers; at most `max_ticks` token labels per axis (every
+    token in the hover). No change at all (no head off, or none that reaches this head) is said in
+    the figure, with no colour bar: a scale of ±0 would be noise."""
     diff = np.asarray(after, dtype=np.float32) - np.asarray(before, dtype=np.float32)
-    top = float(np.abs(diff).max()) or 1e-6
+    top = float(np.nanmax(np.abs(diff))) if diff.size else 0.0
     if causal:  # the future is blank (NaN) in the one trace: no second, overlay trace to draw
         n_q, n_k = diff.shape
         diff = np.where(np.arange(n_k)[None, :] > np.arange(n_q)[:, None], np.float32("nan"), diff)
-    figure = head_heatmap(diff, tokens, title=title, causal=False, zmax=top, max_ticks=max_ticks)
-    figure.data[0].update(zmin=-top, zmax=top, zmid=0, colorscale="RdBu_r", colorbar=dict(title="Δ weight"))
+    scale = top or 1.0  # all zero: any symmetric range draws every cell in the scale's white middle
+    figure = head_heatmap(diff, tokens, title=title, causal=False, zmax=scale, max_ticks=max_ticks)
+    ticks = [-top, -top / 2, 0.0, top / 2, top]
+    figure.data[0].update(zmin=-scale, zmax=scale, zmid=0, colorscale="RdBu_r", showscale=top > 0,
+                          hovertemplate=figure.data[0].hovertemplate.replace("weight %{z:.4f}", "Δ weight %{z:.3g}"),
+                          colorbar=dict(title="Δ weight", tickmode="array", tickvals=ticks,
+                                        ticktext=[plain_number(t) for t in ticks]))
+    if top == 0:
+        figure.add_annotation(text=NO_DIFFERENCE, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                              bgcolor="rgba(255,255,255,0.85)", font=dict(size=14))
     figure.update_xaxes(**LIVE_AXES)
     figure.update_yaxes(**LIVE_AXES)
     return figure

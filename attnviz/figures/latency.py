@@ -2,8 +2,9 @@
 `python -m attnviz.bench`) and the analyses of `attnviz.latency.compare` to plotly figures.
 No Streamlit, no timing, no modelling.
 
-A series is one (model, variant, heads, threads, backend); legends name only what varies.
-Measured series are solid with p10-p90 error bars; modelled ones are dashed. At most
+A series is one (model, variant, heads, threads, backend); legends name only what varies, and
+every label says "measured" or "modelled" (solid with p10-p90 error bars, or dashed: the legend
+does not rely on the dash alone). At most
 `MAX_SERIES` series are drawn one by one; the rest (a CSV may name a model per row) are joined
 into one grey trace per kind, and the title says how many were drawn. Names from a CSV
 (models, variants) are escaped: plotly draws <a href>, <b> and friends in legends and labels.
@@ -71,20 +72,67 @@ def series_count(df: pd.DataFrame) -> int:
     return df.groupby(_varying(df)).ngroups
 
 
-def _series(df: pd.DataFrame):
-    """([(label, rows sorted by n, measured, grey)], number of series); a label holds only the keys
-    that vary. Past MAX_SERIES, one grey entry per kind holds the rest."""
+def _kind(measured: bool) -> str:
+    return "measured" if measured else "modelled"
+
+
+def _label(key: dict, rows: pd.DataFrame, measured: bool) -> str:
+    """The keys that vary, then measured or modelled (named, not told by the dash alone); a list of
+    backends is one line drawn for several devices ("pi4 = pi5")."""
+    parts = [" = ".join(v) if isinstance(v, list) else f"{v} heads" if k == "n_heads" else f"{v} thr"
+             if k == "threads" else str(v).removeprefix("synthetic:") for k, v in key.items()]
+    if "threads" not in key and str(rows["backend"].iloc[0]).startswith("pi"):
+        parts.append(f"{int(rows['threads'].iloc[0])} thr")  # a Pi row always says its threads
+    return _text(" · ".join(parts + [_kind(measured)]))
+
+
+def _same_curve(a: pd.DataFrame, b: pd.DataFrame, y: str) -> bool:
+    return len(a) == len(b) and np.array_equal(a["seq_len"].to_numpy(), b["seq_len"].to_numpy()) and \
+        np.array_equal(a[y].to_numpy(dtype=float), b[y].to_numpy(dtype=float))
+
+
+def _one_line_per_curve(entries: list, y: str) -> list:
+    """Series that differ only in their backend and draw exactly the same curve become one entry
+    whose backend is the list of them: one line, named for every device it stands for."""
+    kept = []
+    for key, rows, measured in entries:
+        rest = {k: v for k, v in key.items() if k != "backend"}
+        twin = next((e for e in kept if e[2] == measured and {k: v for k, v in e[0].items() if k != "backend"}
+                     == rest and _same_curve(e[1], rows, y)), None)
+        if twin is None:
+            kept.append(({**key, "backend": [str(key["backend"])]}, rows, measured))
+        else:
+            twin[0]["backend"].append(str(key["backend"]))
+    return kept
+
+
+def _entries(df: pd.DataFrame, merge_devices: str | None = None):
+    """([(key dict, rows, measured)] of the first MAX_SERIES series, the rest by kind, the number of
+    series, the keys that vary); `merge_devices` (a column): devices whose curves of it coincide
+    are one entry."""
     varying = _varying(df)
     shown, rest, total = _bounded(df, varying)
-    out = []
-    for key, rows in shown:
-        parts = [f"{v} heads" if k == "n_heads" else f"{v} thr" if k == "threads" else
-                 str(v).removeprefix("synthetic:") for k, v in zip(varying, key)]
-        if "threads" not in varying and str(rows["backend"].iloc[0]).startswith("pi"):
-            parts.append(f"{int(rows['threads'].iloc[0])} thr")  # a Pi row always says its threads
-        out.append((_text(" · ".join(parts)), rows, bool(rows["measured"].iloc[0]), False))
-    out += [(f"{count:,} more series", rows, measured, True) for measured, count, rows in rest]
+    entries = [(dict(zip(varying, key)), rows, bool(rows["measured"].iloc[0])) for key, rows in shown]
+    if merge_devices and "backend" in varying:
+        entries = _one_line_per_curve(entries, merge_devices)
+    return entries, rest, total
+
+
+def _series(df: pd.DataFrame, merge_devices: str | None = None):
+    """([(label, rows sorted by n, measured, grey)], number of series); a label holds only the keys
+    that vary and says measured or modelled. Past MAX_SERIES, one grey entry per kind holds the rest."""
+    entries, rest, total = _entries(df, merge_devices)
+    out = [(_label(key, rows, measured), rows, measured, False) for key, rows, measured in entries]
+    out += [(f"{count:,} more series {_kind(measured)}", rows, measured, True) for measured, count, rows in rest]
     return out, total
+
+
+def same_devices(df: pd.DataFrame, y: str = "peak_mem_mb") -> list[str]:
+    """The devices drawn as one line because their curves of `y` coincide, e.g. ["pi4 = pi5"]
+    (the memory model does not depend on the device)."""
+    entries, _, _ = _entries(df.dropna(subset=[y]), merge_devices=y)
+    return sorted({" = ".join(key["backend"]) for key, _, _ in entries
+                   if isinstance(key.get("backend"), list) and len(key["backend"]) > 1})
 
 
 def _line(rows, y, label, measured: bool, error=False, mode="lines+markers", grey=False) -> go.Scatter:
@@ -110,10 +158,12 @@ def _layout(fig: go.Figure, title: str, y: str, log: bool = False) -> go.Figure:
     return fig
 
 
-def _lines(df: pd.DataFrame, y: str, error: bool = False, mode: str = "lines+markers", suffix: str = ""):
-    """The traces of every series of df (bounded) and the title note."""
-    series, total = _series(df)
-    return [_line(rows, y, label + suffix, measured, error=error, mode=mode, grey=grey)
+def _lines(df: pd.DataFrame, y: str, error: bool = False, mode: str = "lines+markers", suffix: str = "",
+           merge_devices: bool = False):
+    """The traces of every series of df (bounded) and the title note; `suffix` ends each named
+    (not grey) series' label; `merge_devices`: one line for devices whose curves coincide."""
+    series, total = _series(df, merge_devices=y if merge_devices else None)
+    return [_line(rows, y, label + ("" if grey else suffix), measured, error=error, mode=mode, grey=grey)
             for label, rows, measured, grey in series], _note(total)
 
 
@@ -125,7 +175,13 @@ def latency_figure(df: pd.DataFrame, log: bool = False) -> go.Figure:
 
 
 def memory_figure(df: pd.DataFrame, log: bool = False) -> go.Figure:
-    traces, note = _lines(df.dropna(subset=["peak_mem_mb"]), "peak_mem_mb")
+    """Peak activation memory versus n. The memory model does not depend on the device: modelled
+    devices with the same curve are ONE line named for all of them ("pi4 = pi5"), not one drawn
+    exactly under another, and the title says so."""
+    traces, note = _lines(df.dropna(subset=["peak_mem_mb"]), "peak_mem_mb", merge_devices=True)
+    same = same_devices(df)
+    if same:
+        note += f"<br><sup>{'; '.join(same)}: memory does not depend on the device (one line)</sup>"
     return _layout(go.Figure(traces), "Peak memory of the activations (weights excluded)" + note, "MB", log)
 
 
@@ -149,15 +205,16 @@ def split_figure(split: pd.DataFrame, title: str = "Where the time goes (cost mo
 
 
 # ---------------------------------------------------------------- fit and crossover
-def fit_figure(ns, ms, label: str = "measured", attention_n: float | None = None) -> go.Figure:
-    """Points, the fitted a + b n + c n^2, its crossover, and (optional) the cost model's n where
-    attention takes half the time."""
+def fit_figure(ns, ms, label: str = "points", attention_n: float | None = None, measured: bool = True) -> go.Figure:
+    """Points (named measured or modelled), the fitted a + b n + c n^2, its crossover, and
+    (optional) the cost model's n where attention takes half the time."""
     a, b, c = fit_quadratic(ns, ms)
     lo, hi = min(ns), max(ns)
     grid = np.linspace(lo, hi, 200)
-    fig = go.Figure([go.Scatter(x=list(ns), y=list(ms), mode="markers", name=_text(label)),
+    fig = go.Figure([go.Scatter(x=list(ns), y=list(ms), mode="markers",
+                                name=_text(f"{label} · {_kind(measured)}")),
                      go.Scatter(x=grid, y=a + b * grid + c * grid ** 2, mode="lines",
-                                name=f"{a:.3g} + {b:.3g}·n + {c:.2e}·n²")])  # c is tiny: never "0·n²"
+                                name=f"fit: {a:.3g} + {b:.3g}·n + {c:.2e}·n²")])  # c is tiny: never "0·n²"
     n_star = crossover_n(a, b, c)
     beyond = []
     for x, text, dash in ((n_star, "c·n² > a + b·n", "dot"), (attention_n, "attention ≥ half (model)", "dash")):
@@ -215,8 +272,9 @@ def comparison_figure(cmp: pd.DataFrame) -> go.Figure:
 def overlay_figure(measured: pd.DataFrame, modelled: pd.DataFrame, title: str) -> go.Figure:
     """Measured points (with p10-p90) against the model's curves for the same series (the first
     MAX_SERIES of each; the rest joined in grey)."""
-    points, note = _lines(measured, "median_ms", error=True, mode="markers", suffix=" measured")
-    curves, _ = _lines(modelled, "median_ms", suffix=" modelled")
+    points, note = _lines(measured, "median_ms", error=True, mode="markers")
+    profile = ", ".join(sorted({str(b) for b in modelled["backend"]})) if "backend" in modelled else ""
+    curves, _ = _lines(modelled, "median_ms", suffix=f" ({_text(profile)})" if profile else "")
     return _layout(go.Figure(points + curves), title + note, "milliseconds", log=True)
 
 
@@ -245,10 +303,11 @@ def decode_figure(df: pd.DataFrame) -> go.Figure:
     for i, (key, rows) in enumerate(tg.groupby(keys, sort=True)):
         if i >= MAX_SERIES:
             break
-        label = " · ".join(f"{v} thr" if k == "threads" else str(v).removeprefix("synthetic:")
-                           for k, v in zip(keys, key))
+        measured = bool(rows["measured"].iloc[0])
+        label = " · ".join([f"{v} thr" if k == "threads" else str(v).removeprefix("synthetic:")
+                            for k, v in zip(keys, key)] + [_kind(measured)])
         fig.add_scatter(x=rows["depth"], y=rows["tg_tps"], mode="lines+markers", name=_text(label),
-                        line=dict(dash="solid" if bool(rows["measured"].iloc[0]) else "dash"))
+                        line=dict(dash="solid" if measured else "dash"))
     fig.update_layout(title="Generation speed against KV-cache depth (tg at -d depth)" + _note(
         tg.groupby(keys).ngroups if len(tg) else 0), xaxis_title="tokens already in the cache (depth)",
         yaxis_title="generated tokens / s", legend=dict(orientation="h", yanchor="top", y=-0.18),

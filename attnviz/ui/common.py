@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import streamlit as st
+from streamlit.errors import StreamlitPageNotFoundError
 
 from attnviz.base import names
 from attnviz.base.cache import LRU
@@ -142,6 +143,7 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
     if st.session_state[page_key] not in keys:
         st.session_state[page_key] = default
     notice = st.empty()    # the main area's loading status (the sidebar's spinner is easy to miss)
+    sidebar_nav()
     with st.sidebar:
         choice = st.selectbox("Model", keys, key=page_key,
                               format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})")
@@ -367,3 +369,21 @@ def page_list():
             with col:
                 st.image(viz.page_thumbnail(name))
                 st.markdown(f"**{n}. {name}** — {line}")
+
+
+NAV_ICONS = dict(Home="home", Attention="visibility", Heads="toggle_on", Images="image", Latency="speed",
+                 Lab="science", Translate="translate", Speech="mic", Readouts="insights")
+
+
+def sidebar_nav():
+    """The sidebar's page links, drawn first on every page (model_picker calls it; so do pages
+    without one). Streamlit's own list (off: client.showSidebarNavigation) names Home "app" after
+    app.py. A page run on its own, outside the app (AppTest of one file), has nothing to link to."""
+    links = [("app.py", "Home")] + [(f"pages/{n}_{name}.py", name) for n, (name, _) in enumerate(PAGES, 1)]
+    with st.sidebar:
+        for path, label in links:
+            try:
+                st.page_link(path, label=label, icon=f":material/{NAV_ICONS[label]}:")
+            except StreamlitPageNotFoundError:
+                return
+        st.divider()

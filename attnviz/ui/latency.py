@@ -34,6 +34,7 @@ def K(name: str) -> str:
 
 
 def intro():
+    common.sidebar_nav()  # this page has no model picker, which draws it on the others
     st.caption("One forward pass, batch 1, float32. **cpu** is measured here; **pi4** / **pi5** come from a "
                "cost model built on published Raspberry Pi figures; a CSV from `python -m attnviz.bench` run on "
                "a real Pi can be imported below.")
@@ -175,7 +176,7 @@ def results_views():
     chosen = common.view_choice(PAGE, VIEWS)
     if chosen == "Decode":
         return decode_view(df)
-    df = df[df["test"].fillna("") == ""] if "test" in df.columns else df  # one forward pass per row
+    df = df[df["test"].isna() | (df["test"] == "")] if "test" in df.columns else df  # one forward pass per row
     if df.empty:
         st.info("These results hold decode rows only: choose the Decode view.")
         return
@@ -200,6 +201,9 @@ def decode_view(df):
 
 def memory_view(df):
     st.plotly_chart(lf.memory_figure(df), key=K("fig_memory"))
+    for same in lf.same_devices(df):
+        st.caption(f"{same}: the memory model does not depend on the device (the activations are the same "
+                   "tensors on any CPU), so their curves are one line.")
 
 
 def throughput_view(df):
@@ -225,13 +229,14 @@ def split_and_fit(df):
     pts = sel[sel["backend"] == ("cpu" if b is None else b)]
     pts = pts[pts["threads"] == pts["threads"].min()]
     if pts.empty:  # that device was not in the sweep: fit the model's own curve
-        pts = split.assign(median_ms=split.drop(columns="seq_len").sum(axis=1))
+        pts = split.assign(median_ms=split.drop(columns="seq_len").sum(axis=1), measured=False)
     cross = cm.attention_crossover(cfg, prof, variant)
     att = compare.attention_only(cfg, ns, prof, "eager" if variant == "fused" else variant, model=key)
     st.plotly_chart(lf.growth_figure(att, title=f"One layer's attention alone on {where} (QKᵀ, softmax, ·V; "
                                                 "cost model)"), key=K("fig_attention_only"))
     if pts["seq_len"].nunique() >= 3:
-        st.plotly_chart(lf.fit_figure(pts["seq_len"], pts["median_ms"], f"{key} · {where}", cross), key=K("fig_fit"))
+        st.plotly_chart(lf.fit_figure(pts["seq_len"], pts["median_ms"], f"{key} · {where}", cross,
+                                    measured=bool(pts["measured"].all())), key=K("fig_fit"))
     else:
         st.info("The quadratic fit needs at least three sequence lengths.")
     st.caption(f"Attention takes half the time from n ≈ {cross:,} on {where}." if cross else

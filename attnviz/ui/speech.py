@@ -15,7 +15,7 @@ import torch
 from attnviz.base import names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import speech as sfig
-from attnviz.ui.common import load_model, plain
+from attnviz.ui.common import load_model, plain, sidebar_nav
 from attnviz.ui.head_editor import head_editor
 from attnviz.ui.translate import diff_markdown
 
@@ -34,6 +34,7 @@ def key(name: str) -> str:
 # ---------------------------------------------------------------- inputs
 def inputs():
     """Sidebar source and the audio -> (model, audio bytes), or None after showing why."""
+    sidebar_nav()
     with st.sidebar:
         source = st.radio("Audio", SOURCES, key=key("source"))
         st.caption(f"Limits: {LIMITS.max_audio_bytes / 1e6:.0f} MB per file, {LIMITS.max_audio_seconds:.0f} s "

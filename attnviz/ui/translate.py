@@ -16,7 +16,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.figures import attention as viz
 from attnviz.figures import translate as tfig
 from attnviz.core.translate import Seq2SeqModel
-from attnviz.ui.common import LOCAL, load_folder, load_model, local_folders_allowed, plain, view_choice
+from attnviz.ui.common import LOCAL, load_folder, load_model, local_folders_allowed, plain, sidebar_nav, view_choice
 from attnviz.ui.head_editor import head_editor
 from attnviz.weights.catalogue import list_models
 
@@ -37,6 +37,7 @@ def directions() -> list[str]:
 def inputs():
     """Sidebar and text box -> (model, text, beam), or None after showing why."""
     keys = directions() + ([LOCAL] if local_folders_allowed() else [])
+    sidebar_nav()
     with st.sidebar:
         direction = st.radio("Direction", keys, key=key("direction"), horizontal=True,
                              format_func=lambda k: k.replace("-", " → "))
