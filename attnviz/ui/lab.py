@@ -13,7 +13,7 @@ from attnviz.base.texts import eval_text
 from attnviz.figures import lab as lf
 from attnviz.ui import common as ui
 from attnviz.ui import jobs as ui_jobs
-from attnviz.ui import lab_positions, lab_toys, lab_translate
+from attnviz.ui import lab_patterns, lab_positions, lab_toys, lab_translate
 
 PAGE = "lab"
 SENTENCE = "The animal didn't cross the street because it was too tired."
@@ -213,7 +213,8 @@ aligns text and images (CLIP-style) would make it the natural next step.
 
 VIEWS = {"Step by step": steps_view, "Positional encodings": lab_positions.positions_view,
          "Variants in a pretrained model": variants_view, "Toy transformers": lab_toys.toys_view,
-         "Toy translator": lab_translate.toy_translator_view, "Cross-modal": cross_view}
+         "Toy translator": lab_translate.toy_translator_view,
+         "Patches, padding, sparse patterns": lab_patterns.patterns_view, "Cross-modal": cross_view}
 
 
 def page():
