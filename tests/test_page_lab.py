@@ -36,8 +36,15 @@ def frame_with(at, column):
     return next(d.value for d in at.dataframe if column in d.value.columns)
 
 
+def all_steps(at) -> AppTest:
+    """Step by step's full view: the table and every stage's heatmap (guided is the default)."""
+    at.radio(key="lab.steps_mode").set_value("All steps").run()
+    assert not at.exception, at.exception
+    return at
+
+
 def test_step_by_step_on_minilm_and_sections_render():
-    at = app()
+    at = all_steps(app())
     assert not at.exception
     assert "equals the pattern the model captured" in texts(at.success)
     steps = frame_with(at, "shape")
@@ -71,8 +78,29 @@ def test_temperature_and_masks_recompute_live():
     at.slider(key="lab.temp").set_value(1.0).run()
     at.toggle(key="lab.causal_False").set_value(True).run()
     assert not at.exception and "by design" in texts(at.info)
-    masks = frame_with(at, "shape")
+    masks = frame_with(all_steps(at), "shape")
     assert "causal" in masks.loc[masks["step"] == "mask (1 = may attend)", "note"].item()
+
+
+def test_guided_steps_show_the_causal_mask_on_the_followed_row():
+    """Issue 22.1: guided by default; with the causal mask on, the mask step names the later keys
+    of the followed token ("it") as −∞ and softmax gives them exactly 0."""
+    at = app()
+    at.toggle(key="lab.causal_False").set_value(True).run()
+    at.radio(key="lab.step").set_value(2).run()
+    assert not at.exception
+    q = at.selectbox(key="lab.query").value
+    n = int(re.search(r"(\d+) tokens", texts(at.markdown)).group(1))
+    later = list(range(q + 1, n))
+    said = shown([i for i in at.info if i.value.startswith("**Step 3 of 6")])
+    assert f"{len(later)} of {n} keys are masked for ‘it’" in said and "become −∞" in said
+    bars = json.loads(next(c.proto.spec for c in at.get("plotly_chart") if c.proto.id.endswith("-lab.guide_bars")))
+    assert [bars["data"][0]["text"][j] for j in later] == ["−∞"] * len(later)
+    at.button(key="lab.next").click().run()
+    said = shown([i for i in at.info if i.value.startswith("**Step 4 of 6")])
+    assert "the masked keys get exactly 0" in said
+    bars = json.loads(next(c.proto.spec for c in at.get("plotly_chart") if c.proto.id.endswith("-lab.guide_bars")))
+    assert [bars["data"][0]["text"][j] for j in later] == ["0"] * len(later)
 
 
 def test_model_change_head_out_of_range_and_one_token():

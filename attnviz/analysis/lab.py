@@ -46,6 +46,7 @@ class HeadSteps:
     max_abs_diff: float | None      # |pattern - captured|, None when nothing was captured
     changed: bool                   # temperature or mask toggles differ from the model's own
     output_diff: float | None = None  # |Σ heads' shares + b_O - the module's output|
+    temperature: float = 1.0        # what the scaled scores were divided by, after √d_head
 
 
 def check_head(model: Model, layer: int, head: int) -> None:
@@ -152,7 +153,7 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
     changed = temperature != 1.0 or causal != cfg.causal or bool(hidden_keys)
     diff = None if captured is None else (pattern - captured).abs().max().item()
     return HeadSteps(layer, head, kv, trace.tokens, steps, pattern, captured, diff, changed,
-                     _output_diff(model, trace, layer) if check_output else None)
+                     _output_diff(model, trace, layer) if check_output else None, temperature)
 
 
 def _output_diff(model: Model, trace: Trace, layer: int) -> float:

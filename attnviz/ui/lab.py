@@ -13,97 +13,15 @@ from attnviz.base.texts import eval_text
 from attnviz.figures import lab as lf
 from attnviz.ui import common as ui
 from attnviz.ui import jobs as ui_jobs
-from attnviz.ui import lab_patterns, lab_positions, lab_toys, lab_translate
+from attnviz.ui import lab_patterns, lab_positions, lab_steps, lab_toys, lab_translate
 
 PAGE = "lab"
-SENTENCE = "The animal didn't cross the street because it was too tired."
 VARIANTS = ["temp:0.5", "temp:2", "local:4", "local:16", "linear", "relu", "topk:4", "topk:16"]
 
 
 def key(name: str) -> str:
     """This page's session-state and widget keys: "lab.<name>"."""
     return names.session_key(PAGE, name)
-
-
-def model_id(model) -> str:
-    return f"{model.info.key}@{id(model)}"
-
-
-def clamp_choice(model, name: str, upper: int, what: str):
-    """A number kept in session state may be out of range after a model change: say so, fix it."""
-    value = st.session_state.get(name, 0)
-    if value > upper:
-        st.warning(ui.plain(f"{what} {value} is out of range for {model.info.key} (0..{upper}); "
-                            f"showing {what} {upper}."))
-        st.session_state[name] = upper
-
-
-def encoded(model, text: str):
-    """Token ids of ``text`` and their number, tokenized once per model and text (a rerun for a
-    slider, a head or a mask does not tokenize again)."""
-    store = ui.shared_cache("lab.ids", 32, 64)
-    return ui.cached(store, (model_id(model), text), lambda: model.encode_text(text)[0])
-
-
-def trace_states(model, text: str, layer: int):
-    """One layer's pattern and every block input, for at most LIMITS.lab_max_tokens tokens (the
-    steps hold several n x n matrices); shared by sessions, bounded in bytes; nothing mutates it."""
-    ids = encoded(model, text)
-    store = ui.shared_cache("lab.states", LIMITS.trace_cache_entries, LIMITS.result_cache_mb)
-    return ui.cached(store, (model_id(model), text, layer), lambda: model.trace(
-        ids[: LIMITS.lab_max_tokens], states=True, layers=[layer])), len(ids)
-
-
-# ---------------------------------------------------------------- 1. step by step
-STAGES = (("input", "normed"), ("W_Q", "W_K", "W_V"), ("Q", "K", "V"), ("Q_rot", "K_rot"),
-          ("scores", "scaled"), ("mask", "masked"), ("softmax", "weighted"), ("W_O", "output"))
-
-
-def steps_view(model):
-    if model is None:
-        st.info("Pick a text model in the sidebar.")
-        return
-    cfg = model.cfg
-    text = st.text_input("Sentence", SENTENCE, key=key("text"))
-    clamp_choice(model, key("layer"), cfg.n_layers - 1, "layer")
-    clamp_choice(model, key("head"), cfg.n_heads - 1, "head")
-    c1, c2, c3, c4 = st.columns(4)
-    layer = c1.number_input("Layer", 0, cfg.n_layers - 1, key=key("layer"))
-    head = c2.number_input("Head", 0, cfg.n_heads - 1, key=key("head"))
-    temperature = c3.slider("Temperature", 0.1, 5.0, 1.0, 0.1, key=key("temp"),
-                            help="divides the scaled scores: < 1 sharpens, > 1 flattens")
-    causal = c4.toggle("Causal mask", cfg.causal, key=key(f"causal_{cfg.causal}"),
-                       help="queries see only earlier tokens")
-    try:
-        tr, n_text = trace_states(model, text, int(layer))
-        if n_text > tr.n:
-            st.warning(f"The step-by-step view uses the first {tr.n} of the text's {n_text} tokens.")
-        hidden = st.multiselect("Hide keys (mask them for every query)", range(tr.n), key=key("hide"),
-                                format_func=lambda i: f"{i}: {tr.tokens[i]}")
-        result = lab.head_steps(model, tr, int(layer), int(head), temperature=temperature,
-                                causal=causal, hidden_keys=tuple(hidden))
-    except ValueError as err:
-        st.error(ui.plain(str(err)))
-        return
-    if result.changed:
-        st.info(f"Temperature or mask changed: this pattern differs from the one the model "
-                f"captured by design (max |difference| {result.max_abs_diff:.3g}). Reset "
-                "temperature to 1 and the masks to verify the recomputation.")
-    else:
-        st.success(f"The recomputation equals the pattern the model captured: max |difference| "
-                   f"= {result.max_abs_diff:.2g}. The heads' outputs add up to the attention "
-                   f"output to {result.output_diff:.2g}.")
-    kv = f" (reads K/V head {result.kv_head})" if cfg.group > 1 else ""
-    st.markdown(f"**{names.head_name(layer, head)}: layer {layer}, head {head}{kv}**, {tr.n} tokens, "
-                f"d_model {cfg.d_model}, d_head {cfg.d_head}.")
-    st.dataframe(pd.DataFrame([dict(step=s.name, shape=" × ".join(map(str, s.shape)),
-                                    rows=s.rows, columns=s.cols, note=s.note)
-                               for s in result.steps.values()]), hide_index=True)
-    # one row per stage, so Q, K and V (and their weights) sit side by side
-    for stage in STAGES:
-        present = [k for k in stage if k in result.steps]
-        for col, k in zip(st.columns(len(stage)), present):
-            col.plotly_chart(lf.step_figure(result.steps[k], tr.tokens, causal), key=key(f"step_{k}"))
 
 
 # ---------------------------------------------------------------- 3. variants
@@ -211,7 +129,7 @@ aligns text and images (CLIP-style) would make it the natural next step.
 """)
 
 
-VIEWS = {"Step by step": steps_view, "Positional encodings": lab_positions.positions_view,
+VIEWS = {"Step by step": lab_steps.steps_view, "Positional encodings": lab_positions.positions_view,
          "Variants in a pretrained model": variants_view, "Toy transformers": lab_toys.toys_view,
          "Toy translator": lab_translate.toy_translator_view,
          "Patches, padding, sparse patterns": lab_patterns.patterns_view, "Cross-modal": cross_view}

@@ -1,0 +1,160 @@
+"""Lab › Step by step: one real head recomputed from its block input. Guided (the default), it
+follows one query token through Q·Kᵀ, scale, mask, softmax, ·V and W_O, one step at a time, its
+row highlighted and one sentence per step; "All steps" shows every stage's matrix at once."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from attnviz.analysis import lab, steps
+from attnviz.base import names
+from attnviz.base.limits import LIMITS
+from attnviz.figures import lab as lf
+from attnviz.figures import steps as sf
+from attnviz.ui import common as ui
+
+PAGE = "lab"
+SENTENCE = "The animal didn't cross the street because it was too tired."
+MODES = ("Guided: follow one token", "All steps")
+STAGES = (("input", "normed"), ("W_Q", "W_K", "W_V"), ("Q", "K", "V"), ("Q_rot", "K_rot"),
+          ("scores", "scaled"), ("mask", "masked"), ("softmax", "weighted"), ("W_O", "output"))
+
+
+def key(name: str) -> str:
+    """This page's session-state and widget keys: "lab.<name>"."""
+    return names.session_key(PAGE, name)
+
+
+def model_id(model) -> str:
+    return f"{model.info.key}@{id(model)}"
+
+
+def clamp_choice(model, name: str, upper: int, what: str):
+    """A number kept in session state may be out of range after a model change: say so, fix it."""
+    value = st.session_state.get(name, 0)
+    if value > upper:
+        st.warning(ui.plain(f"{what} {value} is out of range for {model.info.key} (0..{upper}); "
+                            f"showing {what} {upper}."))
+        st.session_state[name] = upper
+
+
+def encoded(model, text: str):
+    """Token ids of ``text`` and their number, tokenized once per model and text (a rerun for a
+    slider, a head or a mask does not tokenize again)."""
+    store = ui.shared_cache("lab.ids", 32, 64)
+    return ui.cached(store, (model_id(model), text), lambda: model.encode_text(text)[0])
+
+
+def trace_states(model, text: str, layer: int):
+    """One layer's pattern and every block input, for at most LIMITS.lab_max_tokens tokens (the
+    steps hold several n x n matrices); shared by sessions, bounded in bytes; nothing mutates it."""
+    ids = encoded(model, text)
+    store = ui.shared_cache("lab.states", LIMITS.trace_cache_entries, LIMITS.result_cache_mb)
+    return ui.cached(store, (model_id(model), text, layer), lambda: model.trace(
+        ids[: LIMITS.lab_max_tokens], states=True, layers=[layer])), len(ids)
+
+
+def steps_view(model):
+    if model is None:
+        st.info("Pick a text model in the sidebar.")
+        return
+    cfg = model.cfg
+    mode = st.radio("Show", MODES, key=key("steps_mode"), horizontal=True, persist_state="session",
+                    label_visibility="collapsed")
+    text = st.text_input("Sentence", SENTENCE, key=key("text"))
+    clamp_choice(model, key("layer"), cfg.n_layers - 1, "layer")
+    clamp_choice(model, key("head"), cfg.n_heads - 1, "head")
+    c1, c2, c3, c4 = st.columns(4)
+    layer = c1.number_input("Layer", 0, cfg.n_layers - 1, key=key("layer"))
+    head = c2.number_input("Head", 0, cfg.n_heads - 1, key=key("head"))
+    temperature = c3.slider("Temperature", 0.1, 5.0, 1.0, 0.1, key=key("temp"),
+                            help="divides the scaled scores: < 1 sharpens, > 1 flattens")
+    causal = c4.toggle("Causal mask", cfg.causal, key=key(f"causal_{cfg.causal}"),
+                       help="queries see only earlier tokens")
+    try:
+        tr, n_text = trace_states(model, text, int(layer))
+        if n_text > tr.n:
+            st.warning(f"The step-by-step view uses the first {tr.n} of the text's {n_text} tokens.")
+        hidden = st.multiselect("Hide keys (mask them for every query)", range(tr.n), key=key("hide"),
+                                format_func=lambda i: f"{i}: {tr.tokens[i]}")
+        result = lab.head_steps(model, tr, int(layer), int(head), temperature=temperature,
+                                causal=causal, hidden_keys=tuple(hidden))
+    except ValueError as err:
+        st.error(ui.plain(str(err)))
+        return
+    if result.changed:
+        st.info(f"Temperature or mask changed: this pattern differs from the one the model "
+                f"captured by design (max |difference| {result.max_abs_diff:.3g}). Reset "
+                "temperature to 1 and the masks to verify the recomputation.")
+    else:
+        st.success(f"The recomputation equals the pattern the model captured: max |difference| "
+                   f"= {result.max_abs_diff:.2g}. The heads' outputs add up to the attention "
+                   f"output to {result.output_diff:.2g}.")
+    kv = f" (reads K/V head {result.kv_head})" if cfg.group > 1 else ""
+    st.markdown(f"**{names.head_name(layer, head)}: layer {layer}, head {head}{kv}**, {tr.n} tokens, "
+                f"d_model {cfg.d_model}, d_head {cfg.d_head}.")
+    if mode == MODES[0]:
+        guided(result, tr.tokens, causal)
+    else:
+        every_step(result, tr.tokens, causal)
+
+
+def every_step(result, tokens: list[str], causal: bool):
+    """The table of every step and its heatmaps, one row per stage (Q, K and V side by side)."""
+    st.dataframe(pd.DataFrame([dict(step=s.name, shape=" × ".join(map(str, s.shape)),
+                                    rows=s.rows, columns=s.cols, note=s.note)
+                               for s in result.steps.values()]), hide_index=True)
+    for stage in STAGES:
+        present = [k for k in stage if k in result.steps]
+        for col, k in zip(st.columns(len(stage)), present):
+            col.plotly_chart(lf.step_figure(result.steps[k], tokens, causal), key=key(f"step_{k}"))
+
+
+def move_step(delta: int):
+    """Back / Next: a callback, so the step radio shows the new step in the same rerun."""
+    ss = st.session_state
+    ss[key("step")] = min(max(ss.get(key("step"), 0) + delta, 0), len(steps.GUIDE) - 1)
+
+
+def pick_query(tokens: list[str], where) -> int:
+    """The followed token: a meaningful one by default ("it"), chosen again only when the tokens
+    change (another sentence or model); another layer, head or mask keeps it."""
+    ui.follow_owner(key("query_for"), tuple(tokens), {key("query"): steps.default_query(tokens)})
+    return where.selectbox("Follow the query token", range(len(tokens)), key=key("query"),
+                           persist_state="session", format_func=lambda i: f"{i}: {tokens[i]}",
+                           help="its row is highlighted in every step")
+
+
+def pick_step(where) -> int:
+    """The step shown, kept for the session (another sentence, head or mode keeps it)."""
+    ss, last = st.session_state, len(steps.GUIDE) - 1
+    if ss.get(key("step")) not in range(last + 1):
+        ss[key("step")] = 0
+    step = where.radio("Step", range(last + 1), key=key("step"), horizontal=True,
+                       persist_state="session", format_func=lambda i: f"{i + 1} {steps.GUIDE[i][1]}")
+    back, fwd, _ = where.columns([1, 1, 4])
+    back.button("◀ Back", key=key("back"), on_click=move_step, args=(-1,), disabled=step == 0,
+                width="stretch")
+    fwd.button("Next ▶", key=key("next"), on_click=move_step, args=(1,), disabled=step == last,
+               width="stretch")
+    return step
+
+
+def guided(result, tokens: list[str], causal: bool):
+    """One step of the walk: its sentence, its matrix with the query's row outlined, that row's
+    bars, and at ·V the weighted value rows adding up to the query's output."""
+    pick, walk_through = st.columns([1, 3])
+    query = pick_query(tokens, pick)
+    step = pick_step(walk_through)
+    walk = steps.guide(result, query)
+    g = walk[step]
+    st.info(f"**Step {step + 1} of {len(walk)} · {g.title}.** {ui.plain(g.sentence)}")
+    left, right = st.columns([3, 2])
+    left.plotly_chart(sf.guided_heatmap(result.steps[g.key], tokens, query, causal), key=key("guide_heat"))
+    right.plotly_chart(sf.guide_bars(g, tokens, query), key=key("guide_bars"))
+    if g.key == "weighted":
+        st.plotly_chart(sf.parts_figure(steps.contributions(result, query),
+                                        result.steps["weighted"].value[query], tokens, query),
+                        key=key("guide_parts"))
+    st.caption("Numbers are the head's own, read from the recomputation verified above; hover a "
+               "cell or bar for its exact value. 'All steps' shows every matrix at once.")
