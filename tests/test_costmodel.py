@@ -214,3 +214,14 @@ def test_decode_ops_grow_with_depth_and_refuse_encoders():
     assert decode.predict_tg(cfg, p, depth=4096) < decode.predict_tg(cfg, p, depth=0)
     with pytest.raises(ValueError, match="causal"):
         decode.decode_ops(MINILM, 0)
+
+
+def test_ggml_q8_0_is_fitted_to_published_runs_not_derived():
+    """Issue 19(c): llama.cpp's q8_0 TinyLlama runs on a Pi 4 and a Pi 5 fit their own factors; q4_0
+    (no run of the same model and build) is derived from q8_0, and the profile says so."""
+    for device in ("pi4", "pi5"):
+        assert (device, "ggml", "q8_0") in engines.FITS
+        assert "q8_0" in engines.FITS[(device, "ggml", "q8_0")].source
+        assert any(r.device == device and r.dtype == "q8_0" for r in published.RUNS)
+        assert "q4_0 derived" in engines.engine_profile(device, "ggml", "q4_0").source
+        assert "int8 derived" in engines.engine_profile(device, "torch", "int8").source

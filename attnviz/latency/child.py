@@ -60,7 +60,8 @@ def measure_in_child(plan, models: dict, threads: int, deadline: Deadline | None
     argv += ["--seq-lens", ",".join(str(int(n)) for n in plan.seq_lens), "--variants", ",".join(variants),
              "--heads", "all" if plan.heads is None else ",".join(str(int(k)) for k in plan.heads),
              "--threads", str(int(threads)), "--repeats", str(plan.repeats), "--warmup", str(plan.warmup),
-             "--backend", "cpu", "--clock", plan.clock, "--max-seconds", "1e12"]
+             "--backend", "cpu", "--clock", plan.clock, "--max-seconds", "1e12", "--no-crossover",
+             "--dtype", ",".join(plan.measured_dtypes())]  # the one-block crossover is measured by the caller
     if not plan.memory:
         argv.append("--no-memory")
     timeout = None

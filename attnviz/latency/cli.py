@@ -24,8 +24,8 @@ from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES
 from attnviz.latency.measure import load, memory_budget_mb
 from attnviz.latency import speech, translation
 from attnviz.latency.results import MAX_THREADS, to_csv
-from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate, parse_int_list,
-                                   run_sweep)
+from attnviz.latency.sweep import (BACKENDS, MEASURED_DTYPES, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate,
+                                   parse_int_list, run_sweep)
 
 
 def number(lowest: float, above: bool):
@@ -75,9 +75,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine", default="torch", help="comma-separated engines the modelled Pi rows (pi4, pi5) run "
                     "on: " + "; ".join(f"{e} = {what} (dtypes {', '.join(ENGINE_DTYPES[e])})"
                                        for e, what in ENGINES.items()) + ". cpu rows are measured in torch")
-    ap.add_argument("--dtype", default="fp32", help=f"comma-separated dtypes of the modelled Pi rows: {', '.join(DTYPES)} "
-                    "(fp32 float32; fp16/bf16 half precision; int8 dynamic quantization of the linear layers; "
-                    "q8_0 / q4_0 ggml's 8- and 4-bit blocks); each engine is modelled at the dtypes it runs")
+    ap.add_argument("--dtype", default="fp32", help=f"comma-separated dtypes: {', '.join(DTYPES)} (fp32 float32; "
+                    "fp16/bf16 half precision; int8 dynamic quantization of the linear layers; q8_0 / q4_0 ggml's "
+                    "8- and 4-bit blocks). The modelled Pi rows: each engine at the dtypes it runs; the measured cpu "
+                    f"rows: each of {', '.join(MEASURED_DTYPES)} chosen (torch's own quantize_dynamic int8 and a bf16 "
+                    "copy of the linear layers; fp32 when none is chosen)")
+    ap.add_argument("--crossover", action=argparse.BooleanOptionalAction, default=True, help="also time ONE block "
+                    "of each model at lengths straddling its modelled attention = rest crossover (every block has "
+                    "the same shape; a block reads no positions, so MiniLM's 512 do not bind), with its attention "
+                    "alone: CSV rows with test=block (default on with the cpu backend)")
     ap.add_argument("--pi-threads", default=str(PI_CORES), help=f"comma-separated threads of the modelled Pi rows, "
                     f"1-{PI_CORES} whatever this host has (default {PI_CORES}: a Pi 4 / 5 has {PI_CORES} cores)")
     ap.add_argument("--decode-depths", default=None, metavar="DEPTHS", help="also decode latency for causal LMs, "
@@ -130,7 +136,7 @@ def main(argv=None) -> int:
                          repeats=args.repeats, warmup=args.warmup, memory=not args.no_memory, clock=args.clock,
                          engines=[e.strip() for e in args.engine.split(",") if e.strip()],
                          dtypes=[d.strip() for d in args.dtype.split(",") if d.strip()],
-                         pi_threads=parse_int_list(args.pi_threads, "--pi-threads"))
+                         pi_threads=parse_int_list(args.pi_threads, "--pi-threads"), crossover=args.crossover)
         plan.check()
         configs = configs_of(plan.models)
         est = estimate(plan, configs)

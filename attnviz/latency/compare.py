@@ -110,8 +110,9 @@ def model_error(df: pd.DataFrame, profile: cm.DeviceProfile, modelled: pd.DataFr
 
 
 def host_model_error(df: pd.DataFrame) -> pd.DataFrame:
-    """Measured rows against this host's profile, calibrated at each row's thread count and clock."""
-    measured = df[df["measured"]]
+    """Measured fp32 rows against this host's profile, calibrated at each row's thread count and
+    clock (the host's profile is fp32's: int8 / bf16 rows are measured, not modelled, here)."""
+    measured = df[df["measured"] & (df["dtype"].fillna("fp32") == "fp32" if "dtype" in df.columns else df["measured"])]
     return pd.concat([model_error(g, host_profile(int(t), str(c)))
                       for (t, c), g in measured.groupby(["threads", "clock"])], ignore_index=True)
 

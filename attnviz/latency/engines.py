@@ -24,13 +24,25 @@ Every figure is fitted to published runs, listed with their sources in `latency.
   * llama.cpp / llamafile on the Pi, "LLaMA Now Goes Faster on CPUs" (justine.lol, 2024-03-31):
     TinyLlama 1.1B f16 prompt and generation tokens/s on a Pi 5 (llamafile 0.6.2, then llama.cpp's
     kernels) and a Pi 4 (llama.cpp 2024-03-26) -> the decode (tg) side of ggml: weights streamed
-    once per token at the device's bandwidth.
+    once per token at the device's bandwidth; TinyLlama 1.1B q8_0 with llama.cpp 2024-03-26 on a Pi 4
+    (pp 10, tg 3 tokens/s) and a Pi 5 (pp 35, tg 9) -> pi4/ggml/q8_0, pi5/ggml/q8_0.
   * HPL by threads (geerlingguy/top500-benchmark#18, Pi 5: 30.2 GFLOPS at 4 threads; x2.6 over one
     thread as quoted in this project's issue 19) -> the Pi 5 thread curve of BLAS-backed PyTorch.
-PyTorch on a Pi 5 and int8 / bf16 have no published transformer run we found: pi5/torch is the
-Pi 4 fit scaled by the devices' HPL ratio (in `costmodel.PI5`), and torch int8 is torch fp32 with
-int8 weights (a quarter of the bytes) and the int8 matrix-product speed-up measured on this host's
-CPU by `latency.quantize` (said in `source`).
+Derived, with no published run that can calibrate them (each says so in `source`):
+  * pi5/torch/fp32: no published PyTorch transformer (or any PyTorch fp32) run on a Pi 5 was found;
+    the Pi 4 fit on the Pi 5's HPL-scaled profile, with HPL's thread curve.
+  * torch int8 / bf16 (both Pis): the one published PyTorch int8 Pi run found, the tutorial "Real Time
+    Inference on Raspberry Pi 4 and 5 (40 fps!)" (github.com/pytorch/tutorials
+    intermediate_source/realtime_rpi.rst: quantized MobileNetV2, 26.4 ms on a Pi 4, ~41 fps on a
+    Pi 5), is a TorchScript-fused qnnpack CNN: its per-call cost is not our eager loop's and its
+    depthwise convolutions are not matrix products, so it cannot fix our int8 GEMM factor (fitting
+    gemm and overhead to it would match it by construction and test nothing). The Pi's A72 / A76
+    have no bf16 arithmetic: torch bf16 there is emulated, and no run was published.
+  * ncnn int8 and ncnn fp32 on a Pi 5: ncnn's tables have int8 only for CNNs (resnet50_int8 196.65 ms
+    Pi 4, 40.75 ms Pi 5, 4 threads), whose published FLOP counts overstate what Winograd convolution
+    computes (ResNet-50 fp32 on the Pi 4 runs at ~2x the GFLOP/s of its ViT), so they give the int8 /
+    fp32 RATIO of the same network (1.1-1.8x on a Pi 4, 1.0-1.2x on a Pi 5: INT8_GEMM below), not a
+    transformer factor.
 """
 from __future__ import annotations
 
@@ -68,6 +80,12 @@ FITS: dict[tuple[str, str, str], EngineFit] = {
                                        source="whisper.cpp #89 Pi 4; TinyLlama f16 Pi 4 (llama.cpp)"),
     ("pi5", "ggml", "fp16"): EngineFit(1.508, 0.788, 5.0, 0.179, bandwidth=0.889, half_rows=0.5,
                                        source="whisper.cpp #89 Pi 5; TinyLlama f16 Pi 5 (llamafile 0.6.2)"),
+    # q8_0 weight blocks (the attention stays f16 / f32 in ggml): fitted to TinyLlama q8_0 pp and tg with
+    # llama.cpp 2024-03-26; the A72 has no fp16 arithmetic, so q8_0 runs its products ~6x faster than f16
+    ("pi4", "ggml", "q8_0"): EngineFit(2.12, 0.184, 5.0, 0.050, bandwidth=0.62, half_rows=0.5,
+                                       source="TinyLlama q8_0 Pi 4 (llama.cpp 2024-03-26)"),
+    ("pi5", "ggml", "q8_0"): EngineFit(1.84, 0.788, 5.0, 0.179, bandwidth=0.87, half_rows=0.5,
+                                       source="TinyLlama q8_0 Pi 5 (llama.cpp 2024-03-26)"),
 }
 # Derived entries: the same engine with another dtype (weights' bytes from DTYPES; compute as said).
 INT8_GEMM = 1.6   # torch int8 dynamic vs fp32 matrix products; ncnn's own tables: mobilenet 61 -> 34 ms (Pi 4)
@@ -75,7 +93,7 @@ INT8_GEMM = 1.6   # torch int8 dynamic vs fp32 matrix products; ncnn's own table
 DERIVED = {("torch", "int8"): ("torch", "fp32", INT8_GEMM), ("torch", "bf16"): ("torch", "fp32", 1.0),
            ("ncnn", "int8"): ("ncnn", "fp32", INT8_GEMM), ("ncnn", "fp32"): ("ncnn", "fp16", 0.7),
            ("ncnn", "fp16"): ("ncnn", "fp32", 1.0), ("ggml", "q8_0"): ("ggml", "fp16", 1.0),
-           ("ggml", "q4_0"): ("ggml", "fp16", 1.0)}
+           ("ggml", "q4_0"): ("ggml", "q8_0", 1.0)}  # q4_0: no Pi run of the same model and build found
 
 
 def check_engine(engine: str, dtype: str):

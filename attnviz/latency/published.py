@@ -21,6 +21,7 @@ HAT = ("github.com/mit-han-lab/hardware-aware-transformers latency_dataset/"
 NCNN = "github.com/Tencent/ncnn benchmark/README.md, {} (benchncnn, vision_transformer avg)"
 WHISPER = "github.com/ggml-org/whisper.cpp/issues/89 ({}, bench Encode)"
 LLAMAFILE = "justine.lol/matmul 'LLaMA Now Goes Faster on CPUs' ({}, TinyLlama 1.1B f16)"
+LLAMAFILE_Q8 = "justine.lol/matmul 'LLaMA Now Goes Faster on CPUs' ({}, TinyLlama 1.1B q8_0)"
 
 
 def hat_shape(d: int, ff: float) -> str:
@@ -74,6 +75,10 @@ RUNS: list[Run] = [
     Run(LLAMAFILE.format("RPI5, llamafile-0.6.2"), "pi5", "ggml", "fp16", TINYLLAMA, 0, 4, "tg_tps", 5.0),
     Run(LLAMAFILE.format("RPI4, llama.cpp 2024-03-26"), "pi4", "ggml", "fp16", TINYLLAMA, 0, 4, "tg_tps", 2.0),
     Run(LLAMAFILE.format("RPI4, llama.cpp 2024-03-26"), "pi4", "ggml", "fp16", TINYLLAMA, 512, 4, "pp_tps", 3.0),
+    # the same table's q8_0 rows (llama.cpp 2024-03-26: prompt and generation tokens/s)
+    *[Run(LLAMAFILE_Q8.format(f"{pi}, llama.cpp 2024-03-26"), device, "ggml", "q8_0", TINYLLAMA, n, 4, metric, tps)
+      for pi, device, n, metric, tps in (("RPI5", "pi5", 512, "pp_tps", 35.0), ("RPI5", "pi5", 0, "tg_tps", 9.0),
+                                         ("RPI4", "pi4", 512, "pp_tps", 10.0), ("RPI4", "pi4", 0, "tg_tps", 3.0))],
 ]
 
 

@@ -29,7 +29,8 @@ COLUMNS = ["schema", "backend", "measured", "model", "shape", "variant", "seq_le
            "timestamp", "engine", "dtype", "test", "n_prompt", "depth", "pp_tps", "tg_tps"]
 # Optional columns (the schema grew compatibly: a CSV without them still imports): engine and dtype
 # (torch fp32 when absent), and llama-bench's decode fields: test ("" one forward pass, "pp" prompt
-# processing of n_prompt tokens, "tg" one generated token at cache depth `depth`), pp_tps, tg_tps.
+# processing of n_prompt tokens, "tg" one generated token at cache depth `depth`, "block" ONE block
+# of the model on n tokens, its attention alone in attention_ms: `latency.crossover`), pp_tps, tg_tps.
 DEFAULTS = {"engine": "torch", "dtype": "fp32", "test": ""}
 REQUIRED = ["backend", "measured", "model", "shape", "variant", "seq_len", "n_heads", "threads",
             "median_ms", "p10_ms", "p90_ms", "peak_mem_mb", "cpu", "torch"]
@@ -287,8 +288,8 @@ def _check(df: pd.DataFrame) -> pd.DataFrame:
             check_engine(engine, dtype)
         except ValueError as err:
             fail("engine", rows.index[0], str(err))
-    for i in df.index[~df["test"].isin(["", "pp", "tg"])]:
-        fail("test", i, "must be empty (one forward pass), pp or tg")
+    for i in df.index[~df["test"].isin(["", "pp", "tg", "block"])]:
+        fail("test", i, "must be empty (one forward pass), pp, tg or block (one block of the model)")
     df["measured"] = flags.isin(["true", "1", "yes"])
     for col in ("seq_len", "n_heads", "threads"):
         df[col] = df[col].astype(int)

@@ -2,6 +2,11 @@
 and memory budgets before any work, and `run_sweep`, which measures (backend cpu, `measure`) and
 models (cpu-model, pi4, pi5, `costmodel`) every point into the CSV schema of `results`.
 
+Measured rows run in each chosen dtype torch runs here (MEASURED_DTYPES: fp32, and int8 / bf16
+copies of the linear layers made by `quantize.quantized_copy`; the shared model is never changed).
+With `crossover`, one block of each model is also timed at lengths that straddle the modelled
+attention = rest crossover (`latency.crossover`; CSV test "block").
+
 In a shared process (the app) nothing here changes torch's thread count: points at another count
 are measured in a child process (`child`); the CLI, a process of its own, sets it directly
 (`own_process=True`). A `jobs.Deadline` stops a sweep between measurements, keeping what was
@@ -24,7 +29,9 @@ from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
 from attnviz.latency import costmodel as cm
 from attnviz.latency.calibrate import host_profile
+from attnviz.latency import crossover as xo
 from attnviz.latency import decode
+from attnviz.latency.quantize import quantized_copy
 from attnviz.latency.child import measure_in_child
 from attnviz.latency.engines import ENGINE_DTYPES, check_engine, engine_profile
 from attnviz.latency.measure import load, machine_metadata, measure_point, thread_count, token_count
@@ -35,6 +42,7 @@ PI_BACKENDS = ("pi4", "pi5")
 PI_CORES = 4              # a Raspberry Pi 4 / 5 has 4 cores: its rows are modelled at 4 threads by default
 MAX_POINTS = 5000         # (model, heads, variant, threads, n) combinations of one sweep
 MAX_REPEATS, MAX_WARMUP = 1000, 100
+MEASURED_DTYPES = ("fp32", "int8", "bf16")  # what the cpu rows are measured in here (torch's own int8 / bf16)
 
 
 def few(values, k: int = 8) -> str:
@@ -72,6 +80,11 @@ class SweepPlan:
     engines: list[str] = field(default_factory=lambda: ["torch"])  # modelled Pi rows: each engine x dtype
     dtypes: list[str] = field(default_factory=lambda: ["fp32"])    # it runs (latency.engines)
     pi_threads: list[int] = field(default_factory=lambda: [PI_CORES])  # the Pi's threads, whatever this host has
+    crossover: bool = False  # also one block at lengths straddling its modelled crossover (the CLI and page: on)
+
+    def measured_dtypes(self) -> list[str]:
+        """The dtypes the cpu rows are measured in: the chosen ones torch runs here, else fp32."""
+        return [d for d in dict.fromkeys(self.dtypes) if d in MEASURED_DTYPES] or ["fp32"]
 
     def engine_pairs(self) -> list[tuple[str, str]]:
         """(engine, dtype) for every chosen engine and each chosen dtype it runs."""
@@ -165,12 +178,16 @@ def estimate(plan: SweepPlan, configs: dict[str, Config], profile: cm.DeviceProf
     seconds, peak, pts = 0.0, 0.0, plan.points(configs)
     measured = "cpu" in plan.backends
     runs = plan.warmup + plan.repeats + (3 if plan.memory else 0)  # the profiled pass costs ~3 runs
+    dtypes = len(plan.measured_dtypes())
     for key, k, v, t, n in pts:
         cfg = configs[key]
         shape = cfg if k == cfg.n_heads else with_heads(cfg, k)
         if measured:
-            seconds += runs * cm.predict(shape, n, profile, v, threads=t).total_ms / 1e3
-        peak = max(peak, cm.weights_mb(cfg) + cm.activation_mb(cfg, n, v))
+            seconds += dtypes * runs * cm.predict(shape, n, profile, v, threads=t).total_ms / 1e3
+        peak = max(peak, cm.weights_mb(cfg) * (1 + (dtypes > 1)) + cm.activation_mb(cfg, n, v))
+    if plan.crossover and measured:
+        v0 = parse_variant(plan.variants[0])
+        seconds += sum(xo.estimate_seconds(configs[key], profile, v0, plan.repeats, plan.warmup) for key in plan.models)
     return Estimate(seconds, peak, len(pts))
 
 
@@ -199,7 +216,7 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
     now = torch.get_num_threads()
     measured_here = "cpu" in plan.backends
     elsewhere = sorted({t for *_, t, _ in pts if t != now}) if measured_here and not own_process else []
-    pruned = {}
+    pruned, twins, dtypes = {}, {}, plan.measured_dtypes()
 
     def shaped(key, k):
         model = models[key]
@@ -208,6 +225,13 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
             keep[:, :k] = True
             pruned[(key, k)] = model.prune(keep)
         return model if k == model.cfg.n_heads else pruned[(key, k)]
+
+    def typed(key, k, dtype):  # an int8 / bf16 copy (made once), never the shared model changed
+        if dtype == "fp32":
+            return shaped(key, k)
+        if (key, k, dtype) not in twins:
+            twins[(key, k, dtype)] = quantized_copy(shaped(key, k), dtype)
+        return twins[(key, k, dtype)]
 
     def base(key, k, v, t):
         return dict(schema=SCHEMA, model=key, shape=config_spec(models[key].cfg), variant=v.name, n_heads=k,
@@ -236,23 +260,44 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
             elif backend == "cpu-model":
                 prof = host_profile(t, plan.clock, own_process=own_process)
                 rows.append(modelled(dict(base(key, k, v, t), backend=backend), model.cfg, tokens, v, prof, t))
+    # one block at lengths straddling its modelled crossover, at the thread count measured here
+    blocks, t_block, v_block = [], plan.threads[0] if own_process else now, parse_variant(plan.variants[0])
+    for key in plan.models if plan.crossover and measured_here else ():
+        cfg = models[key].cfg
+        prof = host_profile(t_block, plan.clock, own_process=own_process)
+        n_cross = xo.block_crossover(cfg, prof, v_block)
+        if n_cross is not None:  # linear-cost variants never cross
+            ns = xo.lengths(n_cross)
+            rows += xo.modelled_rows(base(key, cfg.n_heads, v_block, t_block), cfg, prof, v_block, ns)
+            blocks += [(n / n_cross, j, key, n, n_cross) for j, n in enumerate(ns)]
+    blocks.sort()  # shorter lengths of every model first: a budget stop loses the longest
     # 2. measured points interleaved across configurations (n by n, every configuration at each n):
     # a budget stop then loses the longest lengths of every configuration, never a configuration
-    here = sorted((p for p in pts if measured_here and p[3] not in elsewhere), key=lambda p: (p[4], pts.index(p)))
-    total = len(here) + len(elsewhere)
+    here = sorted(((*p, d) for p in pts if measured_here and p[3] not in elsewhere for d in dtypes),
+                  key=lambda p: (p[4], pts.index(p[:5]), dtypes.index(p[5])))
+    total = len(here) + len(blocks) + len(elsewhere)
     done, stopped = 0, ""
     try:
-        for key, k, v, t, n in here:
+        for key, k, v, t, n, dtype in here:
             check()
-            model = shaped(key, k)
+            model = typed(key, k, dtype)
             if progress:
-                progress(done, total, f"{key} · {v.name} · {k} heads · {t} threads · n={n}")
+                progress(done, total, f"{key} · {v.name} · {k} heads · {t} threads · {dtype} · n={n}")
             with thread_count(t) if own_process else nullcontext():
                 point = measure_point(model, n, v, warmup=plan.warmup, repeats=plan.repeats, threads=t,
                                       clock=plan.clock, memory=plan.memory, quiet=quiet, check=check)
             tm = point.timing
-            rows.append(dict(base(key, k, v, t), backend="cpu", measured=True, seq_len=point.tokens,
+            rows.append(dict(base(key, k, v, t), backend="cpu", measured=True, seq_len=point.tokens, dtype=dtype,
                              median_ms=tm.median_ms, p10_ms=tm.p10_ms, p90_ms=tm.p90_ms, peak_mem_mb=point.peak_mem_mb))
+            done += 1
+        for _, _, key, n, n_cross in blocks:
+            check()
+            if progress:
+                progress(done, total, f"{key} · one block · {v_block.name} · {t_block} threads · n={n}")
+            with thread_count(t_block) if own_process else nullcontext():
+                block, att = xo.measure_block(models[key], n, v_block, repeats=xo.repeats_at(n, n_cross, plan.repeats),
+                                              warmup=plan.warmup, clock=plan.clock, check=check)
+            rows.append(xo.measured_row(base(key, models[key].cfg.n_heads, v_block, t_block), n, block, att))
             done += 1
         for j, t in enumerate(elsewhere):
             check()
@@ -270,12 +315,14 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
                 raise JobTimeout(f"{deadline.what} stopped at its time limit of {deadline.seconds:g} s")
     except (JobTimeout, JobCancelled, Ended) as err:
         measured = sum(1 for r in rows if r.get("measured") is True)
-        got = {(r["model"], r["variant"], r["n_heads"], r["threads"], r["seq_len"]) for r in rows if r.get("measured")}
-        skipped = [p for p in pts if measured_here and (p[0], p[2].name, p[1], p[3],
-                                                       token_count(models[p[0]].cfg, p[4])) not in got]
+        got = {(r["model"], r["variant"], r["n_heads"], r["threads"], r["seq_len"], r["dtype"], r.get("test", ""))
+               for r in rows if r.get("measured")}
+        skipped = [f"{p[0]} {p[2].name} {p[1]}h {p[3]}t {d} n={p[4]}" for p in pts for d in dtypes if measured_here and
+                   (p[0], p[2].name, p[1], p[3], token_count(models[p[0]].cfg, p[4]), d, "") not in got]
+        skipped += [f"{key} one block n={n}" for _, _, key, n, _ in blocks if (key, v_block.name, models[key].cfg.n_heads,
+                                                                             t_block, n, "fp32", "block") not in got]
         stopped = (f"{err}; kept the {measured} measured point{'s' * (measured != 1)} finished before it (every "
-                   f"modelled row is kept); not measured: " + few(f"{p[0]} {p[2].name} {p[1]}h {p[3]}t n={p[4]}"
-                                                                   for p in skipped))
+                   f"modelled row is kept); not measured: " + few(skipped))
     if progress:
         progress(total, total, "stopped" if stopped else "done")
     df = pd.DataFrame(rows).reindex(columns=COLUMNS)
