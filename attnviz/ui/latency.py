@@ -19,7 +19,7 @@ from attnviz.base.names import session_key
 from attnviz.figures import latency as lf
 from attnviz.latency import calibrate, compare, engines, measure, quantize, results, sweep, tradeoff
 from attnviz.latency import costmodel as cm
-from attnviz.ui import common
+from attnviz.ui import common, latency_crossover
 from attnviz.ui import jobs as ui_jobs
 from attnviz.weights.catalogue import BUNDLED
 
@@ -89,8 +89,9 @@ def sweep_form():
             help=f"the modelled Pi rows run at these threads whatever this server has (a Pi has {sweep.PI_CORES} cores)")
         form["engines"] = c3.multiselect("Pi engines", list(engines.ENGINES), default=["torch"], key=K("engines"),
                                          help="; ".join(f"{e}: {w}" for e, w in engines.ENGINES.items()))
-        form["dtypes"] = c3.multiselect("Pi dtypes", list(engines.DTYPES), default=["fp32"], key=K("dtypes"),
-                                        help="each engine is modelled at the dtypes it runs: " + "; ".join(
+        form["dtypes"] = c3.multiselect("Dtypes", list(engines.DTYPES), default=["fp32"], key=K("dtypes"),
+                                        help=f"cpu rows: measured in each of {', '.join(sweep.MEASURED_DTYPES)} chosen "
+                                             "(torch's int8, a bf16 copy); Pi rows: each engine at the dtypes it runs: " + "; ".join(
                                             f"{e} {', '.join(d)}" for e, d in engines.ENGINE_DTYPES.items()))
         form["repeats"] = c3.number_input("Repeats", 1, 50, 3, key=K("repeats"))
         form["warmup"] = c3.number_input("Warm-up runs", 0, 10, 1, key=K("warmup"))
@@ -98,6 +99,7 @@ def sweep_form():
                                  help="cpu: this process's CPU time; ignores other programs on a busy machine "
                                       "(1 thread)")
         form["memory"] = c3.checkbox("Measure peak memory", True, key=K("memory"))
+        form["crossover"] = c3.checkbox("One block to the crossover", True, key=K("crossover"))  # latency.crossover
         form["decode"] = c2.text_input("Decode depths (causal LMs)", "", key=K("decode"), placeholder="0,128,512",
                                        help="llama-bench's pp (a 128-token prompt) and tg (one token at each KV-cache "
                                             "depth), measured here and modelled on the Pi backends")
@@ -128,7 +130,8 @@ def run_form(form: dict, here: int):
         threads=[int(t) for t in form["threads"]], backends=form["backends"], repeats=int(form["repeats"]),
         warmup=int(form["warmup"]), memory=form["memory"], clock=form["clock"],
         engines=list(form.get("engines") or ["torch"]), dtypes=list(form.get("dtypes") or ["fp32"]),
-        pi_threads=[int(t) for t in form.get("pi_threads") or [sweep.PI_CORES]]).check()
+        pi_threads=[int(t) for t in form.get("pi_threads") or [sweep.PI_CORES]],
+        crossover=bool(form.get("crossover", True))).check()
     configs = sweep.configs_of(plan.models, loader=get_model)  # synthetic shapes: parsed, not built
     max_s, max_mb = form["max_s"], form["max_mb"]
     sweep.estimate(plan, configs, cm.HOST_GUESS).check(None, max_mb)  # memory does not need a calibration
@@ -187,6 +190,7 @@ def results_views():
 def latency_view(df):
     st.plotly_chart(lf.latency_figure(df), key=K("fig_linear"))
     st.plotly_chart(lf.growth_figure(df), key=K("fig_log"))
+    latency_crossover.crossover_view(st.session_state.get(RESULTS))  # one block: test "block" rows
 
 
 def decode_view(df):
