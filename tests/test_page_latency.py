@@ -39,6 +39,8 @@ def submit(at: AppTest, **fields) -> AppTest:
     at.multiselect(key="latency.backends").set_value(fields.get("backends", ["cpu", "pi4"]))
     at.number_input(key="latency.repeats").set_value(fields.get("repeats", 1))
     at.number_input(key="latency.budget_s").set_value(fields.get("budget_s", 120))
+    at.checkbox(key="latency.crossover").set_value(fields.get("crossover", False))  # on by default: its own test
+    at.multiselect(key="latency.dtypes").set_value(fields.get("dtypes", ["fp32"]))
     at.button(key="FormSubmitter:latency.form-Run").click().run()
     assert not at.exception
     return at
@@ -91,6 +93,22 @@ def test_tiny_sweep_draws_every_figure(ran):
     assert all(sorted(values(t["x"])) == [8, 16, 32] for t in latency["data"])
     split = next(s for t, s in figures(show(ran, "Split and fit")).items() if t.startswith("Where the time goes"))
     assert [t["name"] for t in split["data"]] == ["attention", "projections", "mlp", "other"]
+
+
+def test_default_sweep_reaches_the_one_block_crossover_and_measures_int8():
+    """Issue 19.5 / 19.3: the page's default times one block across its modelled crossover (marked
+    in the Latency view, measured and modelled) and the chosen dtypes are measured rows."""
+    at = page()
+    assert at.checkbox(key="latency.crossover").value is True
+    at = submit(at, **dict(SMALL, crossover=True, dtypes=["fp32", "int8"]))
+    df = at.session_state["latency.results"]
+    blocks = df[df["test"] == "block"]
+    assert blocks["measured"].any() and (~blocks["measured"]).any()
+    assert set(df[df["measured"] & df["test"].isna()]["dtype"]) == {"fp32", "int8"}
+    figs = figures(show(at, "Latency"))
+    title = next(t for t in figs if "ONE block" in t)
+    assert "same shape" in title and figs[title]["layout"]["shapes"]
+    assert any("attention = rest" in c.value or "do not straddle" in c.value for c in at.caption)
 
 
 def test_only_the_chosen_view_computes_and_the_choice_survives_reruns(monkeypatch):
