@@ -10,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "5_Lab.py")
 PICKER = "model_choice:encoder/lm"
+SENTENCE = "The animal didn't cross the street because it was too tired."
 
 
 def app() -> AppTest:
@@ -43,8 +44,16 @@ def all_steps(at) -> AppTest:
     return at
 
 
+def head(at, layer: int, head: int) -> AppTest:
+    """Step by step on a fixed head (a first open shows the head where 'it' looks most at 'animal')."""
+    at.number_input(key="lab.layer").set_value(layer)
+    at.number_input(key="lab.head").set_value(head).run()
+    assert not at.exception, at.exception
+    return at
+
+
 def test_step_by_step_on_minilm_and_sections_render():
-    at = all_steps(app())
+    at = all_steps(head(app(), 0, 0))
     assert not at.exception
     assert "equals the pattern the model captured" in texts(at.success)
     steps = frame_with(at, "shape")
@@ -80,6 +89,69 @@ def test_temperature_and_masks_recompute_live():
     assert not at.exception and "by design" in texts(at.info)
     masks = frame_with(all_steps(at), "shape")
     assert "causal" in masks.loc[masks["step"] == "mask (1 = may attend)", "note"].item()
+
+
+def strongest(model_key: str, text: str = SENTENCE) -> tuple[int, int, float]:
+    """(layer, head, weight) where the model's own trace sends "it" most to "animal"."""
+    from attnviz import ui
+    tr = ui.load_model(model_key).trace(text)
+    it = [t.lstrip("▁Ġ") for t in tr.tokens].index("it")
+    w = tr.attentions[:, :, it, [t.lstrip("▁Ġ") for t in tr.tokens].index("animal")]   # (L, H)
+    layer, h = divmod(int(w.argmax()), w.shape[1])
+    return layer, h, float(w.max())
+
+
+def opened_caption(at) -> list[str]:
+    return [c.value for c in at.caption if c.value.startswith("Opened on")]
+
+
+def test_step_by_step_opens_on_the_head_where_it_looks_most_at_animal(monkeypatch):
+    """A first open shows the head with the largest it -> animal weight (MiniLM, then a first open
+    of SmolLM2 in a fresh session), says so in one line, costs one trace per model for every
+    session, and never moves a head the user chose; a toy or a text without the pair opens L0H0."""
+    from attnviz.analysis import steps
+    from attnviz.base.names import head_name
+    layer, h, w = strongest("minilm")
+    assert (layer, h) != (0, 0) and w > 0.3
+    at = app()
+    assert not at.exception
+    assert (at.number_input(key="lab.layer").value, at.number_input(key="lab.head").value) == (layer, h)
+    assert opened_caption(at) == [f"Opened on {head_name(layer, h)}, the head where ‘it’ looks most at "
+                                  f"‘animal’ ({w:.2f}); choose any other above."]
+    assert f"**{head_name(layer, h)}: layer {layer}, head {h}**" in texts(at.markdown)
+    assert "equals the pattern the model captured" in texts(at.success)
+    calls = []
+    real = steps.opening_head
+    monkeypatch.setattr(steps, "opening_head", lambda *a: calls.append(a) or real(*a))
+    at.run()
+    again = app()                                           # another session: from the shared cache
+    assert not again.exception and calls == []
+    assert again.number_input(key="lab.head").value == h
+
+    chosen = (1, 2) if (layer, h) != (1, 2) else (1, 3)     # a head toy-copy has too (no clamp)
+    head(at, *chosen)                                        # the user's choice stays
+    at.run()
+    at.text_input(key="lab.text").input("Another sentence entirely, with no pronoun.").run()
+    view(at, "Positional encodings")
+    view(at, "Step by step")
+    at.selectbox(key=PICKER).select("toy-copy").run()
+    at.selectbox(key=PICKER).select("minilm").run()
+    assert not at.exception and calls == []
+    assert (at.session_state["lab.layer"], at.session_state["lab.head"]) == chosen
+    assert f"**{head_name(*chosen)}: layer {chosen[0]}, head {chosen[1]}**" in texts(at.markdown)
+    assert opened_caption(at) == []
+
+    at = app()                                              # a fresh session's first SmolLM2
+    at.selectbox(key=PICKER).select("smollm2").run()
+    assert not at.exception
+    layer, h, w = strongest("smollm2")
+    assert (at.number_input(key="lab.layer").value, at.number_input(key="lab.head").value) == (layer, h)
+    assert opened_caption(at) == [f"Opened on {head_name(layer, h)}, the head where ‘it’ looks most at "
+                                  f"‘animal’ ({w:.2f}); choose any other above."]
+    at.selectbox(key=PICKER).select("toy-copy").run()       # not a text of words: L0H0, no line
+    assert not at.exception
+    assert (at.session_state["lab.layer"], at.session_state["lab.head"]) == (0, 0)
+    assert opened_caption(at) == []
 
 
 def test_guided_steps_show_the_causal_mask_on_the_followed_row():

@@ -107,6 +107,30 @@ def test_default_query_and_bad_query():
         steps.guide(r, 10)
 
 
+def test_referent_pair_is_the_followed_pronoun_and_the_noun_before_it():
+    bert = ["[CLS]", "the", "animal", "didn", "'", "t", "cross", "the", "street", "because", "it", "was", "."]
+    assert steps.referent_pair(bert) == (10, 2)
+    assert steps.referent_pair(["The", "▁animal", "▁saw", "▁the", "▁animal", "▁and", "▁it", "▁ran"]) == (6, 4)
+    assert steps.referent_pair(["The", "Ġanimal", "Ġsaid", "Ġit", "Ġwas"]) == (3, 1)
+    assert steps.referent_pair(["it", "Ġwas", "Ġthe", "Ġanimal"]) is None      # no animal before it
+    assert steps.referent_pair(["The", "Ġanimal", "Ġsaid", "Ġshe", "Ġwas", "Ġit"]) is None  # follows 'she'
+    assert steps.referent_pair(["[CLS]", "hello", "world", "[SEP]"]) is None
+
+
+def test_opening_head_is_the_largest_it_to_animal_weight_of_a_real_trace(monkeypatch):
+    model = attnviz.load_model("minilm")
+    ids = model.encode_text(SENTENCE)[0]
+    tr = model.trace(ids)
+    it, animal = tr.tokens.index("it"), tr.tokens.index("animal")
+    w = tr.attentions[:, :, it, animal]                        # (L, H), every head
+    found = steps.opening_head(model, ids)
+    assert (found.query, found.key) == (it, animal) and found.tokens == tr.tokens
+    assert (found.layer, found.head) == divmod(int(w.argmax()), w.shape[1])
+    assert found.weight == float(w.max()) and found.weight > float(w[0, 0])
+    monkeypatch.setattr(type(model), "trace", lambda *a, **k: pytest.fail("no pair: nothing to trace"))
+    assert steps.opening_head(model, model.encode_text("A heron stood on one leg.")[0]) is None
+
+
 def test_figures_outline_the_query_row_and_keep_the_values(result):
     q = 4
     walk = {g.key: g for g in steps.guide(result, q)}
@@ -154,6 +178,9 @@ def test_guided_mode_follows_one_token_one_step_at_a_time():
     tr = model.trace(model.encode_text(SENTENCE)[0], states=True, layers=[0])
     it = tr.tokens.index("it")
     at = AppTest.from_file(PAGE, default_timeout=300).run()
+    assert not at.exception
+    at.number_input(key="lab.layer").set_value(0)          # a fixed head (a first open shows the
+    at.number_input(key="lab.head").set_value(0).run()     # head where 'it' looks most at 'animal')
     assert not at.exception
     assert at.radio(key="lab.steps_mode").value.startswith("Guided")     # guided is the default
     assert at.selectbox(key="lab.query").value == it and at.radio(key="lab.step").value == 0

@@ -3,6 +3,8 @@
 `guide(result, query)` reads the matrices `lab.head_steps` computed (nothing is recomputed, so
 every number is exactly the model's) and gives, for each step, the query's row, the key that
 stands out in it, and one plain sentence on what to look at, written from those numbers.
+`opening_head(model, ids)` picks the head a first walk opens on: the one where the followed
+pronoun ("it") gives the most weight to the noun it refers to ("animal").
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from attnviz.analysis.lab import HeadSteps
+from attnviz.analysis.stats import rank_heads
+from attnviz.core.model import Model
 from attnviz.core.tokens import LEADING_SPACE_MARKS, show
 
 # (HeadSteps step key, short title) in the order the walk takes them
@@ -19,6 +23,9 @@ GUIDE = (("scores", "Q·Kᵀ scores"), ("scaled", "scale"), ("masked", "mask"),
          ("softmax", "softmax"), ("weighted", "weights · V"), ("output", "W_O: the head's output"))
 PRONOUNS = ("it", "its", "she", "he", "her", "him", "they", "them", "their")  # tokens worth following
 TOP_SHARE_KEYS = 3      # "the top 3 keys take …": enough to say whether a head is peaked or spread
+# The pronoun and the noun it refers to in the default sentence ("… the animal … because it was
+# too tired"): the pair the first walk opens on, as the Attention page's Find heads does.
+REFERENT = ("it", "animal")
 
 
 @dataclass
@@ -65,6 +72,39 @@ def default_query(tokens: list[str]) -> int:
         if not is_special(tokens[i]) and any(ch.isalnum() for ch in words[i]):
             return i
     return len(tokens) - 1
+
+
+@dataclass
+class OpeningHead:
+    layer: int
+    head: int
+    weight: float           # A[layer, head, query, key]: the largest over every head
+    query: int              # position of the pronoun ("it"), the token the walk follows
+    key: int                # position of the noun it refers to ("animal")
+    tokens: list[str]
+
+
+def referent_pair(tokens: list[str], pair: tuple[str, str] = REFERENT) -> tuple[int, int] | None:
+    """(query, key): the followed token (`default_query`) when it is the pronoun of ``pair``, and
+    the last occurrence of the noun before it; None when the text has no such pair."""
+    words = [word(t).lower() for t in tokens]
+    query = default_query(tokens)
+    pronoun, noun = pair
+    nouns = [j for j in range(query) if words[j] == noun]
+    return (query, nouns[-1]) if words[query] == pronoun and nouns else None
+
+
+def opening_head(model: Model, ids: torch.Tensor) -> OpeningHead | None:
+    """The head where the pronoun gives the noun it refers to the most weight, read from one trace
+    of every layer (`stats.rank_heads`: ties go to the lower layer, then head); None, with no
+    trace run, when the tokens of ``ids`` hold no such pair (then a walk opens on L0H0)."""
+    tokens = model.inputs(ids)["tokens"]
+    pair = referent_pair(tokens)
+    if pair is None:
+        return None
+    attentions = model.trace(ids).attentions                         # (L, H, n, n), every layer
+    top = rank_heads(attentions, *pair, causal=model.cfg.causal).iloc[0]
+    return OpeningHead(int(top["layer"]), int(top["head"]), float(top["weight"]), *pair, tokens)
 
 
 def quoted(tokens: list[str], i: int, query: int | None = None) -> str:

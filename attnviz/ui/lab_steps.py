@@ -1,6 +1,8 @@
 """Lab › Step by step: one real head recomputed from its block input. Guided (the default), it
 follows one query token through Q·Kᵀ, scale, mask, softmax, ·V and W_O, one step at a time, its
-row highlighted and one sentence per step; "All steps" shows every stage's matrix at once."""
+row highlighted and one sentence per step; "All steps" shows every stage's matrix at once. A
+model's first open in a session, before the user chooses a head, shows the head where "it" looks
+most at "animal"."""
 from __future__ import annotations
 
 import pandas as pd
@@ -54,6 +56,46 @@ def trace_states(model, text: str, layer: int):
         ids[: LIMITS.lab_max_tokens], states=True, layers=[layer])), len(ids)
 
 
+def opening_head(model, text: str) -> steps.OpeningHead | None:
+    """The head a first walk opens on (`steps.opening_head`), from one trace of every layer, made
+    once per model and text for every session; None (L0H0) when the text has no "it" after an
+    "animal", or is not the model's kind of text (a toy's symbols)."""
+    def make():
+        try:
+            return (steps.opening_head(model, encoded(model, text)[: LIMITS.lab_max_tokens]),)
+        except ValueError:        # the view below says what is wrong with the text
+            return (None,)
+    store = ui.shared_cache("lab.opening", 32, 4)
+    return ui.cached(store, (model_id(model), text), make)[0]   # a 1-tuple: "no pair" is kept too
+
+
+def chose_head():
+    """The user moved the layer or the head: from now on no default overwrites the choice."""
+    st.session_state[key("head_chosen")] = True
+
+
+def open_on_default_head(model, text: str) -> steps.OpeningHead | None:
+    """Before the user chooses a layer or head, each model opens (once) on its `opening_head`;
+    after a choice nothing is set again. Returns the opening head while it is shown, on its text."""
+    ss = st.session_state
+    if ss.get(key("head_chosen")):
+        return None
+    if ss.get(key("opened_on")) != model_id(model):
+        found = opening_head(model, text)
+        ss[key("layer")], ss[key("head")] = (found.layer, found.head) if found else (0, 0)
+        ss[key("opened_on")], ss[key("opening")] = model_id(model), (text, found)
+    opened_text, found = ss[key("opening")]
+    return found if opened_text == text else None
+
+
+def opening_caption(found: steps.OpeningHead | None):
+    """One line on why this head: its name and the real weight from "it" to "animal"."""
+    if found is not None:
+        q, k = (ui.plain(steps.quoted(found.tokens, i)) for i in (found.query, found.key))
+        st.caption(f"Opened on {names.head_name(found.layer, found.head)}, the head where {q} looks "
+                   f"most at {k} ({found.weight:.2f}); choose any other above.")
+
+
 def steps_view(model):
     if model is None:
         st.info("Pick a text model in the sidebar.")
@@ -62,15 +104,19 @@ def steps_view(model):
     mode = st.radio("Show", MODES, key=key("steps_mode"), horizontal=True, persist_state="session",
                     label_visibility="collapsed")
     text = st.text_input("Sentence", SENTENCE, key=key("text"))
+    opening = open_on_default_head(model, text)
     clamp_choice(model, key("layer"), cfg.n_layers - 1, "layer")
     clamp_choice(model, key("head"), cfg.n_heads - 1, "head")
     c1, c2, c3, c4 = st.columns(4)
-    layer = c1.number_input("Layer", 0, cfg.n_layers - 1, key=key("layer"))
-    head = c2.number_input("Head", 0, cfg.n_heads - 1, key=key("head"))
+    layer = c1.number_input("Layer", 0, cfg.n_layers - 1, key=key("layer"), on_change=chose_head,
+                            persist_state="session")
+    head = c2.number_input("Head", 0, cfg.n_heads - 1, key=key("head"), on_change=chose_head,
+                           persist_state="session")
     temperature = c3.slider("Temperature", 0.1, 5.0, 1.0, 0.1, key=key("temp"),
                             help="divides the scaled scores: < 1 sharpens, > 1 flattens")
     causal = c4.toggle("Causal mask", cfg.causal, key=key(f"causal_{cfg.causal}"),
                        help="queries see only earlier tokens")
+    opening_caption(opening)
     try:
         tr, n_text = trace_states(model, text, int(layer))
         if n_text > tr.n:
