@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from attnviz.analysis import capture as outputs
+from attnviz.analysis.steps import REFERENT
 from attnviz.base import texts
 from attnviz.base.limits import LIMITS
 from attnviz.core import tokens as token_text
@@ -16,8 +17,9 @@ from attnviz.ui import jobs as ui_jobs
 from attnviz.ui.attention_views import PAGE, Shown, key
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
-# Find heads opens on a pair a real head shows: the pronoun and the noun it refers to.
-DEFAULT_PAIR = ("it", "animal")
+# Find heads opens on a pair a real head shows: the pronoun and the noun it refers to (the Lab's
+# step-by-step opens on the same pair's head).
+DEFAULT_PAIR = REFERENT
 OWN = "(your own text)"
 
 
