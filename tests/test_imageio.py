@@ -560,3 +560,271 @@ def test_peak_memory_of_a_40_mpx_float_tiff(tmp_path):
     size, extra = out.stdout.rsplit(" ", 1)
     assert size == "(4000, 2500)"
     assert int(extra) < 6 * 40_000_000, f"{int(extra) / 2**20:.0f} MB"
+
+
+# Decoded a band at a time: PNG and TIFF never exist whole (issue 17.5)
+# --------------------------------------------------------------------------------------------
+import tifffile  # noqa: E402  (scikit-image's dependency: the TIFF layouts Pillow does not write)
+
+from attnviz.core import bands  # noqa: E402
+
+
+def noise(shape, dtype=np.uint8, seed=0) -> np.ndarray:
+    """Random samples: Pillow's encoder then picks every PNG row filter, Paeth and Average too."""
+    rng = np.random.default_rng(seed)
+    if np.issubdtype(dtype, np.floating):
+        return (rng.random(shape) * 7 - 3).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(max(info.min, -(2**30)), min(info.max, 2**30), shape, endpoint=True).astype(dtype)
+
+
+def png_filtered(raw: np.ndarray, width: int, depth: int, colour_type: int, step: int) -> bytes:
+    """A PNG of raw row bytes (height, row_bytes), row y filtered with filter y % 5 (all five)."""
+    height = raw.shape[0]
+    rows, above = [], np.zeros(raw.shape[1], np.int32)
+    for y in range(height):
+        x = raw[y].astype(np.int32)
+        left = np.concatenate([np.zeros(step, np.int32), x[:-step]])
+        corner = np.concatenate([np.zeros(step, np.int32), above[:-step]])
+        p = left + above - corner
+        pa, pb, pc = np.abs(p - left), np.abs(p - above), np.abs(p - corner)
+        paeth = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, above, corner))
+        guess = [0, left, above, (left + above) // 2, paeth][y % 5]
+        rows.append(bytes([y % 5]) + ((x - guess) % 256).astype(np.uint8).tobytes())
+        above = x
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, colour_type, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"".join(rows)))
+            + chunk(b"IEND", b""))
+
+
+def png_cases():
+    h, w = 29, 37  # odd, so sub-byte rows end part-way through a byte
+    yield "1", encode(Image.fromarray(noise((h, w)) > 127), "PNG")
+    yield "L", encode(Image.fromarray(noise((h, w))), "PNG")
+    yield "LA", encode(Image.fromarray(noise((h, w, 2)), "LA"), "PNG")
+    yield "RGB", encode(Image.fromarray(noise((h, w, 3))), "PNG")
+    yield "RGBA", encode(Image.fromarray(noise((h, w, 4))), "PNG")
+    yield "RGB+tRNS", encode(Image.fromarray(noise((h, w, 3)) // 64 * 64), "PNG", transparency=(64, 0, 128))
+    yield "I;16", encode(Image.fromarray(noise((h, w), np.uint16)), "PNG")
+    yield "P;4", encode(Image.fromarray(noise((h, w)) // 16).convert("P", palette=Image.Palette.ADAPTIVE,
+                                                                    colors=16), "PNG", bits=4)
+    yield "P+tRNS", encode(Image.fromarray(noise((h, w)) // 32).convert("P"), "PNG", transparency=3)
+    # every filter, on the depths Pillow does not write: 2-bit grey, 16-bit grey+alpha, RGB, RGBA
+    yield "L;2", png_filtered(noise((h, (w * 2 + 7) // 8)), w, 2, 0, 1)
+    yield "LA;16", png_filtered(noise((h, w * 4)), w, 16, 4, 4)
+    yield "RGB;16", png_filtered(noise((h, w * 6)), w, 16, 2, 6)
+    yield "RGBA;16", png_filtered(noise((h, w * 8)), w, 16, 6, 8)
+    yield "RGB;8 all filters", png_filtered(noise((h, w * 3)), w, 8, 2, 3)
+
+
+def tiff_cases():
+    h, w = 29, 37
+    for mode, pixels in [("F", noise((h, w), np.float32)), ("I", noise((h, w), np.int32)),
+                         ("I;16", noise((h, w), np.uint16)), ("L", noise((h, w))),
+                         ("RGB", noise((h, w, 3))), ("RGBA", noise((h, w, 4)))]:
+        image = Image.fromarray(pixels)
+        yield f"{mode} raw", tiff_bytes(pixels, rowsperstrip=3)  # Pillow writes these in one strip
+        stride = pixels.itemsize * pixels.size // h  # bytes a row
+        for compression in ("tiff_deflate", "tiff_lzw", "packbits"):
+            # strips of 3 rows: bands of whole strips and whole shrink factors (6 rows at factor 2)
+            yield f"{mode} {compression}", encode(image, "TIFF", compression=compression,
+                                                  strip_size=3 * stride)
+    yield "CMYK", encode(Image.fromarray(noise((h, w, 4)), "CMYK"), "TIFF", compression="tiff_deflate",
+                         strip_size=4 * w * 4)
+    yield "1", encode(Image.fromarray(noise((h, w)) > 127), "TIFF", compression="tiff_deflate",
+                      strip_size=3 * ((w + 7) // 8))
+    yield "P", encode(Image.fromarray(noise((h, w)) // 32).convert("P"), "TIFF", compression="tiff_lzw",
+                      strip_size=3 * w)
+    yield "JPEG", encode(Image.fromarray(noise((h, w, 3))), "TIFF", compression="jpeg", strip_size=8 * w * 3)
+    yield "big-endian", tiff_bytes(noise((h, w), np.float32), byteorder=">", rowsperstrip=4)
+    yield "big-endian 16-bit", tiff_bytes(noise((h, w), np.uint16), byteorder=">", rowsperstrip=3,
+                                          compression="zlib")
+    yield "tiled", tiff_bytes(noise((h, w, 3)), tile=(16, 16), compression="zlib")
+    yield "planar", tiff_bytes(noise((3, h, w)), planarconfig="separate", photometric="rgb", rowsperstrip=5)
+    yield "predictor", tiff_bytes(noise((h, w), np.uint16), predictor=True, compression="zlib",
+                                  rowsperstrip=2)
+    yield "odd strips", tiff_bytes(noise((h, w), np.float32), compression="zlib", rowsperstrip=7)
+
+
+def tiff_bytes(pixels: np.ndarray, **options) -> bytes:
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, pixels, **options)
+    return buffer.getvalue()
+
+
+def stacked(data: bytes, factor: int = 1):
+    """The bands' pixels one under the other, and the bands' count."""
+    with Image.open(io.BytesIO(data)) as image:
+        read, size, _ = bands.bands_of(image, data, factor)
+        assert read is not None
+        parts = list(read())
+    assert [top for top, _ in parts] == sorted({top for top, _ in parts}) and parts[0][0] == 0
+    assert all(top % factor == 0 for top, _ in parts)
+    return np.concatenate([np.asarray(band) for _, band in parts]), parts
+
+
+@pytest.mark.parametrize("name, data", list(png_cases()) + list(tiff_cases()),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_bands_decode_exactly_what_pillow_decodes_whole(name, data, monkeypatch):
+    monkeypatch.setattr(bands, "BAND_PIXELS", 37 * 4)  # bands of a few rows: many per image
+    whole = Image.open(io.BytesIO(data))
+    whole.load()
+    pixels, parts = stacked(data, factor=2)
+    assert len(parts) >= 2, name
+    assert all(band.mode == whole.mode for _, band in parts)
+    expected = np.asarray(whole)  # (concatenate gives big-endian samples in native order)
+    assert pixels.dtype.kind == expected.dtype.kind and pixels.itemsize == expected.itemsize, name
+    assert np.array_equal(pixels, expected), name
+    if whole.mode == "P":
+        assert all(band.getpalette() == whole.getpalette() for _, band in parts)
+    if "transparency" in whole.info:
+        assert all(band.info["transparency"] == whole.info["transparency"] for _, band in parts)
+    with set_max_decoded(10**9):
+        full = open_image(data)
+    with set_max_decoded(10**9), monkeypatch.context() as m:  # banded at full size: the same RGB
+        m.setattr(bands, "decode_budget", lambda: 0)
+        assert np.array_equal(np.asarray(open_image(data)), np.asarray(full)), name
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_bands_are_oriented_as_the_whole(orientation, monkeypatch):
+    monkeypatch.setattr(colour, "STRIP_PIXELS", 40)
+    image = Image.fromarray(noise((23, 10, 3)))
+    whole = image.reduce(2)
+    method = colour.TRANSPOSE.get(orientation)
+    expected = whole if method is None else whole.transpose(method)
+    got = colour.shrink_to_rgb(colour.strips(image, 2), image.size, 2, orientation=orientation)
+    assert np.array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_an_oriented_tiff_is_banded_and_turned():
+    pixels = noise((30, 20), np.float32)
+    data = tiff_bytes(pixels, rowsperstrip=2, extratags=[(274, "H", 1, 6, True)])  # 90° clockwise
+    with set_max_decoded(10**9):
+        whole = open_image(data)
+    with set_max_decoded(150):  # factor 2
+        small = open_image(data)
+    assert whole.size == (30, 20) and small.size == (15, 10)
+    assert np.abs(np.asarray(small, np.int16) - np.asarray(whole.reduce(2), np.int16)).max() <= 1
+
+
+def test_a_png_exif_after_its_pixels_still_orients_it():
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    body = exif.tobytes()[6:]  # without "Exif\0\0"
+    data = encode(Image.fromarray(noise((20, 40, 3))), "PNG")
+    end = data.rindex(b"IEND") - 4
+    chunk = struct.pack(">I", len(body)) + b"eXIf" + body + struct.pack(">I", zlib.crc32(b"eXIf" + body))
+    data = data[:end] + chunk + data[end:]
+    with set_max_decoded(10**9):
+        assert open_image(data).size == (20, 40)
+    with set_max_decoded(200):  # factor 2
+        assert open_image(data).size == (10, 20)
+
+
+@pytest.mark.parametrize("cut", ["stream", "chunk"])
+def test_a_truncated_banded_png_is_named_truncated(cut):
+    data = encode(Image.fromarray(noise((64, 48), np.uint16)), "PNG")
+    idat = data.index(b"IDAT")
+    (length,) = struct.unpack(">I", data[idat - 4:idat])
+    if cut == "stream":  # the chunk says it is shorter: the stream stops early
+        head = data[:idat - 4] + struct.pack(">I", length // 2)
+        data = head + data[idat:idat + 4 + length // 2] + data[-12:]
+    else:
+        data = data[:idat + 4 + length // 2]
+    with set_max_decoded(64 * 48 // 4), pytest.raises(ValueError, match="truncated|corrupt"):
+        open_image(data)
+
+
+def test_a_corrupt_banded_tiff_is_refused_with_a_message():
+    data = bytearray(encode(Image.fromarray(noise((48, 64), np.float32)), "TIFF", compression="tiff_deflate",
+                            strip_size=4 * 64 * 4))
+    third = Image.open(io.BytesIO(bytes(data))).tag_v2[273][2]
+    data[third:third + 8] = b"\xff" * 8  # the third strip's deflate header
+    with set_max_decoded(64 * 48 // 4), pytest.raises(ValueError, match="corrupt|truncated"):
+        open_image(bytes(data))
+
+
+def interlaced_png_header(width: int, height: int, depth: int, colour_type: int) -> bytes:
+    data = bytearray(png_header_only(width, height))
+    data[24:29] = bytes([depth, colour_type, 0, 0, 1])  # depth, colour type, ..., interlace = Adam7
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+def test_what_cannot_be_banded_is_refused_from_the_header_over_the_budget():
+    """An interlaced PNG needs all its rows at once; over 4 bytes x max_decoded_pixels it is refused,
+    saying what to do, before a byte of it is decoded."""
+    with pytest.raises(bands.TooLargeToDecode) as err:
+        open_image(interlaced_png_header(8000, 5000, 16, 0))  # 40 Mpx, 16-bit grey: 80 MB
+    assert str(err.value) == (
+        "This 40-megapixel 16-bit interlaced PNG would need 80 MB to decode, over the limit of 64 MB: "
+        "save it without interlacing, or at most 32 megapixels, and upload it again.")
+    one_strip = tiff_bytes(np.zeros((5000, 8000), np.float32), compression="zlib", rowsperstrip=5000)
+    with pytest.raises(ValueError, match=r"This 40-megapixel 32-bit float TIFF would need 160 MB to decode, "
+                                         r"over the limit of 64 MB: save it as an 8-bit PNG or JPEG, or at "
+                                         r"most 16 megapixels"):
+        open_image(one_strip)
+
+
+def test_8_bit_images_within_the_budget_open_as_before():
+    """A 40 Mpx 8-bit grey TIFF in one strip cannot be banded, but its 40 MB fit: decoded whole."""
+    pixels = np.kron(noise((10, 16)), np.ones((500, 500), np.uint8))
+    one_strip = tiff_bytes(pixels, compression="zlib", rowsperstrip=5000)
+    opened = open_image(one_strip)
+    assert opened.size == (4000, 2500)
+    assert np.array_equal(np.asarray(opened)[::250, ::250, 0], pixels[::500, ::500])
+
+
+def issue_file(kind: str, path) -> None:
+    """The files of issue 17.5: 40 Mpx (8000 x 5000), compressed to well under a megabyte."""
+    blocks = np.random.default_rng(0).random((10, 16))
+    big = lambda a: np.kron(a, np.ones((500, 500), a.dtype))  # noqa: E731
+    if kind == "float32 TIFF":
+        Image.fromarray(big(blocks.astype(np.float32))).save(path, "TIFF", compression="tiff_deflate")
+    elif kind == "int32 TIFF":
+        Image.fromarray(big((blocks * 3e6).astype(np.int32))).save(path, "TIFF", compression="tiff_deflate")
+    elif kind == "16-bit PNG":
+        Image.fromarray(big((blocks * 65535).astype(np.uint16))).save(path, "PNG")
+    else:
+        grey, alpha = big((blocks * 255).astype(np.uint8)), big((255 - blocks * 200).astype(np.uint8))
+        Image.fromarray(np.stack([grey, alpha], -1), "LA").save(path, "PNG")
+
+
+PEAK_SLACK = 16 * 2**20  # beyond the RGB result: one band's work, and the allocator's rounding
+
+
+@pytest.mark.parametrize("kind", ["float32 TIFF", "int32 TIFF", "16-bit PNG", "LA PNG"])
+def test_peak_memory_of_a_40_mpx_upload_is_bounded_by_the_capped_size(kind, tmp_path):
+    """Peak RSS of decoding each 40 Mpx file of the issue, in a fresh process: 2.0 / 2.0 / 1.16 /
+    1.23 GB at first, 211 / 212 / 144 / 210 MB once converted in strips; now, decoded in bands, at
+    most 4 bytes a pixel of LIMITS.max_decoded_pixels (an RGB image that size) plus PEAK_SLACK."""
+    import subprocess
+    import sys
+    path = tmp_path / "big"
+    issue_file(kind, path)
+    code = (  # VmHWM: this process's own peak (ru_maxrss would carry the parent's over exec)
+        "import io, sys\n"
+        "from PIL import Image\n"
+        "from attnviz.base import limits\n"
+        "from attnviz.core.images import open_image\n"
+        "def hwm():\n"
+        "    line = next(x for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
+        "    return int(line.split()[1]) * 1024\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "probe, small = Image.open(sys.argv[1]), io.BytesIO()  # the header only\n"
+        "options = {'compression': probe.info['compression']} if probe.format == 'TIFF' else {}\n"
+        "Image.new(probe.mode, (64, 48)).save(small, probe.format, **options)\n"
+        "with limits.override(max_decoded_pixels=700):  # Pillow's plugins and numpy's paths, loaded\n"
+        "    open_image(small.getvalue())\n"
+        "base = hwm()\n"
+        "image = open_image(data)\n"
+        "print(image.size, image.mode, hwm() - base, limits.LIMITS.max_decoded_pixels)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    size, mode, extra, capped = out.stdout.rsplit(" ", 3)
+    assert size == "(4000, 2500)" and mode == "RGB"
+    assert int(extra) <= 4 * int(capped) + PEAK_SLACK, f"{kind}: {int(extra) / 1e6:.0f} MB"

@@ -34,7 +34,8 @@ from attnviz.base.limits import LIMITS
 from attnviz.core.colour import ORIENTATION, STRIP_PIXELS, sample_range, shrink_to_rgb
 
 RGB_BYTES = 4                    # Pillow keeps RGB in 4 bytes a pixel
-BAND_PIXELS = STRIP_PIXELS // 2  # source pixels decoded at once (a float32 band: 2 MB)
+BAND_PIXELS = STRIP_PIXELS // 8  # source pixels decoded at once (a float32 band: 512 KB); larger
+                                 # bands cost more in temporaries than they save in calls
 MAX_BAND_BYTES = 16 * 2**20     # a TIFF whose whole strips make larger bands is not banded
 BANDED_FORMATS = ("PNG", "TIFF")
 
@@ -75,15 +76,16 @@ def decode_in_bands(image: Image.Image, data: bytes, factor: int) -> Image.Image
     """The opened PNG or TIFF `image` (the bytes `data`) as 8-bit RGB shrunk by `factor`, decoded a
     band at a time; None where decoding it whole, as Pillow does, stays within the budget.
 
-    Raises TooLargeToDecode (a ValueError), from the header alone, for a file that cannot be banded and would need more
-    than `decode_budget()` bytes; decoding errors surface as Pillow's (OSError and the like)."""
+    Raises TooLargeToDecode (a ValueError), from the header alone, for a file that cannot be
+    banded and would need more than `decode_budget()` bytes; decoding errors surface as Pillow's
+    (OSError and the like)."""
     if image.format not in BANDED_FORMATS:
         return None
     converts = image.mode != "RGB" or "transparency" in image.info
     whole = decoded_bytes(image) + (RGB_BYTES * image.width * image.height if converts else 0)
     if factor == 1 and whole <= decode_budget():
         return None
-    bands, size, orientation = (_png_bands if image.format == "PNG" else _tiff_bands)(image, data, factor)
+    bands, size, orientation = bands_of(image, data, factor)
     if bands is None:
         if decoded_bytes(image) > decode_budget():
             raise TooLargeToDecode(_refusal(image))
@@ -93,6 +95,13 @@ def decode_in_bands(image: Image.Image, data: bytes, factor: int) -> Image.Image
         ranges = [sample_range(band) for _, band in bands()]
         levels = min(low for low, _ in ranges), max(high for _, high in ranges)
     return shrink_to_rgb(bands(), size, factor, levels, orientation)
+
+
+def bands_of(image: Image.Image, data: bytes, factor: int = 1):
+    """(bands, stored size, EXIF orientation) of an opened PNG or TIFF; `bands()` yields (top,
+    image in the file's mode) for bands of whole multiples of `factor` rows (but the last), each
+    call decoding them afresh. bands is None where the file cannot be banded."""
+    return (_png_bands if image.format == "PNG" else _tiff_bands)(image, data, factor)
 
 
 def _refusal(image: Image.Image) -> str:
@@ -201,18 +210,19 @@ def _png_bands(image, data: bytes, factor: int):
     def bands():
         previous = np.zeros(row_bytes, np.uint8)  # the row above the first is zeros
         pieces = _inflated(data, idats)
-        pending = bytearray()
+        buffered = b""  # inflated, not used yet: less than one piece
         for top in range(0, height, rows):
             count = min(rows, height - top)
             need = count * (row_bytes + 1)
-            for piece in pieces:
-                pending += piece
-                if len(pending) >= need:
-                    break
-            if len(pending) < need:
-                raise OSError("image file is truncated")
-            filtered = np.frombuffer(bytes(pending[:need]), np.uint8).reshape(count, row_bytes + 1)
-            del pending[:need]
+            parts = [buffered]
+            while sum(map(len, parts)) < need:
+                piece = next(pieces, None)
+                if piece is None:
+                    raise OSError("image file is truncated")
+                parts.append(piece)
+            joined = b"".join(parts)
+            filtered = np.frombuffer(joined, np.uint8, need).reshape(count, row_bytes + 1)
+            buffered = joined[need:]
             raw = _unfilter(filtered, previous, step)
             previous = raw[-1]
             band = Image.frombytes(image.mode, (width, count), raw.tobytes(), "raw", image.tile[0].args)

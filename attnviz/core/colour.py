@@ -28,6 +28,7 @@ TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
 _SWAPPING = (Image.Transpose.TRANSPOSE, Image.Transpose.ROTATE_270, Image.Transpose.TRANSVERSE,
              Image.Transpose.ROTATE_90)
 _ROWS_TO_LEFT = (Image.Transpose.TRANSPOSE, Image.Transpose.ROTATE_90)  # row y becomes column y
+_ROWS_STAY = (None, Image.Transpose.FLIP_LEFT_RIGHT)                   # row y stays row y
 
 
 def shrink_factor(width: int, height: int, max_pixels: int) -> int:
@@ -72,7 +73,7 @@ def shrink_to_rgb(bands, size: tuple[int, int], factor: int, levels: tuple[float
         if swapped:  # rows of the shrunk image become columns of the result
             out.paste(small, (top if method in _ROWS_TO_LEFT else height - top - rows, 0))
         else:
-            out.paste(small, (0, top if method in (None, Image.Transpose.FLIP_LEFT_RIGHT) else height - top - rows))
+            out.paste(small, (0, top if method in _ROWS_STAY else height - top - rows))
     return out
 
 

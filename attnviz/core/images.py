@@ -5,9 +5,9 @@ and the pixel count (read from the header, before anything is decoded), accepts 
 of formats, shrinks what is larger than LIMITS.max_decoded_pixels while decoding, and turns every
 colour mode Pillow can produce into plain 8-bit RGB (`attnviz.core.colour`); a large PNG or TIFF
 is decoded a band of rows at a time (`attnviz.core.bands`), so its full-size pixels never exist.
-Every refusal is a ValueError whose message says what was wrong and what to do. At most LIMITS.max_image_decodes
-decodes run at once, server-wide; bytes that failed once fail again at once (remembered by their
-SHA-256), without being decoded again.
+Every refusal is a ValueError whose message says what was wrong and what to do. At most
+LIMITS.max_image_decodes decodes run at once, server-wide; bytes that failed once fail again at
+once (remembered by their SHA-256), without being decoded again.
 
 Nothing here touches Pillow's global settings (`Image.MAX_IMAGE_PIXELS`,
 `ImageFile.LOAD_TRUNCATED_IMAGES`): one process serves many browser sessions at once, and a
@@ -124,9 +124,12 @@ def open_image(
 
     Applies the EXIF orientation, takes the first frame of an animation, puts transparency on
     white, and shrinks an image of more than LIMITS.max_decoded_pixels by a whole factor (a JPEG
-    is decoded at that scale; others are box-filtered before any conversion). Raises ValueError saying why for empty, oversized, truncated, corrupt, non-image
-    or unsupported files, and for images whose longer side is more than `max_aspect` times the
-    shorter one (read from the header, before decoding). `max_bytes` counts bytes exactly: a
+    is decoded at that scale, a PNG or TIFF a band of rows at a time, each band box-filtered before
+    any conversion). Raises ValueError saying why for empty, oversized, truncated, corrupt,
+    non-image or unsupported files, for images whose longer side is more than `max_aspect` times
+    the shorter one (read from the header, before decoding), and for a PNG or TIFF that cannot be
+    decoded in bands (interlaced, a few huge strips) whose pixels would take more than
+    `bands.decode_budget()` bytes (4 bytes a pixel of LIMITS.max_decoded_pixels). `max_bytes` counts bytes exactly: a
     file of `max_bytes` is accepted, one byte more is refused. `max_pixels` above Pillow's own
     bomb limit (2 x 89 Mpx) has no effect: Pillow refuses those first, and we do not raise its
     global limit. Each bound defaults to its LIMITS value. When every decode slot is taken it
