@@ -26,6 +26,9 @@ Every figure is fitted to published runs, listed with their sources in `latency.
     kernels) and a Pi 4 (llama.cpp 2024-03-26) -> the decode (tg) side of ggml: weights streamed
     once per token at the device's bandwidth; TinyLlama 1.1B q8_0 with llama.cpp 2024-03-26 on a Pi 4
     (pp 10, tg 3 tokens/s) and a Pi 5 (pp 35, tg 9) -> pi4/ggml/q8_0, pi5/ggml/q8_0.
+  * llama.cpp pull request 6928 ("llamafile : use 64-bit integers in sgemm",
+    github.com/ggml-org/llama.cpp/pull/6928, 2024-04-28): Llama 2 7B Q4_0 on a Pi 5 8GB, prompt
+    eval 8.10 tokens/s over 109 tokens (llama.cpp's default 4 threads) -> pi5/ggml/q4_0.
   * HPL by threads (geerlingguy/top500-benchmark#18, Pi 5: 30.2 GFLOPS at 4 threads; x2.6 over one
     thread as quoted in this project's issue 19) -> the Pi 5 thread curve of BLAS-backed PyTorch.
 Derived, with no published run that can calibrate them (each says so in `source`):
@@ -43,6 +46,8 @@ Derived, with no published run that can calibrate them (each says so in `source`
     computes (ResNet-50 fp32 on the Pi 4 runs at ~2x the GFLOP/s of its ViT), so they give the int8 /
     fp32 RATIO of the same network (1.1-1.8x on a Pi 4, 1.0-1.2x on a Pi 5: INT8_GEMM below), not a
     transformer factor.
+  * pi4/ggml/q4_0: the one Pi 4 q4_0 run found (llama.cpp issue 58, LLaMA 7B on a 4 GB Pi 4, ~10 s a
+    token) was swapping a 4 GB model through 4 GB of RAM: derived from pi4/ggml/q8_0 (same kernels).
 """
 from __future__ import annotations
 
@@ -86,6 +91,9 @@ FITS: dict[tuple[str, str, str], EngineFit] = {
                                        source="TinyLlama q8_0 Pi 4 (llama.cpp 2024-03-26)"),
     ("pi5", "ggml", "q8_0"): EngineFit(1.84, 0.788, 5.0, 0.179, bandwidth=0.87, half_rows=0.5,
                                        source="TinyLlama q8_0 Pi 5 (llama.cpp 2024-03-26)"),
+    # q4_0 prompt processing (llamafile's sgemm in llama.cpp); decode keeps q8_0's bandwidth (no tg published)
+    ("pi5", "ggml", "q4_0"): EngineFit(2.43, 0.788, 5.0, 0.179, bandwidth=0.87, half_rows=0.5,
+                                       source="Llama 2 7B Q4_0 pp Pi 5 (llama.cpp #6928)"),
 }
 # Derived entries: the same engine with another dtype (weights' bytes from DTYPES; compute as said).
 INT8_GEMM = 1.6   # torch int8 dynamic vs fp32 matrix products; ncnn's own tables: mobilenet 61 -> 34 ms (Pi 4)
@@ -93,7 +101,7 @@ INT8_GEMM = 1.6   # torch int8 dynamic vs fp32 matrix products; ncnn's own table
 DERIVED = {("torch", "int8"): ("torch", "fp32", INT8_GEMM), ("torch", "bf16"): ("torch", "fp32", 1.0),
            ("ncnn", "int8"): ("ncnn", "fp32", INT8_GEMM), ("ncnn", "fp32"): ("ncnn", "fp16", 0.7),
            ("ncnn", "fp16"): ("ncnn", "fp32", 1.0), ("ggml", "q8_0"): ("ggml", "fp16", 1.0),
-           ("ggml", "q4_0"): ("ggml", "q8_0", 1.0)}  # q4_0: no Pi run of the same model and build found
+           ("ggml", "q4_0"): ("ggml", "q8_0", 1.0)}  # pi4 q4_0 (see the docstring)
 
 
 def check_engine(engine: str, dtype: str):

@@ -5,7 +5,8 @@ within ±25%. A run is a forward pass (ms), a prompt (pp, tokens/s) or generatio
 Shapes: HAT's SubTransformer encoders (fairseq, 30 tokens, Q/K/V width 512 whatever the heads;
 "avg" FFN widths are exact for cost: the FFN is linear in its width), ncnn's ViT-B/32 at 384 x 384
 (145 tokens), Whisper's encoders (1,500 frames after the convolutions, which are left out: about
-4% of tiny's work), TinyLlama 1.1B (22 layers, d 2048, 32 heads, 4 K/V heads, FFN 5632).
+4% of tiny's work), TinyLlama 1.1B (22 layers, d 2048, 32 heads, 4 K/V heads, FFN 5632), Llama 2 7B
+(32 layers, d 4096, 32 heads, FFN 11008).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ NCNN = "github.com/Tencent/ncnn benchmark/README.md, {} (benchncnn, vision_trans
 WHISPER = "github.com/ggml-org/whisper.cpp/issues/89 ({}, bench Encode)"
 LLAMAFILE = "justine.lol/matmul 'LLaMA Now Goes Faster on CPUs' ({}, TinyLlama 1.1B f16)"
 LLAMAFILE_Q8 = "justine.lol/matmul 'LLaMA Now Goes Faster on CPUs' ({}, TinyLlama 1.1B q8_0)"
+SGEMM_PR = ("github.com/ggml-org/llama.cpp/pull/6928 'llamafile : use 64-bit integers in sgemm' (RasPi 5 8GB, "
+            "Llama 2 7B Q4_0, llamafile enabled, prompt eval)")
 
 
 def hat_shape(d: int, ff: float) -> str:
@@ -32,6 +35,7 @@ VIT_B32 = "synthetic:family=vit,layers=12,d=768,heads=12,ff=3072"
 WHISPER_SHAPES = {  # encoder: (layers, d, heads)
     "tiny": (4, 384, 6), "base": (6, 512, 8), "small": (12, 768, 12), "medium": (24, 1024, 16)}
 TINYLLAMA = "synthetic:family=llama,layers=22,d=2048,heads=32,kv=4,ff=5632,vocab=32000,positions=2048,causal=1"
+LLAMA2_7B = "synthetic:family=llama,layers=32,d=4096,heads=32,ff=11008,vocab=32000,positions=4096,causal=1"
 
 
 def whisper_shape(size: str) -> str:
@@ -79,6 +83,7 @@ RUNS: list[Run] = [
     *[Run(LLAMAFILE_Q8.format(f"{pi}, llama.cpp 2024-03-26"), device, "ggml", "q8_0", TINYLLAMA, n, 4, metric, tps)
       for pi, device, n, metric, tps in (("RPI5", "pi5", 512, "pp_tps", 35.0), ("RPI5", "pi5", 0, "tg_tps", 9.0),
                                          ("RPI4", "pi4", 512, "pp_tps", 10.0), ("RPI4", "pi4", 0, "tg_tps", 3.0))],
+    Run(SGEMM_PR, "pi5", "ggml", "q4_0", LLAMA2_7B, 109, 4, "pp_tps", 8.10),
 ]
 
 
