@@ -769,6 +769,13 @@ def test_what_cannot_be_banded_is_refused_from_the_header_over_the_budget():
                                          r"over the limit of 64 MB: save it as an 8-bit PNG or JPEG, or at "
                                          r"most 16 megapixels"):
         open_image(one_strip)
+    frames = [Image.new("RGB", (30, 20), colour) for colour in (RED, GREEN)]
+    animated = encode(frames[0], "PNG", save_all=True, append_images=frames[1:])
+    with set_max_decoded(100), pytest.raises(ValueError, match="RGB animated PNG would need 0.0024 MB.*"
+                                                            "save it as a still PNG or a JPEG"):
+        open_image(animated)
+    with set_max_decoded(600):  # its 2,400 bytes fit: decoded whole, as before
+        assert open_image(animated).getpixel((0, 0)) == RED
 
 
 def test_8_bit_images_within_the_budget_open_as_before():

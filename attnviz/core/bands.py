@@ -108,10 +108,13 @@ def _refusal(image: Image.Image) -> str:
     megapixels = image.width * image.height / 1e6
     kind = _DEPTH_NAMES.get(image.mode, image.mode)
     interlaced = image.format == "PNG" and image.info.get("interlace")
+    animated = getattr(image, "n_frames", 1) > 1
     fits = decode_budget() / pixel_bytes(image.mode) / 1e6
-    advice = "without interlacing" if interlaced else "as an 8-bit PNG or JPEG"
+    advice = ("without interlacing" if interlaced else "as a still PNG or a JPEG" if animated
+              else "as an 8-bit PNG or JPEG")
+    shape = "interlaced " if interlaced else "animated " if animated else ""
     return (
-        f"This {megapixels:.3g}-megapixel {kind} {'interlaced ' if interlaced else ''}{image.format} "
+        f"This {megapixels:.3g}-megapixel {kind} {shape}{image.format} "
         f"would need {decoded_bytes(image) / 1e6:.3g} MB to decode, over the limit of "
         f"{decode_budget() / 1e6:.3g} MB: save it {advice}, or at most {fits:.3g} megapixels, "
         "and upload it again."
