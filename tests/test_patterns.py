@@ -10,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 import attnviz
 from attnviz.analysis import patterns
 from attnviz.core.images import load_sample
+from attnviz.ui import lab_patterns
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "5_Lab.py")
 VIEW = "Patches, padding, sparse patterns"
@@ -137,14 +138,28 @@ def test_pattern_cost_numbers():
 def test_skipping_kernels_equal_the_dense_kernel_with_the_mask(causal):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 100, 16, generator=g) for _ in range(3))
-    for kind, width in (("full", 1), ("local", 9), ("strided", 7), ("block", 13)):
+    # widths that do not divide n (one call per block or phase) and that do (one batched call)
+    for kind, width in (("full", 1), ("local", 9), ("strided", 7), ("block", 13), ("strided", 10),
+                        ("block", 20), ("block", 100), ("strided", 1)):
         mask = patterns.pattern_mask(kind, 100, width, causal)
         dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        assert torch.allclose(patterns.sliced_attention(kind, q, k, v, width, causal), dense, atol=1e-5), kind
+        assert torch.allclose(patterns.sliced_attention(kind, q, k, v, width, causal), dense, atol=1e-5), \
+            (kind, width)
     rows = patterns.measure_patterns(list(patterns.PATTERNS), 64, {"local": 8, "strided": 4, "block": 16},
                                      16, causal, repeats=1)
     assert [r.name for r in rows] == ["full", "local:8", "strided:4", "block:16"]
     assert all(r.max_diff < 1e-5 and r.dense_ms > 0 and r.sliced_ms > 0 for r in rows)
+
+
+def test_measured_caption_says_what_the_numbers_say():
+    rows = [patterns.Measured("full", 10.0, 5.0, 0.0), patterns.Measured("local:8", 10.5, 20.0, 1e-7),
+            patterns.Measured("block:16", 11.0, 1.0, 0.0)]
+    text = lab_patterns.measured_caption(rows)
+    assert "10–11 ms" in text and "about the same for every pattern" in text
+    assert "local:8 0.53× (slower)" in text and "block:16 11.00× (faster)" in text
+    spread = lab_patterns.measured_caption([patterns.Measured("full", 10.0, 10.2, 0.0),
+                                            patterns.Measured("block:16", 3.0, 1.0, 0.0)])
+    assert "wider than 20 %" in spread and "full 0.98× (about as fast)" in spread
 
 
 # ---------------------------------------------------------------- the Lab view

@@ -104,7 +104,9 @@ def patches_section(_model):
     cols[0].metric("Patches", f"{gh}×{gw} = {pt.n_patches}")
     cols[1].metric("Tokens", pt.n_tokens, help="what Model.trace runs: " + ", ".join(pt.tokens[:3]) + ", …")
     cols[2].metric("d_model", pt.d_model)
-    cols[3].metric("Patch embedding as a matmul: max |difference|", f"{pt.embedding_diff:.2g}")
+    cols[3].metric("Conv = matmul: max |diff|", f"{pt.embedding_diff:.2g}",
+                   help="the patch embedding (a convolution) against each flattened patch times its "
+                        "kernel as a matrix, plus the bias: the same numbers")
     st.markdown(f"**The token sequence** ({pt.n_tokens} tokens, index under each; the thumbnails are "
                 "slices of the model's input tensor):")
     prefix = pt.tokens[:pt.n_prefix]
@@ -265,8 +267,12 @@ def measured_caption(rows) -> str:
     dense = [r.dense_ms for r in rows]
     sparse = ", ".join(f"{r.name} {r.dense_ms / r.sliced_ms:.2f}× ({speed_words(r.dense_ms / r.sliced_ms)})"
                        for r in rows if r.sliced_ms > 0)
-    return (f"Medians of {patterns.REPEATS} runs after warm-ups (base.timing.measure), on this machine. "
-            f"The dense kernel with a mask took {min(dense):.3g}–{max(dense):.3g} ms across the patterns: "
-            f"it computes all n² scores whatever the mask. Skipping kernels against it: {sparse}. They "
-            "give the same attention (max |difference|); at short lengths Python's per-block loop can "
-            "cost more than the skipped scores save.")
+    same = max(dense) <= 1.2 * min(dense)
+    spread = ("about the same for every pattern: it computes all n² scores whatever the mask" if same else
+              "a spread wider than 20 %: the mask changed its cost here, or the machine was busy (rerun "
+              "to see which)")
+    return (f"Wall-clock medians of {patterns.REPEATS} runs after warm-ups "
+            f"(base.timing.measure), alternating the two kernels. The dense kernel with a mask took "
+            f"{min(dense):.3g}–{max(dense):.3g} ms across the patterns, {spread}. The skipping kernels "
+            f"against it: {sparse}. They give the same attention (max |difference|); at short lengths "
+            "Python's per-block loop can cost more than the skipped scores save.")
