@@ -43,6 +43,7 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}         # colour type -> samples a pixel
 _PNG_PLAIN = {1: (0, "L"), 2: (4, "LA"), 3: (2, "RGB"), 4: (6, "RGBA")}  # bytes a pixel -> 8-bit type
 _INFLATE_PIECE = 1 << 20                                 # bytes inflated at once
+_FEED_BYTES = 1 << 16                                    # compressed bytes fed to zlib at once
 
 # Tags that say how to decode a TIFF's pixels (the rest describe it); orientation is applied after.
 _TIFF_DECODE_TAGS = (256, 258, 259, 262, 266, 277, 278, 284, 317, 320, 322, 323, 338, 339, 347,
@@ -256,15 +257,17 @@ def _png_chunks(data: bytes):
 
 def _inflated(data: bytes, idats):
     """The inflated IDAT stream, a bounded piece at a time (a zip bomb inflates only as far as read)."""
-    inflater = zlib.decompressobj()
+    inflater, view = zlib.decompressobj(), memoryview(data)
     try:
         for offset, length in idats:
-            pending = data[offset:offset + length]
-            while pending:
-                piece = inflater.decompress(pending, _INFLATE_PIECE)
-                pending = inflater.unconsumed_tail
-                if piece:
-                    yield piece
+            # fed a slice at a time: what is left over is copied each time, so keep it short
+            for start in range(offset, offset + length, _FEED_BYTES):
+                pending = view[start:min(start + _FEED_BYTES, offset + length)]
+                while pending:
+                    piece = inflater.decompress(pending, _INFLATE_PIECE)
+                    pending = inflater.unconsumed_tail
+                    if piece:
+                        yield piece
         yield inflater.flush()
     except zlib.error as err:
         raise OSError(f"broken PNG data stream ({err})") from None
