@@ -30,10 +30,11 @@ def crossover_figure(rows: pd.DataFrame, measured_n: float | None, modelled_n: f
         for name, ms in parts(part).items():
             fig.add_scatter(x=ms.index, y=ms.values, mode="lines+markers", line=dict(color=COLOURS[name], dash=dash),
                             name=f"{name} · {'measured here' if measured else 'cost model'}")
+    ys = [y for t in fig.data for y in t.y if np.isfinite(y) and y > 0] or [1.0]
     for x, text, dash in ((measured_n, "measured", "solid"), (modelled_n, "modelled", "dash")):
-        if x:
-            fig.add_vline(x=x, line_dash=dash, line_color="#444", annotation_text=f"{text}: n≈{x:,.0f}",
-                          annotation_position="top left" if text == "measured" else "bottom right")
+        if x:  # a trace, not a shape: on a log axis a shape's label would need log coordinates
+            fig.add_scatter(x=[x, x], y=[min(ys), max(ys)], mode="lines", line=dict(color="#444", dash=dash, width=1),
+                            name=f"crossover {text}: n≈{x:,.0f}", hoverinfo="name")
     ns = sorted(rows["seq_len"].unique())
     note = (f"; {html.escape(model)} itself reads at most {positions:,} positions: a block reads none"
             if positions and positions < max(ns) else "")
