@@ -750,6 +750,22 @@ def test_a_corrupt_banded_tiff_is_refused_with_a_message():
         open_image(bytes(data))
 
 
+def test_bands_that_fail_leave_an_affordable_file_to_pillow(monkeypatch):
+    """Where decoding whole fits the budget, Pillow's own decoder has the last word; past it, the
+    bands' error is the answer."""
+    data = encode(Image.fromarray(noise((48, 64))), "PNG")  # greyscale: 3,072 bytes decoded
+
+    def broken(*args, **kwargs):
+        raise OSError("a layout the bands get wrong")
+
+    monkeypatch.setattr(bands, "shrink_to_rgb", broken)
+    with set_max_decoded(64 * 48 // 4):  # factor 2, a budget of 3,072 bytes: decoded whole
+        assert open_image(data).size == (32, 24)
+    with set_max_decoded(64 * 48 // 4 - 1), pytest.raises(ValueError, match=r"corrupt or unreadable "
+                                                                             r"\(a layout the bands"):
+        open_image(data)
+
+
 def interlaced_png_header(width: int, height: int, depth: int, colour_type: int) -> bytes:
     data = bytearray(png_header_only(width, height))
     data[24:29] = bytes([depth, colour_type, 0, 0, 1])  # depth, colour type, ..., interlace = Adam7

@@ -54,6 +54,12 @@ _DEPTH_NAMES = {"F": "32-bit float", "I": "32-bit integer", "I;16": "16-bit", "I
                 "CMYK": "CMYK", "RGB": "RGB", "L": "greyscale", "P": "palette", "1": "bilevel"}
 
 
+# What Pillow's decoders raise on damaged files (several plugins surface parsing slips as
+# struct.error, IndexError or KeyError rather than OSError).
+DECODE_ERRORS = (OSError, SyntaxError, EOFError, ValueError, struct.error, IndexError, KeyError,
+                 TypeError, ZeroDivisionError)
+
+
 class TooLargeToDecode(ValueError):
     """Refused from the header: decoding the file would need more memory than the budget."""
 
@@ -78,8 +84,8 @@ def decode_in_bands(image: Image.Image, data: bytes, factor: int) -> Image.Image
     band at a time; None where decoding it whole, as Pillow does, stays within the budget.
 
     Raises TooLargeToDecode (a ValueError), from the header alone, for a file that cannot be
-    banded and would need more than `decode_budget()` bytes; decoding errors surface as Pillow's
-    (OSError and the like)."""
+    banded and would need more than `decode_budget()` bytes; decoding errors (DECODE_ERRORS)
+    surface where decoding whole would need more too, and otherwise leave it to Pillow whole."""
     if image.format not in BANDED_FORMATS:
         return None
     converts = image.mode != "RGB" or "transparency" in image.info
@@ -91,11 +97,16 @@ def decode_in_bands(image: Image.Image, data: bytes, factor: int) -> Image.Image
         if decoded_bytes(image) > decode_budget():
             raise TooLargeToDecode(_refusal(image))
         return None  # within the budget decoded whole; only its conversion is banded
-    levels = None
-    if image.mode in ("I", "F"):  # their levels are the whole image's: a first pass reads them
-        ranges = [sample_range(band) for _, band in bands()]
-        levels = min(low for low, _ in ranges), max(high for _, high in ranges)
-    return shrink_to_rgb(bands(), size, factor, levels, orientation)
+    try:
+        levels = None
+        if image.mode in ("I", "F"):  # their levels are the whole image's: a first pass reads them
+            ranges = [sample_range(band) for _, band in bands()]
+            levels = min(low for low, _ in ranges), max(high for _, high in ranges)
+        return shrink_to_rgb(bands(), size, factor, levels, orientation)
+    except DECODE_ERRORS:  # damaged, or a layout the bands get wrong: where it is affordable,
+        if decoded_bytes(image) > decode_budget():  # Pillow's own decoder has the last word
+            raise
+        return None
 
 
 def bands_of(image: Image.Image, data: bytes, factor: int = 1):

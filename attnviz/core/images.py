@@ -21,7 +21,6 @@ import importlib.util
 import io
 import logging
 import re
-import struct
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from attnviz.base.limits import LIMITS
-from attnviz.core.bands import TooLargeToDecode, decode_in_bands
+from attnviz.core.bands import DECODE_ERRORS, TooLargeToDecode, decode_in_bands
 from attnviz.core.colour import ORIENTATION, sample_range, shrink_factor, shrink_to_rgb, strips, to_rgb
 
 logger = logging.getLogger(__name__)
@@ -76,10 +75,6 @@ _REFUSED_MAGIC = {
 }
 _ISOBMFF_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"avif": "AVIF"}
 
-# What Pillow's decoders raise on damaged files (several plugins surface parsing slips as
-# struct.error, IndexError or KeyError rather than OSError).
-_DECODE_ERRORS = (OSError, SyntaxError, EOFError, ValueError, struct.error, IndexError, KeyError,
-                  TypeError, ZeroDivisionError)
 
 # Failed decodes, remembered by the file's SHA-256 and the bounds it was read under: a message
 # each (a few hundred bytes), the oldest forgotten first.
@@ -181,7 +176,7 @@ def _decode(data: bytes, max_pixels: int, max_aspect: float) -> Image.Image:
         ) from None
     except Image.DecompressionBombWarning as err:  # only raised when warnings are errors
         raise ValueError(f"The image is too large to open safely ({err}).") from None
-    except _DECODE_ERRORS as err:
+    except DECODE_ERRORS as err:
         raise ValueError(_describe_decode_error(err, data)) from None
 
     with image:
@@ -212,7 +207,7 @@ def _decode(data: bytes, max_pixels: int, max_aspect: float) -> Image.Image:
             raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
             raise ValueError(f"The image is too large to open safely ({err}).") from None
-        except _DECODE_ERRORS as err:
+        except DECODE_ERRORS as err:
             raise ValueError(_describe_decode_error(err, data)) from None
     del image  # closing keeps Pillow's pixels: the full-size decode goes only now
     return to_rgb(oriented)
