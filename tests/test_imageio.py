@@ -804,10 +804,19 @@ def test_8_bit_images_within_the_budget_open_as_before():
     assert np.array_equal(np.asarray(opened)[::250, ::250, 0], pixels[::500, ::500])
 
 
-def issue_file(kind: str, path) -> None:
-    """The files of issue 17.5: 40 Mpx (8000 x 5000), compressed to well under a megabyte."""
+def issue_file(kind: str, path) -> tuple[int, int]:
+    """The files of issue 17.5: 40 Mpx (8000 x 5000), compressed to well under a megabyte; and two
+    8-bit ones that must stay as lean: a 40 Mpx JPEG and a 16 Mpx RGB PNG (not shrunk at all).
+    Returns the size open_image gives."""
     blocks = np.random.default_rng(0).random((10, 16))
     big = lambda a: np.kron(a, np.ones((500, 500), a.dtype))  # noqa: E731
+    if kind in ("JPEG", "16 Mpx RGB PNG"):
+        rgb = np.stack([big((blocks * 255).astype(np.uint8))] * 3, -1)
+        if kind == "JPEG":
+            Image.fromarray(rgb).save(path, "JPEG", quality=90)
+            return 4000, 2500
+        Image.fromarray(np.ascontiguousarray(rgb[:4000, :4000])).save(path, "PNG")
+        return 4000, 4000
     if kind == "float32 TIFF":
         Image.fromarray(big(blocks.astype(np.float32))).save(path, "TIFF", compression="tiff_deflate")
     elif kind == "int32 TIFF":
@@ -817,20 +826,24 @@ def issue_file(kind: str, path) -> None:
     else:
         grey, alpha = big((blocks * 255).astype(np.uint8)), big((255 - blocks * 200).astype(np.uint8))
         Image.fromarray(np.stack([grey, alpha], -1), "LA").save(path, "PNG")
+    return 4000, 2500
 
 
 PEAK_SLACK = 16 * 2**20  # beyond the RGB result: one band's work, and the allocator's rounding
 
 
-@pytest.mark.parametrize("kind", ["float32 TIFF", "int32 TIFF", "16-bit PNG", "LA PNG"])
+@pytest.mark.parametrize("kind", ["float32 TIFF", "int32 TIFF", "16-bit PNG", "LA PNG", "JPEG",
+                                  "16 Mpx RGB PNG"])
 def test_peak_memory_of_a_40_mpx_upload_is_bounded_by_the_capped_size(kind, tmp_path):
     """Peak RSS of decoding each 40 Mpx file of the issue, in a fresh process: 2.0 / 2.0 / 1.16 /
     1.23 GB at first, 211 / 212 / 144 / 210 MB once converted in strips; now, decoded in bands, at
-    most 4 bytes a pixel of LIMITS.max_decoded_pixels (an RGB image that size) plus PEAK_SLACK."""
+    most 4 bytes a pixel of LIMITS.max_decoded_pixels (an RGB image that size) plus PEAK_SLACK. The
+    JPEG (decoded at half scale) and the 16 Mpx PNG (decoded whole: 128 MB while an upright image
+    was still copied) stay under it too."""
     import subprocess
     import sys
     path = tmp_path / "big"
-    issue_file(kind, path)
+    expected = issue_file(kind, path)
     code = (  # VmHWM: this process's own peak (ru_maxrss would carry the parent's over exec)
         "import io, sys\n"
         "from PIL import Image\n"
@@ -850,5 +863,5 @@ def test_peak_memory_of_a_40_mpx_upload_is_bounded_by_the_capped_size(kind, tmp_
         "print(image.size, image.mode, hwm() - base, limits.LIMITS.max_decoded_pixels)\n")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
     size, mode, extra, capped = out.stdout.rsplit(" ", 3)
-    assert size == "(4000, 2500)" and mode == "RGB"
+    assert size == str(expected) and mode == "RGB"
     assert int(extra) <= 4 * int(capped) + PEAK_SLACK, f"{kind}: {int(extra) / 1e6:.0f} MB"

@@ -197,8 +197,9 @@ def _decode(data: bytes, max_pixels: int, max_aspect: float) -> Image.Image:
             # An animation opens on its first frame; load() decodes just that frame.
             image.load()
             factor = shrink_factor(*image.size, LIMITS.max_decoded_pixels)  # a JPEG: what draft left
-            if factor == 1:
-                oriented = ImageOps.exif_transpose(image)
+            if factor == 1:  # exif_transpose copies even an upright image: only a turned one goes in
+                turned = image.getexif().get(ORIENTATION, 1) != 1
+                oriented = ImageOps.exif_transpose(image) if turned else image
             else:  # shrunk and converted a strip at a time, oriented as the EXIF of the whole says
                 levels = sample_range(image) if image.mode in ("I", "F") else None
                 return shrink_to_rgb(strips(image, factor), image.size, factor, levels,
