@@ -865,3 +865,17 @@ def test_peak_memory_of_a_40_mpx_upload_is_bounded_by_the_capped_size(kind, tmp_
     size, mode, extra, capped = out.stdout.rsplit(" ", 3)
     assert size == str(expected) and mode == "RGB"
     assert int(extra) <= 4 * int(capped) + PEAK_SLACK, f"{kind}: {int(extra) / 1e6:.0f} MB"
+
+
+def test_a_webp_larger_than_the_decode_cap_is_refused_from_its_header(set_limits):
+    """Pillow decodes WebP whole (two full-size RGBA canvases): one we would have to shrink is
+    refused before decoding, with what to do; one within the cap still opens."""
+    set_limits(max_decoded_pixels=60 * 40)
+    buffer = io.BytesIO()
+    Image.new("RGB", (61, 40), (200, 30, 30)).save(buffer, format="WEBP")
+    with pytest.raises(ValueError, match=r"WebP would need about .* MB to decode .* save it as a "
+                                         r"JPEG or PNG, or as a WebP of at most 0.0024 megapixels"):
+        open_image(buffer.getvalue())
+    buffer = io.BytesIO()
+    Image.new("RGB", (60, 40), (200, 30, 30)).save(buffer, format="WEBP")
+    assert open_image(buffer.getvalue()).size == (60, 40)

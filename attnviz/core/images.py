@@ -187,6 +187,15 @@ def _decode(data: bytes, max_pixels: int, max_aspect: float) -> Image.Image:
                 f"{max_pixels:,} pixels: resize it before uploading."
             )
         check_aspect(width, height, max_aspect)
+        if image.format == "WEBP" and width * height > LIMITS.max_decoded_pixels:
+            # Pillow decodes a WebP whole through libwebp's animation decoder, which holds two
+            # full-size RGBA canvases (~16 bytes a pixel at the peak: 40 Mpx took 640 MB), and
+            # offers no reduced-size decode: only WebPs we would not shrink are decoded.
+            raise TooLargeToDecode(
+                f"This {width * height / 1e6:.3g}-megapixel WebP would need about "
+                f"{16 * width * height / 1e6:,.0f} MB to decode (WebP is decoded whole, at full "
+                f"size): save it as a JPEG or PNG, or as a WebP of at most "
+                f"{LIMITS.max_decoded_pixels / 1e6:.3g} megapixels, and upload it again.")
         factor = shrink_factor(width, height, LIMITS.max_decoded_pixels)
         try:
             banded = decode_in_bands(image, data, factor)  # a large PNG or TIFF never exists whole
