@@ -867,15 +867,24 @@ def test_peak_memory_of_a_40_mpx_upload_is_bounded_by_the_capped_size(kind, tmp_
     assert int(extra) <= 4 * int(capped) + PEAK_SLACK, f"{kind}: {int(extra) / 1e6:.0f} MB"
 
 
-def test_a_webp_larger_than_the_decode_cap_is_refused_from_its_header(set_limits):
-    """Pillow decodes WebP whole (two full-size RGBA canvases): one we would have to shrink is
-    refused before decoding, with what to do; one within the cap still opens."""
-    set_limits(max_decoded_pixels=60 * 40)
-    buffer = io.BytesIO()
-    Image.new("RGB", (61, 40), (200, 30, 30)).save(buffer, format="WEBP")
-    with pytest.raises(ValueError, match=r"WebP would need about .* MB to decode .* save it as a "
-                                         r"JPEG or PNG, or as a WebP of at most 0.0024 megapixels"):
-        open_image(buffer.getvalue())
-    buffer = io.BytesIO()
-    Image.new("RGB", (60, 40), (200, 30, 30)).save(buffer, format="WEBP")
-    assert open_image(buffer.getvalue()).size == (60, 40)
+@pytest.mark.parametrize("fmt, options, says", [
+    ("WEBP", {}, r"WebP would need about .* MB to decode .* save it as a JPEG or PNG, or as a WebP of at most "),
+    ("JPEG", {"progressive": True}, r"progressive JPEG would need .* save it as a baseline \(not progressive\) "
+                                    r"JPEG or a PNG, or of at most ")])
+def test_a_file_decoded_whole_larger_than_the_decode_cap_is_refused_from_its_header(
+        set_limits, fmt, options, says):
+    """Pillow decodes WebP and progressive JPEG whole at full size: one we would have to shrink
+    is refused before decoding, with what to do; one within the cap still opens; a baseline JPEG
+    over the cap is decoded at a reduced scale, as before."""
+    set_limits(max_decoded_pixels=64 * 40)
+
+    def encoded(size, fmt=fmt, **kw):
+        buffer = io.BytesIO()
+        Image.new("RGB", size, (200, 30, 30)).save(buffer, format=fmt, **kw)
+        return buffer.getvalue()
+
+    with pytest.raises(ValueError, match=says + r"0.00256 megapixels, and upload it again"):
+        open_image(encoded((65, 40), **options))
+    assert open_image(encoded((64, 40), **options)).size == (64, 40)
+    width, height = open_image(encoded((130, 80), "JPEG")).size     # shrunk by a whole factor
+    assert width * height <= 64 * 40 and (width, height) in ((65, 40), (44, 27), (33, 20))

@@ -187,15 +187,9 @@ def _decode(data: bytes, max_pixels: int, max_aspect: float) -> Image.Image:
                 f"{max_pixels:,} pixels: resize it before uploading."
             )
         check_aspect(width, height, max_aspect)
-        if image.format == "WEBP" and width * height > LIMITS.max_decoded_pixels:
-            # Pillow decodes a WebP whole through libwebp's animation decoder, which holds two
-            # full-size RGBA canvases (~16 bytes a pixel at the peak: 40 Mpx took 640 MB), and
-            # offers no reduced-size decode: only WebPs we would not shrink are decoded.
-            raise TooLargeToDecode(
-                f"This {width * height / 1e6:.3g}-megapixel WebP would need about "
-                f"{16 * width * height / 1e6:,.0f} MB to decode (WebP is decoded whole, at full "
-                f"size): save it as a JPEG or PNG, or as a WebP of at most "
-                f"{LIMITS.max_decoded_pixels / 1e6:.3g} megapixels, and upload it again.")
+        if width * height > LIMITS.max_decoded_pixels and (
+                image.format == "WEBP" or image.info.get("progressive")):
+            raise TooLargeToDecode(whole_decode_refusal(image))
         factor = shrink_factor(width, height, LIMITS.max_decoded_pixels)
         try:
             banded = decode_in_bands(image, data, factor)  # a large PNG or TIFF never exists whole
@@ -221,6 +215,23 @@ def _decode(data: bytes, max_pixels: int, max_aspect: float) -> Image.Image:
             raise ValueError(_describe_decode_error(err, data)) from None
     del image  # closing keeps Pillow's pixels: the full-size decode goes only now
     return to_rgb(oriented)
+
+
+# Formats Pillow can only decode at full size whatever we keep, and their peak bytes a pixel:
+# libwebp's animation decoder (Pillow's WebP reader) holds two full-size RGBA canvases (40 Mpx
+# took 640 MB); a progressive JPEG keeps every DCT coefficient of the whole image even when
+# libjpeg scales it down (40 Mpx took 161 MB, a baseline JPEG 40 MB). Only those within the cap
+# (not shrunk) are decoded.
+WHOLE_DECODES = {"WEBP": ("WebP", 16, "a JPEG or PNG, or as a WebP"),
+                 "JPEG": ("progressive JPEG", 4, "a baseline (not progressive) JPEG or a PNG, or")}
+
+
+def whole_decode_refusal(image: Image.Image) -> str:
+    name, per_pixel, advice = WHOLE_DECODES[image.format]
+    pixels = image.width * image.height
+    return (f"This {pixels / 1e6:.3g}-megapixel {name} would need about {per_pixel * pixels / 1e6:,.0f} MB "
+            f"to decode (it is decoded whole, at full size): save it as {advice} of at most "
+            f"{LIMITS.max_decoded_pixels / 1e6:.3g} megapixels, and upload it again.")
 
 
 def check_aspect(width: int, height: int, max_aspect: float | None = None) -> None:
