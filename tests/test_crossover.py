@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
+from attnviz.base import jobs
 from attnviz.core.attention import parse_variant
 from attnviz.figures.crossover import crossover_figure
 from attnviz.latency import cli as bench_cli
@@ -136,3 +137,25 @@ def test_int8_rows_differ_from_fp32_in_what_ran():
     with torch.inference_mode():
         a, b = model.net(input_ids=ids).hidden, twin.net(input_ids=ids).hidden
     assert not torch.equal(a, b) and np.corrcoef(a.flatten(), b.flatten())[0, 1] > 0.9
+
+
+class StopsAfter:
+    """A deadline that expires after n checks (as in test_bench): behaviour, not the clock."""
+
+    def __init__(self, n):
+        self.left, self.seconds, self.what = n, 600, "the sweep"
+
+    def check(self):
+        self.left -= 1
+        if self.left < 0:
+            raise jobs.JobTimeout("the sweep stopped at its time limit of 600 s")
+
+
+def test_a_deadline_in_the_block_rounds_keeps_the_lengths_measured_and_names_the_rest():
+    plan = sweep.SweepPlan(models=[TINY], seq_lens=[8], threads=[torch.get_num_threads()], backends=["cpu"],
+                           repeats=2, warmup=0, memory=False, clock="cpu", crossover=True)
+    # the forward point: 1 + 2 checks; each block run: 1 + 1 (block) + 1 (attention alone)
+    df = sweep.run_sweep(plan, {TINY: measure.load(TINY)}, deadline=StopsAfter(3 + 2 * 3))
+    blocks = df[(df["test"] == "block") & df["measured"]]
+    assert len(blocks) == 2 and (df[(df["test"] == "block") & ~df["measured"]]).shape[0] == len(xo.FACTORS)
+    assert "stopped at its time limit" in df.attrs["stopped"] and df.attrs["stopped"].count("one block n=") == 3

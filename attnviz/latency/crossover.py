@@ -12,11 +12,15 @@ The whole model's crossover is later: embeddings and the LM head are per-token "
 Rows (CSV `test` = "block"): measured ones (backend cpu) hold the block's time in median_ms and
 attention alone (the same q, k, v shapes through `core.attention.attend`, interleaved with the
 block run by run) in attention_ms; modelled ones (backend cpu-model) the cost model's block time
-and its groups. `crossover_table` finds both crossovers from the rows, the same way.
+and its groups, on `steady_profile` (this host's, the median of three calibrations).
+`crossover_table` finds both crossovers from the rows, the same way.
 """
 from __future__ import annotations
 
+import functools
 import math
+import statistics
+from dataclasses import fields, replace
 from typing import Callable
 
 import numpy as np
@@ -26,11 +30,25 @@ import torch
 from attnviz.base.timing import Timing, measure
 from attnviz.core.attention import attend, parse_variant
 from attnviz.latency import costmodel as cm
+from attnviz.latency.calibrate import calibrate_host
 from attnviz.latency.results import MAX_SEQ_LEN
 
 FACTORS = (0.25, 0.5, 0.7, 1.0, 1.5)  # x the modelled crossover: lengths that straddle it
 LONG_REPEATS = 2                      # timed runs per length at and beyond the modelled crossover
 FIT_BAND = (0.2, 5.0)                 # attention / rest ratios the log-log fit uses
+ROUNDS = 3                            # calibrations whose median figures model the crossover
+
+
+@functools.lru_cache(maxsize=8)
+def steady_profile(threads: int, clock: str = "wall", own_process: bool = False) -> cm.DeviceProfile:
+    """This host's profile for the crossover: each figure the median of ROUNDS full calibrations
+    (once per process). The crossover moves with the ratio of the fused kernel's speed to the linear
+    layers'; one calibration's microbenchmarks on a busy host put it anywhere in +-15% (measured
+    here: 1,520 to 1,888 tokens for MiniLM), the median of three within a few %."""
+    runs = [calibrate_host(threads=threads, quick=False, clock=clock, own_process=own_process) for _ in range(ROUNDS)]
+    numbers = {f.name: statistics.median(getattr(p, f.name) for p in runs) for f in fields(runs[0])
+               if f.type in ("float", "int") and f.name not in ("cores", "threads")}
+    return replace(runs[0], **numbers, source=f"{runs[0].source}; median of {ROUNDS} calibrations")
 
 
 def block_split(cfg, n: int, profile: cm.DeviceProfile, variant=None) -> dict[str, float]:

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from attnviz.base.jobs import Cancel, Deadline, JobCancelled, JobTimeout, checks
-from attnviz.base.timing import CLOCKS
+from attnviz.base.timing import CLOCKS, Timing
 from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
 from attnviz.latency import costmodel as cm
@@ -264,7 +264,7 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
     blocks, t_block, v_block = [], plan.threads[0] if own_process else now, parse_variant(plan.variants[0])
     for key in plan.models if plan.crossover and measured_here else ():
         cfg = models[key].cfg
-        prof = host_profile(t_block, plan.clock, own_process=own_process)
+        prof = xo.steady_profile(t_block, plan.clock, own_process=own_process)  # t_block: this process's own
         n_cross = xo.block_crossover(cfg, prof, v_block)
         if n_cross is not None:  # linear-cost variants never cross
             ns = xo.lengths(n_cross)
@@ -275,8 +275,14 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
     # a budget stop then loses the longest lengths of every configuration, never a configuration
     here = sorted(((*p, d) for p in pts if measured_here and p[3] not in elsewhere for d in dtypes),
                   key=lambda p: (p[4], pts.index(p[:5]), dtypes.index(p[5])))
-    total = len(here) + len(blocks) + len(elsewhere)
-    done, stopped = 0, ""
+    total = len(here) + sum(xo.repeats_at(n, c, plan.repeats) for *_, n, c in blocks) + len(elsewhere)
+    done, stopped, block_runs = 0, "", {}  # (model, n) -> (block seconds, attention seconds)
+
+    def block_rows():
+        out = [xo.measured_row(base(key, models[key].cfg.n_heads, v_block, t_block), n, Timing.of(b), Timing.of(a))
+               for (key, n), (b, a) in block_runs.items()]
+        block_runs.clear()
+        return out
     try:
         for key, k, v, t, n, dtype in here:
             check()
@@ -290,15 +296,20 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
             rows.append(dict(base(key, k, v, t), backend="cpu", measured=True, seq_len=point.tokens, dtype=dtype,
                              median_ms=tm.median_ms, p10_ms=tm.p10_ms, p90_ms=tm.p90_ms, peak_mem_mb=point.peak_mem_mb))
             done += 1
-        for _, _, key, n, n_cross in blocks:
-            check()
-            if progress:
-                progress(done, total, f"{key} · one block · {v_block.name} · {t_block} threads · n={n}")
-            with thread_count(t_block) if own_process else nullcontext():
-                block, att = xo.measure_block(models[key], n, v_block, repeats=xo.repeats_at(n, n_cross, plan.repeats),
-                                              warmup=plan.warmup, clock=plan.clock, check=check)
-            rows.append(xo.measured_row(base(key, models[key].cfg.n_heads, v_block, t_block), n, block, att))
-            done += 1
+        for r in range(plan.repeats):  # round by round across the lengths: a busy host's drift falls on all
+            for _, _, key, n, n_cross in blocks:
+                if r >= xo.repeats_at(n, n_cross, plan.repeats):
+                    continue
+                check()
+                if progress:
+                    progress(done, total, f"{key} · one block · {v_block.name} · {t_block} threads · n={n} · run {r + 1}")
+                with thread_count(t_block) if own_process else nullcontext():
+                    block, att = xo.measure_block(models[key], n, v_block, repeats=1, warmup=plan.warmup * (r == 0),
+                                                  clock=plan.clock, check=check)
+                runs = block_runs.setdefault((key, n), ([], []))
+                runs[0].extend(block.times), runs[1].extend(att.times)
+                done += 1
+        rows += block_rows()
         for j, t in enumerate(elsewhere):
             check()
             if progress:
@@ -314,6 +325,7 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
                 deadline.check()  # past the deadline: its message
                 raise JobTimeout(f"{deadline.what} stopped at its time limit of {deadline.seconds:g} s")
     except (JobTimeout, JobCancelled, Ended) as err:
+        rows += block_rows()  # the lengths with at least one run
         measured = sum(1 for r in rows if r.get("measured") is True)
         got = {(r["model"], r["variant"], r["n_heads"], r["threads"], r["seq_len"], r["dtype"], r.get("test", ""))
                for r in rows if r.get("measured")}
