@@ -35,3 +35,5 @@ def crossover_view(df: pd.DataFrame | None):
             st.caption(f"{common.plain(str(r.model))}: the measured lengths do not straddle the crossover "
                        "(the time budget stopped the longest, or this variant's attention never catches up).")
     st.dataframe(table, hide_index=True, key=session_key("latency", "crossover_table"))
+    st.caption("On a busy machine choose the cpu clock with one thread: wall time with several threads includes "
+               "other programs (here, MiniLM's block at 2 threads ran its linear layers 3x slower than calibrated).")
