@@ -395,3 +395,22 @@ def test_every_latency_legend_names_measured_or_modelled():
                                tg_tps=[20.0, 18.0, 5.0, 4.0]))
     assert [t.name for t in latency_viz.decode_figure(decode).data] == [
         "smollm2 · cpu · torch · fp32 · 4 thr · measured", "smollm2 · pi5 · torch · fp32 · 4 thr · modelled"]
+
+
+def test_overview_cells_are_what_the_figure_can_show():
+    """A 30-layer overview is pooled to the ~42 px a cell gets in the tallest figure (finer pooling
+    only costs PNG bytes the browser averages away); small models keep 64; never below 32."""
+    from attnviz.figures import attention as fa
+    assert fa.overview_cells(30) == 42 and fa.overview_cells(6) == 64 and fa.overview_cells(200) == 32
+    attn = torch.softmax(torch.randn(30, 9, 370, 370), -1)
+    from attnviz.analysis.stats import downsample_attention
+    figure = fa.overview_figure(downsample_attention(attn, fa.overview_cells(30)))
+    assert figure.layout.height <= fa.OVERVIEW_MAX_HEIGHT
+    image_rows = 30 * (42 + 2) - 2 + 4       # 42-px cells, 2-px gaps (and the image's border)
+    assert figure.data[1].y[-1] < image_rows
+
+
+def test_token_axes_let_labels_overflow_instead_of_measuring_each():
+    from attnviz.figures import attention as fa
+    figure = fa.head_heatmap(torch.softmax(torch.randn(80, 80), -1), [f"t{i}" for i in range(80)])
+    assert figure.layout.xaxis.ticklabeloverflow == "allow" == figure.layout.yaxis.ticklabeloverflow

@@ -28,6 +28,7 @@ HOVER_TOKEN_MAX_CELLS = 70_000  # token names in hover up to ~264 x 264 (DINOv2'
                                 # above that the per-cell strings would make the JSON megabytes
 LINE_THRESHOLD = 0.05         # lines view: weights below this are not drawn (fast, uncluttered)
 MAX_LINES = 3000              # lines view: keep at most this many of the strongest lines
+OVERVIEW_MAX_HEIGHT = 1400    # px: the tallest overview figure (a 30-layer model reaches it)
 ROLE_COLOURS = dict(zip(ROLES, px.colors.qualitative.Set2))
 HEAD_COLOURS = px.colors.qualitative.Plotly + px.colors.qualitative.Dark24
 
@@ -54,12 +55,21 @@ def _numpy(values) -> np.ndarray:
 
 def _token_axis(tokens: list[str], max_ticks: int) -> dict:
     positions = tick_positions(len(tokens), max_ticks)
+    # "allow": else plotly measures every label's box to hide overflow (~0.4 s a new text, 2 axes)
     return dict(tickmode="array", tickvals=positions,
                 ticktext=[token_label(tokens[i]) for i in positions], showgrid=False,
-                zeroline=False)
+                zeroline=False, ticklabeloverflow="allow")
 
 
 # --- Overview ----------------------------------------------------------------------------------
+def overview_cells(n_layers: int, gap: int = 2, max_cell: int = 64, min_cell: int = 32) -> int:
+    """Pooled entries per axis worth capturing for a head's overview cell: the figure is at most
+    OVERVIEW_MAX_HEIGHT px tall (30 layers: ~42 px a cell); finer pooling is averaged away by the
+    browser at a cost in PNG bytes. Never below `min_cell`, the smallest cell drawn unenlarged."""
+    fits = (OVERVIEW_MAX_HEIGHT - 60) // max(1, n_layers) - gap     # 60 px: the figure's margins
+    return max(min_cell, min(max_cell, fits))
+
+
 def overview_figure(attn, max_cell: int = 64, gap: int = 2, per_head: bool = True,
                     cmap: str = "viridis", off=None, selected: tuple[int, int] | None = None,
                     hover_text=None, height: int | None = None) -> go.Figure:
@@ -106,7 +116,7 @@ def overview_figure(attn, max_cell: int = 64, gap: int = 2, per_head: bool = Tru
                         ticktext=[str(layer) for layer in range(n_layers)], showgrid=False,
                         zeroline=False, autorange="reversed", scaleanchor="x")
     aspect = rgb.shape[0] / rgb.shape[1]
-    total = height or int(np.clip(aspect * 600 + 80, 260, 1400))
+    total = height or int(np.clip(aspect * 600 + 80, 260, OVERVIEW_MAX_HEIGHT))
     # The image keeps its aspect (scaleanchor): a figure as wide as the page would leave an empty
     # band beside a tall grid (30 layers x 9 heads), so the figure is as wide as the image drawn at
     # this height, plus the margins and the colour bar.

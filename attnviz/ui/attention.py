@@ -43,6 +43,7 @@ def capture(model, model_id: str, text: str, start: int) -> outputs.TextCapture:
 
         try:
             cap = outputs.capture_text(model, text, start=start, progress=report,
+                                      max_cell=viz.overview_cells(model.cfg.n_layers),
                                       cancel=ui_jobs.session_cancel())  # a closed tab stops the scan
         finally:
             bar.empty()
