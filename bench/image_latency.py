@@ -99,7 +99,8 @@ PAINTED = """([count, total, off]) => {
   const imgs = [...document.querySelectorAll('[data-testid="stImage"] img')];
   return text.some(t => t.includes(count + ' of ' + total + ' heads on'))
       && text.some(t => t.includes(off + ' heads off'))
-      && imgs.length > 0 && imgs.every(i => i.complete && i.naturalWidth > 0 && !window.__oldImages.has(i.src))
+      && imgs.length > 0 && imgs.every(i => i.complete && i.naturalWidth > 0)
+      && imgs.some(i => !window.__oldImages.has(i.src))      // the overlay (the colour bar stays)
       && !document.querySelector('[data-stale="true"]');
 }"""
 SINCE_APPLY = """() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(
