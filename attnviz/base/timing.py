@@ -128,3 +128,10 @@ def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, *,
         fn()
         times.append(timer() - t0)
     return Timing.of(times)
+
+
+def speed_words(ratio: float) -> str:
+    """How a measured speed-up reads: within 5 % either way is "about as fast" (timing noise)."""
+    if ratio > 1.05:
+        return "faster"
+    return "slower" if ratio < 0.95 else "about as fast"

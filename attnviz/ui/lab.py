@@ -9,6 +9,7 @@ import streamlit as st
 from attnviz.analysis import lab
 from attnviz.base import jobs, names
 from attnviz.base.limits import LIMITS
+from attnviz.base.timing import speed_words
 from attnviz.base.texts import eval_text
 from attnviz.figures import lab as lf
 from attnviz.ui import common as ui
@@ -97,13 +98,6 @@ def variants_view(model):
                                    "Measured speed-up over fused softmax (>1 is faster)"),
                     key=key("var_speed"))
     st.caption(speed_caption(rows))
-
-
-def speed_words(ratio: float) -> str:
-    """How a measured speed-up reads: within 5 % either way is "about as fast" (timing noise)."""
-    if ratio > 1.05:
-        return "faster"
-    return "slower" if ratio < 0.95 else "about as fast"
 
 
 def speed_caption(rows) -> str:

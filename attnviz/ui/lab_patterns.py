@@ -13,6 +13,7 @@ from attnviz.analysis import patterns
 from attnviz.analysis.vision import resolution_options
 from attnviz.base import jobs, names
 from attnviz.base.limits import LIMITS
+from attnviz.base.timing import speed_words
 from attnviz.core import images as imageio
 from attnviz.figures import patterns as pf
 from attnviz.ui import common as ui
@@ -253,13 +254,6 @@ def measure_section(n: int, widths: dict, d_head: int, causal: bool, labels: dic
         "speed-up": round(r.dense_ms / r.sliced_ms, 2) if r.sliced_ms > 0 else None,
         "max |difference|": f"{r.max_diff:.2g}"}) for r in rows]), hide_index=True, key=key("sp_measured"))
     st.caption(measured_caption(rows))
-
-
-def speed_words(ratio: float) -> str:
-    """How a measured speed-up reads: within 5 % either way is "about as fast" (timing noise)."""
-    if ratio > 1.05:
-        return "faster"
-    return "slower" if ratio < 0.95 else "about as fast"
 
 
 def measured_caption(rows) -> str:
