@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,39 +24,12 @@ sys.path.insert(0, str(ROOT))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from tests.browser import ARGS, CHROMIUM, free_port  # noqa: E402
+from tests.browser import ARGS, CHROMIUM, streamlit_server  # noqa: E402
 
 PAGES = {"Home": ("", "attnviz"), "Attention": ("Attention", "Attention"), "Heads": ("Heads", "Heads"),
          "Images": ("Images", "Images"), "Latency": ("Latency", "Latency"), "Lab": ("Lab", "Lab"),
          "Translate": ("Translate", "Translate"), "Speech": ("Speech", "Speech"),
          "Readouts": ("Readouts", "Readouts")}
-
-
-@contextlib.contextmanager
-def server(root: Path, log_path: Path):
-    port = free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=str(root))
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless",
-                                 "true", "--server.port", str(port), "--server.address", "127.0.0.1",
-                                 "--browser.gatherUsageStats", "false"], cwd=root, env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
-        try:
-            for _ in range(600):                       # the health endpoint, polled
-                with contextlib.suppress(OSError):
-                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status == 200:
-                        break
-                if proc.poll() is not None:
-                    raise RuntimeError(f"streamlit exited; see {log_path}")
-                time.sleep(0.1)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-            if proc.poll() is None:
-                proc.kill()
 
 
 def first_open(browser, url: str, path: str, title: str, shots: Path, name: str) -> tuple[float, float]:
@@ -92,7 +63,8 @@ def main():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         for name in args.pages:
             path, title = PAGES[name]
-            with server(args.root.resolve(), args.shots / f"{name}.log") as url:
+            root = args.root.resolve()
+            with streamlit_server(180, root, args.shots / f"{name}.log", PYTHONPATH=str(root)) as url:
                 rows.append((name, *first_open(browser, url, path, title, args.shots, name)))
             print(f"{rows[-1][0]:10s} title {rows[-1][1]:6.1f} s   first view {rows[-1][2]:6.1f} s", flush=True)
         browser.close()

@@ -23,13 +23,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def streamlit_server(timeout: float = 90.0):
+def streamlit_server(timeout: float = 90.0, root: Path = ROOT, log_path: Path | None = None, **env_extra):
+    """`streamlit run app.py` in `root` (another checkout runs with this venv when PYTHONPATH=root
+    is passed), logging to `log_path` (default test-artifacts/server-PORT.log); yields its URL."""
     port = free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    log = open(ARTIFACTS / f"server-{port}.log", "w")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", **env_extra)
+    log = open(log_path or ARTIFACTS / f"server-{port}.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                              "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env, stdout=log,
+                             "--browser.gatherUsageStats", "false"], cwd=root, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout
