@@ -16,13 +16,4 @@ if tr is None:
     st.stop()
 view.summary(model, tr)
 
-listen, grid, words, off = st.tabs(["Spectrogram & cross-attention", "Every head", "Word timestamps",
-                                    "Switch heads off"])
-with listen:
-    view.attention(model, tr)
-with grid:
-    view.every_head(model, tr)
-with words:
-    view.words(model, tr)
-with off:
-    view.heads_off(model, data, tr)
+view.views(model, data, tr)

@@ -15,7 +15,7 @@ import torch
 from attnviz.base import names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import speech as sfig
-from attnviz.ui.common import load_model, plain, sidebar_nav
+from attnviz.ui.common import load_model, plain, sidebar_nav, view_choice
 from attnviz.ui.head_editor import head_editor
 from attnviz.ui.translate import diff_markdown
 
@@ -198,3 +198,17 @@ def heads_off(model, data: bytes, tr):
 
     head_editor(shape, PAGE, marked, model_key=model.info.key, effect=effect,
                 score_label="alignment head")
+
+
+VIEWS = {
+    "Spectrogram & cross-attention": lambda model, data, tr: attention(model, tr),
+    "Every head": lambda model, data, tr: every_head(model, tr),
+    "Word timestamps": lambda model, data, tr: words(model, tr),
+    "Switch heads off": heads_off,
+}
+
+
+def views(model, data: bytes, tr):
+    """The chosen view only (st.tabs would compute all four on every rerun); the choice is kept
+    across buttons, the head editor's Apply and page switches."""
+    VIEWS[view_choice(PAGE, list(VIEWS))](model, data, tr)
