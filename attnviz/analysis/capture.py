@@ -6,8 +6,9 @@ positions, and 30 x 9 x 8192^2 float32 weights are 72 GB. `capture_text` therefo
   * the whole attention when L*H*n*n fits ``budget`` floats (every short and medium text), else
   * a pooled overview of every layer x head ([L, H, m, m], m <= max_cell, equal to
     `analysis.downsample_attention` of the full tensor) plus the exact weights of one square
-    window of tokens in every layer ([L, H, W, W]); both are built query-chunk by query-chunk in
-    one pass through the blocks, so the peak is about H x chunk x n floats per layer.
+    window of tokens in every layer ([L, H, W, W]); both are built in one pass through the blocks,
+    from each block's own weights while one layer's H x n x n fit a chunk, else recomputed
+    query-chunk by query-chunk, so the peak is about H x chunk x n floats per layer.
 """
 from __future__ import annotations
 
@@ -184,6 +185,7 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress,
     # When one layer's weights fit a chunk (SmolLM2 up to ~1,300 tokens) the blocks return their
     # own weights and nothing is computed twice; longer texts recompute them chunk by chunk.
     own = H * n * n <= CHUNK_FLOATS
+    chunk = n if own else chunk                   # the block's own weights: one chunk of every row
     for step in net.iter_blocks(x, check=checks, capture=range(L) if own else ()):
         layer, blk, x = step.layer, net.blocks[step.layer], step.out
         attn_module = blk.attn
@@ -191,11 +193,14 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress,
             heads = attn_module.heads             # original indices (pruned models hold fewer)
             if not own:
                 q, k = _queries_keys(attn_module, blk.norm1(step.x) if blk.pre_norm else step.x, rope)
-            for r0 in range(0, n, n if own else chunk):
+            for r0 in range(0, n, chunk):
                 checks()
-                r1 = n if own else min(n, r0 + chunk)
-                allowed = positions[None, :] <= positions[r0:r1, None] if cfg.causal else None
-                w = step.weights[0] if own else softmax_weights(q[:, :, r0:r1], k, allowed)[0]  # (h, r, n)
+                r1 = min(n, r0 + chunk)
+                if own:
+                    w = step.weights[0]                                          # (h, n, n)
+                else:
+                    allowed = positions[None, :] <= positions[r0:r1, None] if cfg.causal else None
+                    w = softmax_weights(q[:, :, r0:r1], k, allowed)[0]          # (h, r, n)
                 keys = F.pad(w, (0, m * block - n)).view(len(heads), r1 - r0, m, block).sum(-1)
                 rows = F.pad(keys, (0, 0, 0, -(r1 - r0) % block))             # (h, r', m)
                 pooled = rows.view(len(heads), -1, block, m).sum(2)          # (h, r'/b, m)
