@@ -308,6 +308,17 @@ def test_cli_help():
         assert word in out.stdout
 
 
+def test_cli_writes_the_published_runs_with_their_predictions(tmp_path):
+    """Issue 19.2: `--published` writes every published Pi run, the model's prediction and error."""
+    out_file = tmp_path / "runs.csv"
+    out = cli("--published", "--out", str(out_file))
+    assert out.returncode == 0, out.stderr
+    runs = pd.read_csv(out_file)
+    assert len(runs) >= 30 and (runs["error_pct"].abs() <= 25).all()
+    assert {"fit", "check"} <= set(runs["role"]) and runs["source"].str.contains("github.com|justine.lol").all()
+    assert "--published" in cli("--help").stdout
+
+
 def test_cli_tiny_sweep_writes_a_csv_the_page_reads(tmp_path):
     out_file = tmp_path / "pi.csv"
     out = cli("--model", TINY, "--seq-lens", "8,16", "--variants", "fused,chunked:4,linear", "--heads", "2,4",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.latency import calibrate, compare, decode, engines, published, shapes
+from attnviz.latency import calibrate, compare, decode, engines, published, shapes, sweep
 from attnviz.latency import costmodel as cm
 from attnviz.weights.catalogue import random_model
 from attnviz.latency.results import parse_synthetic, with_heads
@@ -227,3 +227,31 @@ def test_ggml_q8_0_is_fitted_to_published_runs_not_derived():
     assert ("pi5", "ggml", "q4_0") in engines.FITS and any(r.dtype == "q4_0" for r in published.RUNS)
     for device in ("pi4", "pi5"):
         assert "int8 derived" in engines.engine_profile(device, "torch", "int8").source
+    assert any(r.dtype == "q4_0" and r.metric == "tg_tps" for r in published.RUNS)  # q4_0 decode checked too
+
+
+def test_pi5_torch_is_the_hat_fit_times_the_published_pytorch_speed_up():
+    """PyTorch on a Pi 5: the same two PyTorch networks on both Pis (Ultralytics' YOLOv8n / s) give the
+    Pi 4 -> Pi 5 speed-up of PyTorch's compute; the Pi 4 HAT fit times it, for a transformer too."""
+    runs = {r.device: r for r in published.RUNS if r.metric == "ms_per_gflop"}
+    assert set(runs) == {"pi4", "pi5"} and all(r.engine == "torch" and r.dtype == "fp32" for r in runs.values())
+    published_speedup = runs["pi4"].published / runs["pi5"].published
+    modelled = published.predicted(runs["pi4"]) / published.predicted(runs["pi5"])
+    assert published_speedup == pytest.approx(3.30, rel=0.01) and modelled == pytest.approx(published_speedup, rel=0.02)
+    hat = shapes.parse_shape(published.hat_shape(512, 1536))
+    pi4, pi5 = (cm.predict(hat, 30, engines.engine_profile(d, "torch", "fp32"), threads=4).total_ms for d in ("pi4", "pi5"))
+    assert pi4 / pi5 == pytest.approx(published_speedup, rel=0.05)
+    assert "Ultralytics" in engines.engine_profile("pi5", "torch", "fp32").source
+    with pytest.raises(ValueError, match="same kernel count"):
+        published.predicted(published.Run("x", "pi4", "torch", "fp32", published.YOLOV8N, 1, 4, "ms_per_gflop", 1.0,
+                                          shape2="synthetic:gflops=30,mparams=11,calls=50"))
+
+
+def test_bf16_is_measured_here_not_modelled_on_a_pi():
+    """The Pi's A72 / A76 have no bf16 arithmetic: no Pi row in bf16, and the refusal says why."""
+    assert "bf16" not in engines.ENGINE_DTYPES["torch"]
+    with pytest.raises(ValueError, match="no bf16 arithmetic"):
+        engines.engine_profile("pi5", "torch", "bf16")
+    with pytest.raises(ValueError, match="no bf16 arithmetic"):
+        sweep.SweepPlan(models=["minilm"], seq_lens=[8], backends=["cpu", "pi4"], dtypes=["bf16"]).check()
+    assert sweep.SweepPlan(models=["minilm"], seq_lens=[8], backends=["cpu"], dtypes=["bf16"]).check()

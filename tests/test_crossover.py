@@ -118,7 +118,7 @@ def test_int8_and_bf16_are_measured_rows_of_the_sweep_the_shared_model_untouched
     df = sweep.run_sweep(plan, {TINY: model})
     cpu = df[df["measured"]]
     assert sorted(cpu["dtype"]) == sorted(["fp32", "int8", "bf16"] * 2) and (cpu["median_ms"] > 0).all()
-    assert set(df[df["backend"] == "pi4"]["dtype"]) == {"fp32", "int8", "bf16"}  # torch runs all three
+    assert set(df[df["backend"] == "pi4"]["dtype"]) == {"fp32", "int8"}  # the Pi's cores have no bf16
     assert {type(m) for m in model.net.modules()} == kinds
     assert all(torch.equal(before[k], v) for k, v in model.net.state_dict().items())
     back = read_results(results.to_csv(df).encode())

@@ -14,7 +14,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from attnviz.base import jobs
-from attnviz.latency import compare, quantize, results
+from attnviz.latency import compare, published, quantize, results
 from attnviz.figures import latency as lf
 from attnviz.base.limits import LIMITS
 
@@ -399,6 +399,18 @@ def test_edge_views_heads_table_and_quantization(monkeypatch):
     at.button(key="latency.quantize").click().run()
     assert not at.exception
     assert any("relu survives better" in c.value for c in at.caption)
+
+
+def test_published_runs_are_shown_on_request_with_their_error():
+    """Issue 19.2: the page shows every published Pi run with the model's prediction (hidden until asked)."""
+    at = page()
+    assert not any("published" in d.value.columns for d in at.dataframe)
+    at.toggle(key="latency.published_show").set_value(True).run()
+    assert not at.exception
+    runs = next(d.value for d in at.dataframe if "error_pct" in d.value.columns)
+    assert len(runs) == len(published.RUNS) and (runs["error_pct"].abs() <= 25).all()
+    assert {"torch", "ncnn", "ggml"} <= set(runs["engine"]) and "ms per GFLOP (marginal)" in set(runs["unit"])
+    assert any("no bf16" in c.value for c in at.caption)
 
 
 def test_memory_view_draws_one_line_for_devices_whose_memory_is_the_same():

@@ -20,11 +20,11 @@ from attnviz.base.jobs import Deadline
 from attnviz.base.timing import CLOCKS
 from attnviz.latency.calibrate import host_profile
 from attnviz.latency.child import STOPPED_EXIT
-from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES
+from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES, MEASURED_DTYPES
 from attnviz.latency.measure import load, memory_budget_mb
-from attnviz.latency import speech, translation
+from attnviz.latency import published, speech, translation
 from attnviz.latency.results import MAX_THREADS, to_csv
-from attnviz.latency.sweep import (BACKENDS, MEASURED_DTYPES, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate,
+from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate,
                                    parse_int_list, run_sweep)
 
 
@@ -77,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
                                        for e, what in ENGINES.items()) + ". cpu rows are measured in torch")
     ap.add_argument("--dtype", default="fp32", help=f"comma-separated dtypes: {', '.join(DTYPES)} (fp32 float32; "
                     "fp16/bf16 half precision; int8 dynamic quantization of the linear layers; q8_0 / q4_0 ggml's "
-                    "8- and 4-bit blocks). The modelled Pi rows: each engine at the dtypes it runs; the measured cpu "
+                    "8- and 4-bit blocks). The modelled Pi rows: each engine at the dtypes it runs (no bf16: the Pi's cores "
+                    "have no bf16 arithmetic); the measured cpu "
                     f"rows: each of {', '.join(MEASURED_DTYPES)} chosen (torch's own quantize_dynamic int8 and a bf16 "
                     "copy of the linear layers; fp32 when none is chosen)")
     ap.add_argument("--crossover", action=argparse.BooleanOptionalAction, default=True, help="also time ONE block "
@@ -103,6 +104,10 @@ def parser() -> argparse.ArgumentParser:
                     help=argparse.SUPPRESS)  # epoch seconds (the app's child processes)
     ap.add_argument("--calibrate", nargs="?", const="full", choices=["quick", "full"], default=None,
                     help="print this CPU's cost-model profile at the first --threads (JSON) and exit")
+    ap.add_argument("--published", action="store_true", help="write every published Raspberry Pi run the "
+                    "engines are fitted to or checked against (source, device, engine, dtype, shape, threads, "
+                    "metric: ms, pp_tps, tg_tps or ms_per_gflop), with the cost model's prediction and its error, "
+                    "as CSV, and exit")
     ap.add_argument("--out", help="CSV file to write (default: the CSV goes to stdout)")
     return ap
 
@@ -122,6 +127,14 @@ def main(argv=None) -> int:
         except ValueError as err:
             ap.error(str(err))
         sys.stdout.write(json.dumps(asdict(prof)) + "\n")
+        return 0
+    if args.published:
+        text = pd.DataFrame(published.table()).to_csv(index=False, float_format="%.4g")
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+        else:
+            sys.stdout.write(text)
         return 0
     if args.model and any(translation.is_translator(k) for k in args.model):  # en-pt, pt-en: encode + per token
         return translation.main(args, ap)

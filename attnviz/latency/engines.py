@@ -28,19 +28,33 @@ Every figure is fitted to published runs, listed with their sources in `latency.
     (pp 10, tg 3 tokens/s) and a Pi 5 (pp 35, tg 9) -> pi4/ggml/q8_0, pi5/ggml/q8_0.
   * llama.cpp pull request 6928 ("llamafile : use 64-bit integers in sgemm",
     github.com/ggml-org/llama.cpp/pull/6928, 2024-04-28): Llama 2 7B Q4_0 on a Pi 5 8GB, prompt
-    eval 8.10 tokens/s over 109 tokens (llama.cpp's default 4 threads) -> pi5/ggml/q4_0.
+    eval 8.10 tokens/s over 109 tokens (llama.cpp's default 4 threads) -> pi5/ggml/q4_0. Its decode
+    (bandwidth from q8_0's fit) is checked against Llama 2 13B (ollama's llama2:13b, Q4_0) generating
+    1.35 tokens/s on a Pi 5 16 GB with no tweaks (github.com/geerlingguy/ai-benchmarks/issues/7).
   * HPL by threads (geerlingguy/top500-benchmark#18, Pi 5: 30.2 GFLOPS at 4 threads; x2.6 over one
     thread as quoted in this project's issue 19) -> the Pi 5 thread curve of BLAS-backed PyTorch.
+  * Ultralytics' Raspberry Pi guide, YOLOv8 edition (github.com/ultralytics/ultralytics
+    docs/en/guides/raspberry-pi.md, "Raspberry Pi 5 vs Raspberry Pi 4 YOLOv8 Benchmarks", PyTorch rows,
+    fp32, 640 px, the default 4 threads): YOLOv8n 1,068.42 / 508.61 ms and YOLOv8s 2,589.58 / 969.49 ms
+    on a Pi 4 / Pi 5 -> pi5/torch/fp32. The two networks run the same 176 PyTorch kernels (counted
+    here) and differ by 19.86 GFLOP, so the difference of their times is PyTorch's marginal cost of
+    compute on each Pi, free of the harness's fixed per-image cost (~400 ms on a Pi 4, ~300 ms on a
+    Pi 5: benchmark mode times 4 images with no CPU warm-up): 76.6 and 23.2 ms per GFLOP, a Pi 4 -> Pi 5
+    speed-up of x3.30. pi5/torch/fp32 is the HAT Pi 4 fit with that speed-up: its work factor set so the
+    same two networks' marginal costs keep the published ratio, its per-call overhead 522 / 3.30 us
+    (convolutions are not our matrix products, so the ratio, not their absolute speed, is used; both
+    Pis' marginal costs then come out 13% above the published ones, the Pi 4's from the HAT fit alone).
 Derived, with no published run that can calibrate them (each says so in `source`):
-  * pi5/torch/fp32: no published PyTorch transformer (or any PyTorch fp32) run on a Pi 5 was found;
-    the Pi 4 fit on the Pi 5's HPL-scaled profile, with HPL's thread curve.
-  * torch int8 / bf16 (both Pis): the one published PyTorch int8 Pi run found, the tutorial "Real Time
+  * torch int8 (both Pis): the one published PyTorch int8 Pi run found, the tutorial "Real Time
     Inference on Raspberry Pi 4 and 5 (40 fps!)" (github.com/pytorch/tutorials
     intermediate_source/realtime_rpi.rst: quantized MobileNetV2, 26.4 ms on a Pi 4, ~41 fps on a
-    Pi 5), is a TorchScript-fused qnnpack CNN: its per-call cost is not our eager loop's and its
-    depthwise convolutions are not matrix products, so it cannot fix our int8 GEMM factor (fitting
-    gemm and overhead to it would match it by construction and test nothing). The Pi's A72 / A76
-    have no bf16 arithmetic: torch bf16 there is emulated, and no run was published.
+    Pi 5), is a TorchScript-fused qnnpack CNN with no fp32 run of the same network beside it: its
+    per-call cost is not our eager loop's and its depthwise convolutions are not matrix products, so
+    it cannot fix our int8 GEMM factor (fitting gemm and overhead to it would match it by
+    construction and test nothing).
+  * torch bf16 is not offered on a Pi: the Pi 4's A72 and the Pi 5's A76 have no bf16 arithmetic
+    (torch would convert to fp32 around every product) and no run was published; bf16 is measured
+    on this CPU where it has the instructions (`--dtype bf16` on the cpu rows).
   * ncnn int8 and ncnn fp32 on a Pi 5: ncnn's tables have int8 only for CNNs (resnet50_int8 196.65 ms
     Pi 4, 40.75 ms Pi 5, 4 threads), whose published FLOP counts overstate what Winograd convolution
     computes (ResNet-50 fp32 on the Pi 4 runs at ~2x the GFLOP/s of its ViT), so they give the int8 /
@@ -57,8 +71,11 @@ from attnviz.latency.costmodel import PROFILES, DeviceProfile
 
 ENGINES = {"torch": "PyTorch eager (this project's code)", "ncnn": "ncnn-like (fused kernels, packed layouts)",
            "ggml": "ggml-like (whisper.cpp / llama.cpp)"}
+NO_BF16 = ("the Pi's Cortex-A72 / A76 have no bf16 arithmetic; bf16 is measured on this CPU's rows "
+           "where it has the instructions")
 DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
-ENGINE_DTYPES = {"torch": ("fp32", "int8", "bf16"), "ncnn": ("fp32", "fp16", "int8"),
+MEASURED_DTYPES = ("fp32", "int8", "bf16")  # what torch's timed rows run in (its own int8; bf16 where the CPU has it)
+ENGINE_DTYPES = {"torch": ("fp32", "int8"), "ncnn": ("fp32", "fp16", "int8"),
                  "ggml": ("fp16", "q8_0", "q4_0")}
 
 
@@ -76,9 +93,10 @@ class EngineFit:
 # Fitted (least squares on relative error) to the runs of `latency.published`; see the docstring.
 FITS: dict[tuple[str, str, str], EngineFit] = {
     ("pi4", "torch", "fp32"): EngineFit(0.665, 0.665, 522.0, 0.050, source="HAT Pi 4 latency dataset (PyTorch)"),
-    # no published PyTorch transformer run on a Pi 5: the Pi 4 fit on the Pi 5's HPL-scaled profile, the
-    # overhead scaled by single-core speed (ncnn 1-thread ViT: 6606 / 1250 ms) and HPL's thread curve
-    ("pi5", "torch", "fp32"): EngineFit(0.665, 0.665, 99.0, 0.179, source="HAT Pi 4 fit scaled to the Pi 5; HPL threads"),
+    # the HAT Pi 4 fit times the published Pi 4 -> Pi 5 speed-up of PyTorch (Ultralytics' YOLOv8n / s: x3.30 in
+    # marginal cost per GFLOP), on the Pi 5's profile with HPL's thread curve (see the docstring)
+    ("pi5", "torch", "fp32"): EngineFit(0.865, 0.865, 158.0, 0.179,
+                                        source="HAT Pi 4 fit x Ultralytics YOLOv8 PyTorch Pi 4 -> Pi 5 speed-up; HPL threads"),
     ("pi4", "ncnn", "fp32"): EngineFit(0.823, 0.823, 5.0, 0.050, source="ncnn benchmark, Raspberry Pi 4"),
     ("pi5", "ncnn", "fp16"): EngineFit(1.016, 1.016, 5.0, 0.315, source="ncnn benchmark, Raspberry Pi 5"),
     ("pi4", "ggml", "fp16"): EngineFit(0.362, 0.184, 5.0, 0.050, half_rows=0.5,
@@ -91,24 +109,29 @@ FITS: dict[tuple[str, str, str], EngineFit] = {
                                        source="TinyLlama q8_0 Pi 4 (llama.cpp 2024-03-26)"),
     ("pi5", "ggml", "q8_0"): EngineFit(1.84, 0.788, 5.0, 0.179, bandwidth=0.87, half_rows=0.5,
                                        source="TinyLlama q8_0 Pi 5 (llama.cpp 2024-03-26)"),
-    # q4_0 prompt processing (llamafile's sgemm in llama.cpp); decode keeps q8_0's bandwidth (no tg published)
+    # q4_0 prompt processing (llamafile's sgemm in llama.cpp); decode keeps q8_0's bandwidth (checked: Llama 2 13B tg)
     ("pi5", "ggml", "q4_0"): EngineFit(2.43, 0.788, 5.0, 0.179, bandwidth=0.87, half_rows=0.5,
                                        source="Llama 2 7B Q4_0 pp Pi 5 (llama.cpp #6928)"),
 }
 # Derived entries: the same engine with another dtype (weights' bytes from DTYPES; compute as said).
 INT8_GEMM = 1.6   # torch int8 dynamic vs fp32 matrix products; ncnn's own tables: mobilenet 61 -> 34 ms (Pi 4)
 # ncnn fp32 on a Pi 5 from its fp16 fit: 0.7 x (fp16 NEON holds twice the lanes; ncnn gains ~1.4x in practice, an assumption)
-DERIVED = {("torch", "int8"): ("torch", "fp32", INT8_GEMM), ("torch", "bf16"): ("torch", "fp32", 1.0),
+DERIVED = {("torch", "int8"): ("torch", "fp32", INT8_GEMM),
            ("ncnn", "int8"): ("ncnn", "fp32", INT8_GEMM), ("ncnn", "fp32"): ("ncnn", "fp16", 0.7),
            ("ncnn", "fp16"): ("ncnn", "fp32", 1.0), ("ggml", "q8_0"): ("ggml", "fp16", 1.0),
            ("ggml", "q4_0"): ("ggml", "q8_0", 1.0)}  # pi4 q4_0 (see the docstring)
 
 
-def check_engine(engine: str, dtype: str):
+def check_engine(engine: str, dtype: str, measured: bool = False):
+    """ValueError unless this engine runs this dtype on a Pi (`measured`: a timed row, where torch
+    also runs bf16 if the CPU has it)."""
+    if measured and engine == "torch" and dtype in MEASURED_DTYPES:
+        return
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
     if dtype not in ENGINE_DTYPES[engine]:
-        raise ValueError(f"{engine} does not run {dtype!r}; it runs {', '.join(ENGINE_DTYPES[engine])}")
+        raise ValueError(f"{engine} does not run {dtype!r} on a Pi; it runs {', '.join(ENGINE_DTYPES[engine])}"
+                         + (f" ({NO_BF16})" if dtype == "bf16" else ""))
 
 
 def engine_fit(device: str, engine: str, dtype: str) -> EngineFit:

@@ -1,12 +1,19 @@
 """Published Raspberry Pi runs that calibrate `latency.engines` (each source is cited there and in
 the README), and the cost model's prediction of each: tests/test_costmodel.py holds every one
-within ±25%. A run is a forward pass (ms), a prompt (pp, tokens/s) or generation (tg, tokens/s).
+within ±25%. A run is a forward pass (ms), a prompt (pp, tokens/s), generation (tg, tokens/s), or
+the marginal cost of compute (ms_per_gflop): the difference of two networks' times over the
+difference of their FLOPs, for two networks that run the same number of kernels, so that a harness's
+fixed per-call and per-image costs cancel.
 
 Shapes: HAT's SubTransformer encoders (fairseq, 30 tokens, Q/K/V width 512 whatever the heads;
 "avg" FFN widths are exact for cost: the FFN is linear in its width), ncnn's ViT-B/32 at 384 x 384
 (145 tokens), Whisper's encoders (1,500 frames after the convolutions, which are left out: about
 4% of tiny's work), TinyLlama 1.1B (22 layers, d 2048, 32 heads, 4 K/V heads, FFN 5632), Llama 2 7B
-(32 layers, d 4096, 32 heads, FFN 11008).
+(32 layers, d 4096, 32 heads, FFN 11008), Llama 2 13B (40 layers, d 5120, 40 heads, FFN 13824),
+YOLOv8n / YOLOv8s at 640 x 640 as explicit FLOP counts (8.744 / 28.603 GFLOP, 3.152 / 11.157 M
+weights, 176 PyTorch kernels each: counted here with torch's FlopCounterMode and a dispatch counter
+on the networks Ultralytics builds from its yolov8n / yolov8s configs, and equal to its published
+8.7 / 28.6 GFLOPs).
 """
 from __future__ import annotations
 
@@ -23,6 +30,10 @@ NCNN = "github.com/Tencent/ncnn benchmark/README.md, {} (benchncnn, vision_trans
 WHISPER = "github.com/ggml-org/whisper.cpp/issues/89 ({}, bench Encode)"
 LLAMAFILE = "justine.lol/matmul 'LLaMA Now Goes Faster on CPUs' ({}, TinyLlama 1.1B f16)"
 LLAMAFILE_Q8 = "justine.lol/matmul 'LLaMA Now Goes Faster on CPUs' ({}, TinyLlama 1.1B q8_0)"
+ULTRALYTICS = ("github.com/ultralytics/ultralytics docs/en/guides/raspberry-pi.md, YOLOv8 edition ('Raspberry Pi 5 "
+               "vs Raspberry Pi 4 YOLOv8 Benchmarks', PyTorch, FP32, 640): {}")
+OLLAMA_13B = ("github.com/geerlingguy/ai-benchmarks/issues/7 (Pi 5 16 GB, ollama, 'Test 2 - No Tweaks', "
+              "llama2:13b = Llama 2 13B Q4_0)")
 SGEMM_PR = ("github.com/ggml-org/llama.cpp/pull/6928 'llamafile : use 64-bit integers in sgemm' (RasPi 5 8GB, "
             "Llama 2 7B Q4_0, llamafile enabled, prompt eval)")
 
@@ -36,6 +47,9 @@ WHISPER_SHAPES = {  # encoder: (layers, d, heads)
     "tiny": (4, 384, 6), "base": (6, 512, 8), "small": (12, 768, 12), "medium": (24, 1024, 16)}
 TINYLLAMA = "synthetic:family=llama,layers=22,d=2048,heads=32,kv=4,ff=5632,vocab=32000,positions=2048,causal=1"
 LLAMA2_7B = "synthetic:family=llama,layers=32,d=4096,heads=32,ff=11008,vocab=32000,positions=4096,causal=1"
+LLAMA2_13B = "synthetic:family=llama,layers=40,d=5120,heads=40,ff=13824,vocab=32000,positions=4096,causal=1"
+YOLOV8N = "synthetic:gflops=8.744,mparams=3.152,calls=176"
+YOLOV8S = "synthetic:gflops=28.603,mparams=11.157,calls=176"
 
 
 def whisper_shape(size: str) -> str:
@@ -52,9 +66,11 @@ class Run:
     shape: str        # a synthetic spec (latency.shapes)
     n: int            # tokens of the pass / prompt (pp); depth for tg
     threads: int
-    metric: str       # ms | pp_tps | tg_tps
+    metric: str       # ms | pp_tps | tg_tps | ms_per_gflop
     published: float
     variant: str = "eager"  # every engine here computes the attention weights explicitly
+    shape2: str = ""  # ms_per_gflop: the bigger network (same kernel count as `shape`)
+    role: str = "fit"  # fit: a factor is fitted to it; check: predicted by factors fitted to other runs
 
     @property
     def label(self) -> str:
@@ -84,6 +100,14 @@ RUNS: list[Run] = [
       for pi, device, n, metric, tps in (("RPI5", "pi5", 512, "pp_tps", 35.0), ("RPI5", "pi5", 0, "tg_tps", 9.0),
                                          ("RPI4", "pi4", 512, "pp_tps", 10.0), ("RPI4", "pi4", 0, "tg_tps", 3.0))],
     Run(SGEMM_PR, "pi5", "ggml", "q4_0", LLAMA2_7B, 109, 4, "pp_tps", 8.10),
+    # ollama's eval rate over a few hundred generated tokens after a short prompt: depth ~256 assumed
+    Run(OLLAMA_13B, "pi5", "ggml", "q4_0", LLAMA2_13B, 256, 4, "tg_tps", 1.35, role="check"),
+    # PyTorch on both Pis, one harness: (YOLOv8s - YOLOv8n) ms / (28.603 - 8.744) GFLOP
+    Run(ULTRALYTICS.format("YOLOv8n 1068.42 ms, YOLOv8s 2589.58 ms on RPi4"), "pi4", "torch", "fp32", YOLOV8N, 1, 4,
+        "ms_per_gflop", (2589.58 - 1068.42) / (28.603 - 8.744), shape2=YOLOV8S, role="check"),
+    Run(ULTRALYTICS.format("YOLOv8n 508.61 ms, YOLOv8s 969.49 ms on RPi5"), "pi5", "torch", "fp32", YOLOV8N, 1, 4,
+        "ms_per_gflop", (969.49 - 508.61) / (28.603 - 8.744), shape2=YOLOV8S,
+        role="fit (its ratio to the Pi 4's)"),
 ]
 
 
@@ -97,7 +121,13 @@ def predicted(run: Run, profile=None) -> float:
         return decode.predict_pp(shape, prof, run.n, threads=run.threads, variant=run.variant)
     if run.metric == "tg_tps":
         return decode.predict_tg(shape, prof, run.n, threads=run.threads)
-    raise ValueError(f"unknown metric {run.metric!r}: ms, pp_tps or tg_tps")
+    if run.metric == "ms_per_gflop":
+        big = parse_shape(run.shape2)
+        if getattr(big, "calls", None) != getattr(shape, "calls", None):
+            raise ValueError("a marginal cost needs two networks with the same kernel count")
+        ms = [predict(s, run.n, prof, run.variant, threads=run.threads).total_ms for s in (shape, big)]
+        return (ms[1] - ms[0]) / (big.gflops - shape.gflops)
+    raise ValueError(f"unknown metric {run.metric!r}: ms, pp_tps, tg_tps or ms_per_gflop")
 
 
 def table() -> list[dict]:
@@ -105,7 +135,7 @@ def table() -> list[dict]:
     out = []
     for r in RUNS:
         p = predicted(r)
-        out.append(dict(source=r.source, device=r.device, engine=r.engine, dtype=r.dtype, shape=r.shape, n=r.n,
+        out.append(dict(role=r.role, source=r.source, device=r.device, engine=r.engine, dtype=r.dtype, shape=r.shape, n=r.n,
                         threads=r.threads, metric=r.metric, published=r.published, predicted=p,
                         error_pct=100 * (p / r.published - 1)))
     return out

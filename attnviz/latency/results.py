@@ -283,14 +283,14 @@ def _check(df: pd.DataFrame) -> pd.DataFrame:
         fail("backend", i, "must name the backend (cpu, pi4, pi5, ...)")
     for col, default in DEFAULTS.items():
         df[col] = df[col].str.strip().replace("", default) if col in df.columns else default
-    for (engine, dtype), rows in df.groupby(["engine", "dtype"]):
+    df["measured"] = flags.isin(["true", "1", "yes"])
+    for (engine, dtype, measured), rows in df.groupby(["engine", "dtype", "measured"]):
         try:
-            check_engine(engine, dtype)
+            check_engine(engine, dtype, measured=bool(measured))
         except ValueError as err:
             fail("engine", rows.index[0], str(err))
     for i in df.index[~df["test"].isin(["", "pp", "tg", "block"])]:
         fail("test", i, "must be empty (one forward pass), pp, tg or block (one block of the model)")
-    df["measured"] = flags.isin(["true", "1", "yes"])
     for col in ("seq_len", "n_heads", "threads"):
         df[col] = df[col].astype(int)
     for col in ("attention_ms", "projections_ms", "mlp_ms", "other_ms", "repeats", "warmup", "cores", "n_prompt",

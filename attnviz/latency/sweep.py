@@ -33,7 +33,7 @@ from attnviz.latency import crossover as xo
 from attnviz.latency import decode
 from attnviz.latency.quantize import quantized_copy
 from attnviz.latency.child import measure_in_child
-from attnviz.latency.engines import ENGINE_DTYPES, check_engine, engine_profile
+from attnviz.latency.engines import ENGINE_DTYPES, MEASURED_DTYPES, NO_BF16, check_engine, engine_profile
 from attnviz.latency.measure import load, machine_metadata, measure_point, thread_count, token_count
 from attnviz.latency.results import COLUMNS, MAX_SEQ_LEN, MAX_THREADS, SCHEMA, config_spec, parse_synthetic, with_heads
 
@@ -42,7 +42,6 @@ PI_BACKENDS = ("pi4", "pi5")
 PI_CORES = 4              # a Raspberry Pi 4 / 5 has 4 cores: its rows are modelled at 4 threads by default
 MAX_POINTS = 5000         # (model, heads, variant, threads, n) combinations of one sweep
 MAX_REPEATS, MAX_WARMUP = 1000, 100
-MEASURED_DTYPES = ("fp32", "int8", "bf16")  # what the cpu rows are measured in here (torch's own int8 / bf16)
 
 
 def few(values, k: int = 8) -> str:
@@ -122,8 +121,9 @@ class SweepPlan:
         for e in self.engines:
             check_engine(e, ENGINE_DTYPES.get(e, ("fp32",))[0])  # an unknown engine: its message
         if any(b in PI_BACKENDS for b in self.backends) and not self.engine_pairs():
-            raise ValueError(f"no chosen engine runs the chosen dtypes ({', '.join(self.dtypes)}): "
-                             + "; ".join(f"{e} runs {', '.join(ENGINE_DTYPES[e])}" for e in self.engines))
+            raise ValueError(f"no chosen engine runs the chosen dtypes ({', '.join(self.dtypes)}) on a Pi: "
+                             + "; ".join(f"{e} runs {', '.join(ENGINE_DTYPES[e])}" for e in self.engines)
+                             + (f" ({NO_BF16})" if "bf16" in self.dtypes else ""))
         if not self.pi_threads or any(not 1 <= int(t) <= PI_CORES for t in self.pi_threads):
             raise ValueError(f"Pi thread counts must lie between 1 and {PI_CORES} (its cores); got {few(self.pi_threads)}")
         for v in self.variants:
