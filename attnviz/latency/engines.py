@@ -44,6 +44,19 @@ Every figure is fitted to published runs, listed with their sources in `latency.
     same two networks' marginal costs keep the published ratio, its per-call overhead 522 / 3.30 us
     (convolutions are not our matrix products, so the ratio, not their absolute speed, is used; both
     Pis' marginal costs then come out 13% above the published ones, the Pi 4's from the HAT fit alone).
+Cross-checks, not fitted (their harnesses are not our loop; figures in the closing note of issue 19):
+  * openai-whisper (PyTorch) tiny.en / base.en on 9 Common Voice clips, Pi 4 4 GB and Pi 5 4 / 8 / 16 GB
+    (github.com/BotYue/Pi-Whisper-RSS25-Workshop, openai_latency_*.txt; the first clip, a warm-up,
+    left out): with each clip's tokens, the torch fits predict the mean per clip +6% / +16% on the Pi 4,
+    -6% / +5% on the Pi 5 4 GB and -31% / -19% (8 GB), -31% / -24% (16 GB): the Pi 5 boards
+    themselves differ by 37%, and the harness adds ffmpeg, the mel and openai-whisper's logit filters.
+  * faster-whisper (CTranslate2) int8 / float32 on the same clips and boards: 1.08-1.28x on the Pi 4,
+    1.23-1.69x on the Pi 5; torch int8 here predicts 1.24-1.28x for the same two shapes (all eight
+    within 25%; CTranslate2's int8, like torch's dynamic quantization, quantizes the linear layers).
+  * ollama 0.1.41 on a Pi 5 4 GB (github.com/aidatatools/ollama-benchmark/pull/9): qwen:1.8b 6.62 and
+    phi3:3.8b 3.58 tokens/s, where q4_0 predicts 10.9 and 4.6: that ollama's fixed cost per token
+    (about 60-90 ms, the intercept of tokens/s against size) is not llama.cpp's (TinyLlama's q8_0
+    tg above has none); qwen:1.8b on a Pi 4 2 GB (3.05 tokens/s) comes out +11% with pi4 q4_0.
 Derived, with no published run that can calibrate them (each says so in `source`):
   * torch int8 (both Pis): the one published PyTorch int8 Pi run found, the tutorial "Real Time
     Inference on Raspberry Pi 4 and 5 (40 fps!)" (github.com/pytorch/tutorials
