@@ -28,14 +28,16 @@ NS = [16, 32, 64, 128, 256, 512, 1024]
 MODELS = {"minilm": 512, "synthetic:layers=6,d=384,heads=12,ff=1536,vocab=30522,positions=1024": 1024,
           "smollm2": 1024}
 TARGET = 15.0
+MIN_POINT_MS, MAX_REPEATS = 200.0, 40  # per point and round: enough runs to take about 200 ms
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per point in each round")
-    ap.add_argument("--rounds", type=int, default=3, help="calibrate-then-measure rounds; medians over rounds")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per point in each round (at least: "
+                    f"short points get enough to take about {MIN_POINT_MS:.0f} ms, at most {MAX_REPEATS})")
+    ap.add_argument("--rounds", type=int, default=5, help="calibrate-then-measure rounds; medians over rounds")
     ap.add_argument("--variants", default="fused", help="comma-separated, e.g. fused,eager,chunked:128,linear")
     ap.add_argument("--models", default=";".join(MODELS), help="';'-separated model keys or synthetic specs")
     args = ap.parse_args()
@@ -60,7 +62,11 @@ def main() -> int:
               f"overhead {profile.overhead_us:.1f} us/call; load {os.getloadavg()[0]:.1f}", file=sys.stderr)
         for key, v, n in points:
             model = models[key]
-            point = measure.measure_point(model, n, v, warmup=1, repeats=args.repeats, clock=args.clock, memory=False)
+            # short points get more runs (about MIN_POINT_MS of runs each round): an 8-ms pass on this shared
+            # VM varies by 15-25% from run to run, so 3 runs would leave the smallest lengths to chance
+            expect = cm.predict(model.cfg, n, profile, v).total_ms
+            repeats = min(MAX_REPEATS, max(args.repeats, round(MIN_POINT_MS / max(expect, 1e-3))))
+            point = measure.measure_point(model, n, v, warmup=1, repeats=repeats, clock=args.clock, memory=False)
             measured[(key, v, n)].append(point.timing.median_ms)
             predicted[(key, v, n)].append(cm.predict(model.cfg, point.tokens, profile, v).total_ms)
     worst = {}
