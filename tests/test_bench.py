@@ -643,6 +643,27 @@ def test_int8_and_bf16_copies_are_new_models_the_shared_one_untouched():
         quantize.quantize_net(model.net, "int4")
 
 
+def test_quantized_translator_translates_through_its_quantized_layers():
+    """A translator's int8 / bf16 copy decodes through its quantized layers: its SSRU products and the
+    one-row fast path (which read the float weights directly) give way to the layers' own calls, and its
+    shortlisted output layer reads the (dequantized) weights and bias; the shared model keeps the fast path."""
+    model = load_model("en-pt")
+    text = model.translate("The weather is nice today.").text
+    src = model.source("The weather is nice today.")[0][None]
+    with torch.inference_mode():
+        state = model.net.start(model.net.encode(src)[0])
+    assert model.net.row_layout(state) is not None and model.net.decoder[0].ssru.plain()
+    for mode in quantize.MODES:
+        twin = quantize.quantized_copy(model, mode)
+        assert twin.translate("The weather is nice today.").text == text
+        head = twin.net.lm_head
+        assert head.weight.shape == model.net.lm_head.weight.shape and head.bias.shape == model.net.lm_head.bias.shape
+        with torch.inference_mode():
+            assert twin.net.row_layout(twin.net.start(twin.net.encode(src)[0])) is None
+        assert not twin.net.decoder[0].ssru.plain()
+    assert model.translate("The weather is nice today.").text == text
+
+
 def test_int8_attention_probabilities_relu_survives_better_than_softmax():
     """The seed's experiment on MiniLM: 8-bit probabilities flush softmax's long tail; ReLU's zeros are exact."""
     table = quantize.probabilities_int8(load_model("minilm")).set_index("variant")

@@ -99,6 +99,9 @@ class SSRU(nn.Module):
         self.Wf = Linear(d, d)
         self._fused, self._fused_version = None, None
 
+    def plain(self) -> bool:  # plain linear layers: weights fused (a quantized copy's layers are called)
+        return isinstance(self.W, nn.Linear) and isinstance(self.Wf, nn.Linear)
+
     def fused(self) -> tuple[torch.Tensor, torch.Tensor]:
         """[W; W_f] (2d, d) and [0; b_f]: both products in one matmul (one dispatch a step).
         Rebuilt when either weight changes (training, a loaded state)."""
@@ -112,7 +115,7 @@ class SSRU(nn.Module):
 
     def forward(self, x, c=None):
         """x (B, T, d), c (B, d) or None (zeros) -> (out (B, T, d), c after the last position)."""
-        if torch.is_grad_enabled():  # training: the two products, so gradients reach W and W_f
+        if torch.is_grad_enabled() or not self.plain():  # training (gradients reach W and W_f) or replaced layers
             wx, f = self.W(x), torch.sigmoid(self.Wf(x))
         else:
             wx, f = torch.nn.functional.linear(x, *self.fused()).chunk(2, dim=-1)   # (B, T, d) each
@@ -360,6 +363,9 @@ class Seq2Seq(nn.Module):
         c = self.cfg
         if c.decoder != "ssru" or c.pre_norm or c.activation != "relu" or state.allowed is not None \
                 or state.memory_kv[0][0].shape[0] != 1:
+            return None
+        if any(  # step_row reads every decoder weight directly: plain linear layers only (no quantized copy)
+               hasattr(m, "in_features") and not isinstance(m, nn.Linear) for m in self.decoder.modules()):
             return None
         return [(k[0].transpose(-2, -1).contiguous(), v[0].contiguous()) for k, v in state.memory_kv]
 

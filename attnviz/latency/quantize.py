@@ -40,11 +40,15 @@ def has_bf16() -> bool:
 
 
 class QuantLinear(nn.Module):
-    """A linear layer run by torch's dynamic int8 (or a bf16 copy), keeping our Linear's `act`."""
+    """A linear layer run by torch's dynamic int8 (or a bf16 copy), keeping our Linear's `act`. Its
+    `weight` and `bias` can be read either way (int8: the dequantized weight, the float bias), so code that
+    reads a layer's weights rather than calling it (a translator's shortlisted output layer, a logit
+    lens) sees the numbers the quantized layer computes with."""
 
     def __init__(self, linear: nn.Linear, mode: str):
         super().__init__()
         self.mode = mode
+        self.in_features, self.out_features = linear.in_features, linear.out_features
         if mode == "int8":
             plain = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
             plain.load_state_dict({k: v.detach().float() for k, v in linear.state_dict().items()})
@@ -52,10 +56,16 @@ class QuantLinear(nn.Module):
             # int8 gave SmolLM2 a top-1 agreement of 36% here, per-channel far more)
             spec = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
             self.inner = torch.ao.quantization.quantize_dynamic(nn.Sequential(plain), spec, dtype=torch.qint8)[0]
+            self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
         else:
             self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
             self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16),
                                                                       requires_grad=False)
+
+    def __getattr__(self, name: str):
+        if name == "weight" and self.__dict__.get("mode") == "int8":  # the int8 weight, dequantized
+            return self._modules["inner"].weight().dequantize()
+        return super().__getattr__(name)
 
     def forward(self, x, act: str = "none"):
         if self.mode == "int8":
