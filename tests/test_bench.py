@@ -664,6 +664,28 @@ def test_quantized_translator_translates_through_its_quantized_layers():
     assert model.translate("The weather is nice today.").text == text
 
 
+def test_int8_sensitivity_leaves_each_kind_of_linear_layer_float32_in_turn():
+    """Which layers int8 hurts: one row with everything int8, then one per kind left float32; keeping
+    a kind leaves exactly that kind's layers float32 (and its share of the weights is reported)."""
+    model = measure.load("synthetic:layers=2,d=32,heads=4,ff=64,vocab=50,positions=64,causal=1")
+    before = model.fingerprint()
+    kinds = quantize.linear_kinds(model.net)
+    assert {"qkv", "out", "fc_in", "fc_out"} <= set(kinds)
+    table = quantize.sensitivity(model)
+    assert list(table["float32_kept"]) == ["none", *kinds] and table.iloc[0]["float32_weight_share"] == 0
+    assert 0 < table.iloc[1:]["float32_weight_share"].sum() <= 1.0 + 1e-9
+    assert (table["KL (nats/token)"] >= 0).all() and table["top-1 agreement"].between(0, 1).all()
+    twin = quantize.quantized_copy(model, "int8", keep=("fc_out",))
+    for name, module in twin.net.named_modules():
+        if name.endswith("fc_out"):
+            assert isinstance(module, torch.nn.Linear)
+        elif name.endswith("fc_in"):
+            assert isinstance(module, quantize.QuantLinear)
+    assert "fc_out float32" in twin.info.key and model.fingerprint() == before
+    with pytest.raises(ValueError, match="no linear layers named"):
+        quantize.quantized_copy(model, "int8", keep=("conv",))
+
+
 def test_int8_attention_probabilities_relu_survives_better_than_softmax():
     """The seed's experiment on MiniLM: 8-bit probabilities flush softmax's long tail; ReLU's zeros are exact."""
     table = quantize.probabilities_int8(load_model("minilm")).set_index("variant")

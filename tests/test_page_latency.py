@@ -401,6 +401,21 @@ def test_edge_views_heads_table_and_quantization(monkeypatch):
     assert any("relu survives better" in c.value for c in at.caption)
 
 
+def test_int8_sensitivity_is_computed_on_request_and_names_the_layer_to_keep(monkeypatch):
+    """The int8 sensitivity scan runs behind a button and says which kind of layer to leave float32."""
+    fake = pd.DataFrame([dict(float32_kept="none", float32_weight_share=0.0, **{"KL (nats/token)": 1.8}),
+                         dict(float32_kept="fc_out", float32_weight_share=0.3, **{"KL (nats/token)": 0.45}),
+                         dict(float32_kept="qkv", float32_weight_share=0.2, **{"KL (nats/token)": 1.5})])
+    calls = []
+    monkeypatch.setattr(quantize, "sensitivity", lambda model, mode="int8": calls.append(model) or fake)
+    at = page()
+    assert not calls and not any("float32_kept" in d.value.columns for d in at.dataframe)
+    at.button(key="latency.sensitivity_run").click().run()
+    assert not at.exception and len(calls) == 1
+    assert any("float32_kept" in d.value.columns for d in at.dataframe)
+    assert any("`fc_out` float32" in c.value and "0.45" in c.value for c in at.caption)
+
+
 def test_published_runs_are_shown_on_request_with_their_error():
     """Issue 19.2: the page shows every published Pi run with the model's prediction (hidden until asked)."""
     at = page()

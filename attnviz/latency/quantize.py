@@ -5,7 +5,8 @@ against float32: KL and top-1 agreement (language model), embedding cosine (Mini
 and CLS cosine (DINOv2), identical translations (en-pt / pt-en). And the seed's experiment:
 attention probabilities stored in 8 bits under softmax and under the ReLU variant.
 
-`python -m attnviz.latency.quantize [--models minilm,smollm2,...] [--rounds 5]` prints the table.
+`python -m attnviz.latency.quantize [--models minilm,smollm2,...] [--rounds 5]` prints the table;
+`--sensitivity smollm2` which kinds of linear layer int8 hurts (each left float32 in turn).
 """
 from __future__ import annotations
 
@@ -75,26 +76,38 @@ class QuantLinear(nn.Module):
         return y if act == "none" else ACTIVATIONS[act](y)
 
 
-def quantize_net(net: nn.Module, mode: str) -> nn.Module:
-    """A deep copy of `net` with every linear layer (nn.Linear and its subclasses) replaced."""
+def linear_kinds(net: nn.Module) -> list[str]:
+    """The names linear layers go by in `net` (qkv, out, fc_in, fc_out, lm_head, ...): one per kind."""
+    return sorted({name for module in net.modules() for name, child in module.named_children()
+                   if isinstance(child, nn.Linear) and child.weight.numel()})
+
+
+def quantize_net(net: nn.Module, mode: str, keep=()) -> nn.Module:
+    """A deep copy of `net` with every linear layer (nn.Linear and its subclasses) replaced, except
+    the kinds named in `keep` (see `linear_kinds`), which stay float32."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
+    unknown = set(keep) - set(linear_kinds(net))
+    if unknown:
+        raise ValueError(f"no linear layers named {sorted(unknown)}; this model has {', '.join(linear_kinds(net))}")
     # oneDNN-prepacked weights (Linear.pack) cannot be deep-copied: the copies start unpacked
     memo = {id(m._packed): None for m in net.modules() if getattr(m, "_packed", None) is not None}
     out = copy.deepcopy(net, memo)
     warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated")  # torch 2.13 still runs it
     for name, module in list(out.named_modules()):
         for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and child.weight.numel():
+            if isinstance(child, nn.Linear) and child.weight.numel() and child_name not in keep:
                 setattr(module, child_name, QuantLinear(child, mode))
     return out.eval()
 
 
-def quantized_copy(model, mode: str = "int8"):
-    """A NEW model whose linear layers are int8 (dynamic) or bf16; `model` is untouched."""
+def quantized_copy(model, mode: str = "int8", keep=()):
+    """A NEW model whose linear layers are int8 (dynamic) or bf16, but the kinds in `keep`; `model`
+    is untouched."""
     twin = copy.copy(model)
-    twin.net = quantize_net(model.net, mode)
-    twin.info = dataclasses.replace(model.info, key=f"{model.info.key} ({mode})")
+    twin.net = quantize_net(model.net, mode, keep)
+    kept = f", {'+'.join(sorted(keep))} float32" if keep else ""
+    twin.info = dataclasses.replace(model.info, key=f"{model.info.key} ({mode}{kept})")
     return twin
 
 
@@ -108,7 +121,9 @@ def _forward(model):
 
 def _input(model):
     if model.cfg.is_vision:
-        return torch.rand(3, model.image_size, model.image_size)
+        return torch.rand(3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(0))
+    if getattr(model, "tokenizer", None) is None:  # a synthetic or toy model: token ids
+        return [i % model.cfg.vocab_size for i in range(24)]
     return TEXT
 
 
@@ -159,6 +174,22 @@ def quantization_table(keys=("minilm", "smollm2", "dinov2", "en-pt", "pt-en"), m
     return pd.DataFrame(rows)
 
 
+def sensitivity(model, mode: str = "int8") -> pd.DataFrame:
+    """Which layers the quantization hurts: the fidelity with every linear layer quantized, then with
+    each kind of linear layer (qkv, out, fc_in, fc_out, lm_head, ...) left float32 in turn, and the
+    share of the linear weights that stay float32 (its memory price)."""
+    kinds = linear_kinds(model.net)
+    sizes = {k: sum(c.weight.numel() for m in model.net.modules() for n, c in m.named_children()
+                    if n == k and isinstance(c, nn.Linear)) for k in kinds}
+    rows = []
+    for keep in [()] + [(k,) for k in kinds]:
+        twin = quantized_copy(model, mode, keep)
+        rows.append(dict(float32_kept=keep[0] if keep else "none",
+                         float32_weight_share=sum(sizes[k] for k in keep) / sum(sizes.values()),
+                         **fidelity(model, twin)))
+    return pd.DataFrame(rows)
+
+
 def probabilities_int8(model, text: str = TEXT, variants=("softmax", "relu")) -> pd.DataFrame:
     """The seed's experiment: each variant's attention probabilities stored as 8-bit codes
     (p -> round(p x 255) / 255, the fixed scale int8 runtimes give values in [0, 1]). Per variant:
@@ -181,7 +212,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnviz.latency.quantize", description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="minilm,smollm2,dinov2,en-pt,pt-en")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sensitivity", metavar="MODEL", help="instead: which linear layers int8 hurts in MODEL "
+                    "(its fidelity with each kind left float32 in turn)")
     args = ap.parse_args(argv)
+    if args.sensitivity:
+        try:
+            sys.stdout.write(sensitivity(load_model(args.sensitivity)).to_string(index=False) + "\n")
+        except ValueError as err:
+            ap.error(str(err))
+        return 0
     try:
         table = quantization_table([k.strip() for k in args.models.split(",") if k.strip()], rounds=args.rounds)
     except ValueError as err:
