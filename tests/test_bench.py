@@ -684,6 +684,10 @@ def test_int8_sensitivity_leaves_each_kind_of_linear_layer_float32_in_turn():
     assert "fc_out float32" in twin.info.key and model.fingerprint() == before
     with pytest.raises(ValueError, match="no linear layers named"):
         quantize.quantized_copy(model, "int8", keep=("conv",))
+    cancel = jobs.Cancel(reason="the browser session has gone")
+    cancel.set()
+    with pytest.raises(jobs.JobCancelled, match="gone"):
+        quantize.sensitivity(model, check=cancel.check)
 
 
 def test_int8_attention_probabilities_relu_survives_better_than_softmax():

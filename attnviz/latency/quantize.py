@@ -174,15 +174,18 @@ def quantization_table(keys=("minilm", "smollm2", "dinov2", "en-pt", "pt-en"), m
     return pd.DataFrame(rows)
 
 
-def sensitivity(model, mode: str = "int8") -> pd.DataFrame:
+def sensitivity(model, mode: str = "int8", check=None) -> pd.DataFrame:
     """Which layers the quantization hurts: the fidelity with every linear layer quantized, then with
     each kind of linear layer (qkv, out, fc_in, fc_out, lm_head, ...) left float32 in turn, and the
-    share of the linear weights that stay float32 (its memory price)."""
+    share of the linear weights that stay float32 (its memory price). `check` (e.g. a Cancel's)
+    runs before each copy is made and raises to stop; one copy exists at a time."""
     kinds = linear_kinds(model.net)
     sizes = {k: sum(c.weight.numel() for m in model.net.modules() for n, c in m.named_children()
                     if n == k and isinstance(c, nn.Linear)) for k in kinds}
     rows = []
     for keep in [()] + [(k,) for k in kinds]:
+        if check is not None:
+            check()
         twin = quantized_copy(model, mode, keep)
         rows.append(dict(float32_kept=keep[0] if keep else "none",
                          float32_weight_share=sum(sizes[k] for k in keep) / sum(sizes.values()),

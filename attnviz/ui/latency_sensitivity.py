@@ -20,8 +20,8 @@ def K(name: str) -> str:
 
 @st.cache_data(max_entries=3, show_spinner="Quantizing the model once per kind of linear layer…")
 def sensitivity_table(key: str):
-    with ui_jobs.heavy_job("an int8 sensitivity scan"):
-        return quantize.sensitivity(common.load_model(key))
+    with ui_jobs.heavy_job("an int8 sensitivity scan") as cancel:  # a closed tab stops it between copies
+        return quantize.sensitivity(common.load_model(key), check=cancel.check)
 
 
 def sensitivity_section():
@@ -30,7 +30,7 @@ def sensitivity_section():
     if c2.button("Which layers does int8 hurt? (each kind left float32 in turn)", key=K("run")):
         try:
             st.session_state[K("table")] = (key, sensitivity_table(key))
-        except ValueError as err:  # the server is busy
+        except ValueError as err:  # the server is busy, or the scan was cancelled
             st.error(common.plain(str(err)))
     shown = st.session_state.get(K("table"))
     if shown is None:
