@@ -77,8 +77,8 @@ def parser() -> argparse.ArgumentParser:
                                        for e, what in ENGINES.items()) + ". cpu rows are measured in torch")
     ap.add_argument("--dtype", default="fp32", help=f"comma-separated dtypes: {', '.join(DTYPES)} (fp32 float32; "
                     "fp16/bf16 half precision; int8 dynamic quantization of the linear layers; q8_0 / q4_0 ggml's "
-                    "8- and 4-bit blocks). The modelled Pi rows: each engine at the dtypes it runs (no bf16: the Pi's cores "
-                    "have no bf16 arithmetic); the measured cpu "
+                    "8- and 4-bit blocks). The modelled Pi rows: each engine at the dtypes it runs (no bf16: the "
+                    "Pi's cores have no bf16 arithmetic); the measured cpu "
                     f"rows: each of {', '.join(MEASURED_DTYPES)} chosen (torch's own quantize_dynamic int8 and a bf16 "
                     "copy of the linear layers; fp32 when none is chosen)")
     ap.add_argument("--crossover", action=argparse.BooleanOptionalAction, default=True, help="also time ONE block "

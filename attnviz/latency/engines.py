@@ -108,8 +108,8 @@ FITS: dict[tuple[str, str, str], EngineFit] = {
     ("pi4", "torch", "fp32"): EngineFit(0.665, 0.665, 522.0, 0.050, source="HAT Pi 4 latency dataset (PyTorch)"),
     # the HAT Pi 4 fit times the published Pi 4 -> Pi 5 speed-up of PyTorch (Ultralytics' YOLOv8n / s: x3.30 in
     # marginal cost per GFLOP), on the Pi 5's profile with HPL's thread curve (see the docstring)
-    ("pi5", "torch", "fp32"): EngineFit(0.865, 0.865, 158.0, 0.179,
-                                        source="HAT Pi 4 fit x Ultralytics YOLOv8 PyTorch Pi 4 -> Pi 5 speed-up; HPL threads"),
+    ("pi5", "torch", "fp32"): EngineFit(
+        0.865, 0.865, 158.0, 0.179, source="HAT Pi 4 fit x Ultralytics YOLOv8 PyTorch Pi 4 -> Pi 5 speed-up; HPL threads"),
     ("pi4", "ncnn", "fp32"): EngineFit(0.823, 0.823, 5.0, 0.050, source="ncnn benchmark, Raspberry Pi 4"),
     ("pi5", "ncnn", "fp16"): EngineFit(1.016, 1.016, 5.0, 0.315, source="ncnn benchmark, Raspberry Pi 5"),
     ("pi4", "ggml", "fp16"): EngineFit(0.362, 0.184, 5.0, 0.050, half_rows=0.5,

@@ -135,7 +135,7 @@ def table() -> list[dict]:
     out = []
     for r in RUNS:
         p = predicted(r)
-        out.append(dict(role=r.role, source=r.source, device=r.device, engine=r.engine, dtype=r.dtype, shape=r.shape, n=r.n,
-                        threads=r.threads, metric=r.metric, published=r.published, predicted=p,
+        out.append(dict(role=r.role, source=r.source, device=r.device, engine=r.engine, dtype=r.dtype,
+                        shape=r.shape, n=r.n, threads=r.threads, metric=r.metric, published=r.published, predicted=p,
                         error_pct=100 * (p / r.published - 1)))
     return out
