@@ -255,3 +255,21 @@ def test_bf16_is_measured_here_not_modelled_on_a_pi():
     with pytest.raises(ValueError, match="no bf16 arithmetic"):
         sweep.SweepPlan(models=["minilm"], seq_lens=[8], backends=["cpu", "pi4"], dtypes=["bf16"]).check()
     assert sweep.SweepPlan(models=["minilm"], seq_lens=[8], backends=["cpu"], dtypes=["bf16"]).check()
+
+
+def test_calibration_figure_draws_every_run_in_its_band():
+    """The Latency page's calibration figure: one marker per published run, fitted filled and checks
+    hollow, on one row per device · engine · dtype, with the ±25% band; an empty table is refused."""
+    import pandas as pd
+    from attnviz.figures.calibration import BAND, calibration_figure
+    runs = pd.DataFrame(published.table())
+    fig = calibration_figure(runs)
+    points = sum(len(t.x) for t in fig.data)
+    assert points == len(published.RUNS) and all(abs(x) <= BAND for t in fig.data for x in t.x)
+    symbols = {t.name.split(" (")[1].rstrip(")"): t.marker.symbol for t in fig.data}
+    assert symbols == {"fit": "circle", "check": "circle-open"}
+    rows = {y for t in fig.data for y in t.y}
+    assert "pi5 · torch · fp32" in rows and "pi4 · ggml · fp16" in rows
+    assert f"{len(runs)} published Pi runs" in fig.layout.title.text
+    with pytest.raises(ValueError, match="no published runs"):
+        calibration_figure(runs.iloc[:0])

@@ -426,6 +426,7 @@ def test_published_runs_are_shown_on_request_with_their_error():
     assert len(runs) == len(published.RUNS) and (runs["error_pct"].abs() <= 25).all()
     assert {"torch", "ncnn", "ggml"} <= set(runs["engine"]) and "ms per GFLOP (marginal)" in set(runs["unit"])
     assert any("no bf16" in c.value for c in at.caption)
+    assert any("published Pi runs" in c.proto.spec for c in at.get("plotly_chart"))
 
 
 def test_memory_view_draws_one_line_for_devices_whose_memory_is_the_same():

@@ -8,6 +8,7 @@ import streamlit as st
 
 from attnviz.base import exports
 from attnviz.base.names import session_key
+from attnviz.figures.calibration import calibration_figure
 from attnviz.latency import published
 
 PAGE = "latency"
@@ -24,7 +25,7 @@ def runs_table() -> pd.DataFrame:
     df = pd.DataFrame(published.table())
     df["unit"] = df["metric"].map(UNITS)
     return df[["device", "engine", "dtype", "role", "unit", "n", "threads", "published", "predicted", "error_pct",
-               "source", "shape"]]
+               "source", "shape", "metric"]]
 
 
 def published_section():
@@ -33,6 +34,7 @@ def published_section():
                      key=K("show")):
         return
     df = runs_table()
+    st.plotly_chart(calibration_figure(df), key=K("figure"))
     st.dataframe(df, hide_index=True, key=K("table"), column_config={
         "error_pct": st.column_config.NumberColumn("error %", format="%+.1f"),
         "published": st.column_config.NumberColumn(format="%.4g"),
