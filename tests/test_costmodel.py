@@ -3,10 +3,12 @@ and recalibration behave, memory and weight estimates match the modules; the fit
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from attnviz.latency import calibrate, compare, decode, engines, published, shapes, sweep
+from attnviz.figures.calibration import BAND, calibration_figure
 from attnviz.latency import costmodel as cm
 from attnviz.weights.catalogue import random_model
 from attnviz.latency.results import parse_synthetic, with_heads
@@ -260,8 +262,6 @@ def test_bf16_is_measured_here_not_modelled_on_a_pi():
 def test_calibration_figure_draws_every_run_in_its_band():
     """The Latency page's calibration figure: one marker per published run, fitted filled and checks
     hollow, on one row per device · engine · dtype, with the ±25% band; an empty table is refused."""
-    import pandas as pd
-    from attnviz.figures.calibration import BAND, calibration_figure
     runs = pd.DataFrame(published.table())
     fig = calibration_figure(runs)
     points = sum(len(t.x) for t in fig.data)

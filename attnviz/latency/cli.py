@@ -129,13 +129,7 @@ def main(argv=None) -> int:
         sys.stdout.write(json.dumps(asdict(prof)) + "\n")
         return 0
     if args.published:
-        text = pd.DataFrame(published.table()).to_csv(index=False, float_format="%.4g")
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text)
-        else:
-            sys.stdout.write(text)
-        return 0
+        return translation.write_csv(pd.DataFrame(published.table()), args.out)
     if args.model and any(translation.is_translator(k) for k in args.model):  # en-pt, pt-en: encode + per token
         return translation.main(args, ap)
     if args.model and any(speech.is_speech(k) for k in args.model):  # whisper: a 30 s window + per token

@@ -48,8 +48,9 @@ WHISPER_SHAPES = {  # encoder: (layers, d, heads)
 TINYLLAMA = "synthetic:family=llama,layers=22,d=2048,heads=32,kv=4,ff=5632,vocab=32000,positions=2048,causal=1"
 LLAMA2_7B = "synthetic:family=llama,layers=32,d=4096,heads=32,ff=11008,vocab=32000,positions=4096,causal=1"
 LLAMA2_13B = "synthetic:family=llama,layers=40,d=5120,heads=40,ff=13824,vocab=32000,positions=4096,causal=1"
-YOLOV8N = "synthetic:gflops=8.744,mparams=3.152,calls=176"
-YOLOV8S = "synthetic:gflops=28.603,mparams=11.157,calls=176"
+YOLOV8N_GFLOP, YOLOV8S_GFLOP = 8.744, 28.603
+YOLOV8N = f"synthetic:gflops={YOLOV8N_GFLOP},mparams=3.152,calls=176"
+YOLOV8S = f"synthetic:gflops={YOLOV8S_GFLOP},mparams=11.157,calls=176"
 
 
 def whisper_shape(size: str) -> str:
@@ -102,12 +103,11 @@ RUNS: list[Run] = [
     Run(SGEMM_PR, "pi5", "ggml", "q4_0", LLAMA2_7B, 109, 4, "pp_tps", 8.10),
     # ollama's eval rate over a few hundred generated tokens after a short prompt: depth ~256 assumed
     Run(OLLAMA_13B, "pi5", "ggml", "q4_0", LLAMA2_13B, 256, 4, "tg_tps", 1.35, role="check"),
-    # PyTorch on both Pis, one harness: (YOLOv8s - YOLOv8n) ms / (28.603 - 8.744) GFLOP
-    Run(ULTRALYTICS.format("YOLOv8n 1068.42 ms, YOLOv8s 2589.58 ms on RPi4"), "pi4", "torch", "fp32", YOLOV8N, 1, 4,
-        "ms_per_gflop", (2589.58 - 1068.42) / (28.603 - 8.744), shape2=YOLOV8S, role="check"),
-    Run(ULTRALYTICS.format("YOLOv8n 508.61 ms, YOLOv8s 969.49 ms on RPi5"), "pi5", "torch", "fp32", YOLOV8N, 1, 4,
-        "ms_per_gflop", (969.49 - 508.61) / (28.603 - 8.744), shape2=YOLOV8S,
-        role="fit (its ratio to the Pi 4's)"),
+    # PyTorch on both Pis, one harness: (YOLOv8s - YOLOv8n) ms over their difference in GFLOP
+    *[Run(ULTRALYTICS.format(f"YOLOv8n {n_ms} ms, YOLOv8s {s_ms} ms on RPi{device[-1]}"), device, "torch", "fp32",
+          YOLOV8N, 1, 4, "ms_per_gflop", (s_ms - n_ms) / (YOLOV8S_GFLOP - YOLOV8N_GFLOP), shape2=YOLOV8S, role=role)
+      for device, n_ms, s_ms, role in (("pi4", 1068.42, 2589.58, "check"),
+                                       ("pi5", 508.61, 969.49, "fit (its ratio to the Pi 4's)"))],
 ]
 
 

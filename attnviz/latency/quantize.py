@@ -76,10 +76,20 @@ class QuantLinear(nn.Module):
         return y if act == "none" else ACTIVATIONS[act](y)
 
 
+def linear_weights(net: nn.Module) -> dict[str, int]:
+    """Weights per kind of linear layer in `net`, by the name its layers go by (qkv, out, fc_in,
+    fc_out, lm_head, ...)."""
+    out: dict[str, int] = {}
+    for module in net.modules():
+        for name, child in module.named_children():
+            if isinstance(child, nn.Linear) and child.weight.numel():
+                out[name] = out.get(name, 0) + child.weight.numel()
+    return out
+
+
 def linear_kinds(net: nn.Module) -> list[str]:
-    """The names linear layers go by in `net` (qkv, out, fc_in, fc_out, lm_head, ...): one per kind."""
-    return sorted({name for module in net.modules() for name, child in module.named_children()
-                   if isinstance(child, nn.Linear) and child.weight.numel()})
+    """The names linear layers go by in `net`: one per kind."""
+    return sorted(linear_weights(net))
 
 
 def quantize_net(net: nn.Module, mode: str, keep=()) -> nn.Module:
@@ -87,9 +97,10 @@ def quantize_net(net: nn.Module, mode: str, keep=()) -> nn.Module:
     the kinds named in `keep` (see `linear_kinds`), which stay float32."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
-    unknown = set(keep) - set(linear_kinds(net))
+    kinds = linear_kinds(net)
+    unknown = set(keep) - set(kinds)
     if unknown:
-        raise ValueError(f"no linear layers named {sorted(unknown)}; this model has {', '.join(linear_kinds(net))}")
+        raise ValueError(f"no linear layers named {sorted(unknown)}; this model has {', '.join(kinds)}")
     # oneDNN-prepacked weights (Linear.pack) cannot be deep-copied: the copies start unpacked
     memo = {id(m._packed): None for m in net.modules() if getattr(m, "_packed", None) is not None}
     out = copy.deepcopy(net, memo)
@@ -139,14 +150,21 @@ def latency_ratio(model, twin, rounds: int = 5) -> float:
     return float(torch.tensor(tb).median() / torch.tensor(ta).median())
 
 
-def fidelity(model, twin) -> dict:
-    """What the quantized twin keeps of the float model's output (see the module docstring)."""
+def reference(model):
+    """The float model's output that `fidelity` compares a quantized twin with."""
     if hasattr(model, "translate"):
-        same = [model.translate(s, attentions=False).text == twin.translate(s, attentions=False).text
-                for s in SENTENCES]
+        return [model.translate(s, attentions=False).text for s in SENTENCES]
+    return model.trace(_input(model), attentions=False)
+
+
+def fidelity(model, twin, ref=None) -> dict:
+    """What the quantized twin keeps of the float model's output (see the module docstring);
+    `ref`: the model's `reference`, when several twins are compared with it."""
+    ref = reference(model) if ref is None else ref
+    if hasattr(model, "translate"):
+        same = [text == twin.translate(s, attentions=False).text for s, text in zip(SENTENCES, ref)]
         return {"translations identical": f"{sum(same)}/{len(same)}"}
-    x = _input(model)
-    ref, got = model.trace(x, attentions=False), twin.trace(x, attentions=False)
+    got = twin.trace(_input(model), attentions=False)
     if ref.logits is not None:
         p, q = ref.logits.float().log_softmax(-1), got.logits.float().log_softmax(-1)
         kl = float((p.exp() * (p - q)).sum(-1).mean())
@@ -167,10 +185,11 @@ def quantization_table(keys=("minilm", "smollm2", "dinov2", "en-pt", "pt-en"), m
     rows = []
     for key in keys:
         model = loader(key)
+        ref = reference(model)
         for mode in modes:
             twin = quantized_copy(model, mode)
             rows.append(dict(model=key, mode=mode, latency_ratio=latency_ratio(model, twin, rounds),
-                             **{k: v for k, v in fidelity(model, twin).items()}))
+                             **fidelity(model, twin, ref)))
     return pd.DataFrame(rows)
 
 
@@ -179,9 +198,8 @@ def sensitivity(model, mode: str = "int8", check=None) -> pd.DataFrame:
     each kind of linear layer (qkv, out, fc_in, fc_out, lm_head, ...) left float32 in turn, and the
     share of the linear weights that stay float32 (its memory price). `check` (e.g. a Cancel's)
     runs before each copy is made and raises to stop; one copy exists at a time."""
-    kinds = linear_kinds(model.net)
-    sizes = {k: sum(c.weight.numel() for m in model.net.modules() for n, c in m.named_children()
-                    if n == k and isinstance(c, nn.Linear)) for k in kinds}
+    sizes = linear_weights(model.net)
+    kinds, ref = sorted(sizes), reference(model)
     rows = []
     for keep in [()] + [(k,) for k in kinds]:
         if check is not None:
@@ -189,7 +207,7 @@ def sensitivity(model, mode: str = "int8", check=None) -> pd.DataFrame:
         twin = quantized_copy(model, mode, keep)
         rows.append(dict(float32_kept=keep[0] if keep else "none",
                          float32_weight_share=sum(sizes[k] for k in keep) / sum(sizes.values()),
-                         **fidelity(model, twin)))
+                         **fidelity(model, twin, ref)))
     return pd.DataFrame(rows)
 
 
