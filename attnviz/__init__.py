@@ -1,10 +1,11 @@
 """attnviz: every attention head of real pretrained models, computed by our own modules.
 
 The library is layered; each subpackage imports only from those above it here:
-base -> core -> toys -> weights -> analysis, latency -> figures -> ui (the only streamlit importer).
+base -> uploads -> core -> toys -> weights -> analysis, latency -> figures -> ui (the only streamlit
+importer).
 """
-from attnviz.core.images import open_image
 from attnviz.core.model import Model, ModelInfo, Trace
+from attnviz.uploads.images import open_image
 from attnviz.weights.catalogue import DEFAULT_MODEL, from_hf, list_models, load_model
 
 

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import attnviz  # noqa: E402
 from attnviz.analysis import vision  # noqa: E402
 from attnviz.figures import images  # noqa: E402
-from attnviz.core.images import load_sample  # noqa: E402
+from attnviz.uploads.images import load_sample  # noqa: E402
 
 TARGET_S = 1.5
 APPLY_TARGET_S = 1.0   # on top of the masked run

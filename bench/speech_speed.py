@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import attnviz  # noqa: E402
 from attnviz.base.jobs import Deadline  # noqa: E402
 from attnviz.base.timing import measure  # noqa: E402
-from attnviz.core.audio import read_audio  # noqa: E402
+from attnviz.uploads.audio import read_audio  # noqa: E402
 from attnviz.weights.catalogue import bundled_path  # noqa: E402
 
 CLIP = Path(attnviz.__file__).parent / "data" / "audio" / "hello_world.wav"

@@ -94,7 +94,7 @@ def test_attention_view_choice_outlives_downloads_and_buttons(page, server):
 
 
 def test_images_upload_photo(page, server, tmp_path):
-    from attnviz.core.images import sample_images
+    from attnviz.uploads.images import sample_images
     open_page(page, server, "Images")
     page.get_by_text("Upload", exact=True).click()
     wait_idle(page)

@@ -1,6 +1,7 @@
 """The architecture's rules, read from the source text (see README, "Architecture").
 
-Layers import only downward: base -> core -> toys -> weights -> analysis | latency -> figures -> ui.
+Layers import only downward: base -> uploads -> core -> toys -> weights -> analysis | latency -> figures
+-> ui.
 Only attnviz/ui imports streamlit; plotly and matplotlib only figures and ui; no attnviz import
 inside a function; no private name taken from another module; pages and app.py <= 80 lines;
 library files <= 400 lines.
@@ -14,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "attnviz"
-RANK = {"base": 0, "core": 1, "toys": 2, "weights": 3, "analysis": 4, "latency": 4, "figures": 5, "ui": 6}
+RANK = {"base": 0, "uploads": 1, "core": 2, "toys": 3, "weights": 4, "analysis": 5, "latency": 5, "figures": 6,
+        "ui": 7}
 ENTRY = {"__init__", "bench"}  # attnviz/__init__.py (the public API) and attnviz/bench.py (the CLI)
 PAGE_MAX, LIBRARY_MAX = 80, 400
 

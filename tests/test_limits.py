@@ -37,7 +37,7 @@ def test_streamlit_upload_cap_agrees_with_limits():
     import tomllib
     from pathlib import Path
     cfg = tomllib.loads((Path(__file__).parent.parent / ".streamlit" / "config.toml").read_text())
-    # the browser widget counts MB as 10**6 bytes (1024**2 only on Windows): see test_imageio
+    # the browser widget counts MB as 10**6 bytes (1024**2 only on Windows): see test_image_uploads
     assert cfg["server"]["maxUploadSize"] * 10**6 == Limits().max_upload_bytes
     assert cfg["server"]["enableXsrfProtection"] is True
 

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz.ui.common import plain
 
-from tests.test_imageio import padded_png, png_header_only
+from tests.test_image_uploads import padded_png, png_header_only
 from tests.test_parity import tiny
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "3_Images.py")
@@ -240,13 +240,13 @@ def test_upload_names_never_render_as_markdown():
 def test_a_file_that_fails_to_decode_is_not_decoded_again_on_every_rerun(monkeypatch):
     """Issue 17.4: exceptions are not cached, so a bad file was decoded again on every slider nudge
     (a 20 MB RLE8 BMP: 8 s of CPU each time). The failure is remembered by content digest."""
-    from attnviz.core import images as imageio
-    calls, real = [], imageio.open_image
+    from attnviz.uploads import images
+    calls, real = [], images.open_image
 
     def counting(data, *args, **kwargs):
         calls.append(len(data))
         return real(data, *args, **kwargs)
-    monkeypatch.setattr(imageio, "open_image", counting)
+    monkeypatch.setattr(images, "open_image", counting)
     at = upload_page()
     upload(at, "stripes.png", png())
     bad = png()[:120]
@@ -278,27 +278,27 @@ def test_non_square_photo_is_centre_cropped_by_default_and_can_be_padded_or_sque
 
 
 def test_fit_square_crop_pad_squeeze_pixels():
-    from attnviz.core import images as imageio
+    from attnviz.uploads import images
 
     photo = Image.open(io.BytesIO(png()))                   # 90 x 60: left half black, right yellow
-    crop = imageio.fit_square(photo)
+    crop = images.fit_square(photo)
     assert crop.size == (60, 60)
     assert np.array_equal(np.asarray(crop), np.asarray(photo)[:, 15:75])       # the centre square
-    pad = imageio.fit_square(photo, "pad", (0.5, 0.5, 0.5))
+    pad = images.fit_square(photo, "pad", (0.5, 0.5, 0.5))
     assert pad.size == (90, 90)
     assert np.array_equal(np.asarray(pad)[15:75], np.asarray(photo))
     assert (np.asarray(pad)[:15] == 128).all() and (np.asarray(pad)[75:] == 128).all()
-    assert imageio.fit_square(photo, "squeeze").size == (90, 60)
+    assert images.fit_square(photo, "squeeze").size == (90, 60)
     with pytest.raises(ValueError, match="crop, pad, squeeze"):
-        imageio.fit_square(photo, "stretch")
+        images.fit_square(photo, "stretch")
     # preprocess: crop by default (nothing stretched), the mean-colour bars normalise to 0
     plain_stats = dict(mean=(0, 0, 0), std=(1, 1, 1), patch_size=14)
-    assert np.allclose(imageio.preprocess(photo, 112, **plain_stats).numpy(),
-                       imageio.preprocess(crop, 112, **plain_stats).numpy())
-    padded = imageio.preprocess(photo, 112, fit="pad", patch_size=14)
+    assert np.allclose(images.preprocess(photo, 112, **plain_stats).numpy(),
+                       images.preprocess(crop, 112, **plain_stats).numpy())
+    padded = images.preprocess(photo, 112, fit="pad", patch_size=14)
     assert padded[:, :10].abs().max() < 1e-2                 # the top bar: the mean colour
-    assert not np.allclose(imageio.preprocess(photo, 112, fit="squeeze", **plain_stats).numpy(),
-                           imageio.preprocess(crop, 112, **plain_stats).numpy())
+    assert not np.allclose(images.preprocess(photo, 112, fit="squeeze", **plain_stats).numpy(),
+                           images.preprocess(crop, 112, **plain_stats).numpy())
 
 
 # ---------------------------------------------------------------- issue 22.7: say the scale, draw a colour bar

@@ -9,8 +9,8 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz.analysis import patterns
-from attnviz.core.images import load_sample
 from attnviz.ui import lab_patterns
+from attnviz.uploads.images import load_sample
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "5_Lab.py")
 VIEW = "Patches, padding, sparse patterns"

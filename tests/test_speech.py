@@ -13,8 +13,8 @@ import soundfile as sf
 import torch
 
 import attnviz
-from attnviz.core import audio as audio_mod
 from attnviz.core.speech import APPENDED, Transcript, Word, alignment_matrix, dtw, merge_punctuation
+from attnviz.uploads import audio
 from attnviz.weights import ctranslate2 as ct2_reader
 from attnviz.weights.catalogue import bundled_path
 
@@ -207,10 +207,10 @@ def test_greedy_tokens_identical_to_ctranslate2(model, heard, clip):
     folder = str(bundled_path("whisper-tiny-en"))
     engine = ctranslate2.models.Whisper(folder, device="cpu", compute_type="float32", intra_threads=1)
     prompt = [["<|startoftranscript|>", "<|notimestamps|>"]]
-    quiet = (audio_mod.read_audio(clip).samples * 0.3
+    quiet = (audio.read_audio(clip).samples * 0.3
              + np.random.default_rng(0).normal(0, 0.01, 61066).astype(np.float32))
     for samples, ours in ((None, heard), (quiet, model.transcribe(quiet))):
-        feats = heard.features if samples is None else model.features(audio_mod.read_audio(samples))
+        feats = heard.features if samples is None else model.features(audio.read_audio(samples))
         ref = engine.generate(ctranslate2.StorageView.from_array(feats[None].numpy()), prompt, beam_size=1)
         assert ours.ids.tolist() == ref[0].sequences_ids[0] + [model.cfg.eos_id]
     assert heard.text == "Hello World, this is a test on speech recognition."
@@ -335,19 +335,19 @@ def wav(samples, rate=16_000, subtype="PCM_16", fmt="WAV") -> bytes:
 
 
 def test_stereo_is_downmixed_and_other_rates_resampled(clip):
-    mono = audio_mod.read_audio(clip).samples
-    stereo = audio_mod.read_audio(wav(np.stack([mono, mono], 1), subtype="FLOAT"))
+    mono = audio.read_audio(clip).samples
+    stereo = audio.read_audio(wav(np.stack([mono, mono], 1), subtype="FLOAT"))
     assert stereo.channels == 2 and np.allclose(stereo.samples, mono, atol=1e-6)
     t = np.arange(48_000) / 48_000
     tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
     for rate in (8_000, 96_000):
         x = (0.5 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate)).astype(np.float32)
-        got = audio_mod.read_audio(wav(x, rate, *(("PCM_16", "FLAC") if rate == 8_000 else ("FLOAT", "WAV"))))
+        got = audio.read_audio(wav(x, rate, *(("PCM_16", "FLAC") if rate == 8_000 else ("FLOAT", "WAV"))))
         assert got.source_rate == rate and abs(len(got.samples) - 16_000) <= 1
         spectrum = np.abs(np.fft.rfft(got.samples))
         assert abs(int(np.argmax(spectrum)) - 440) <= 1   # 1 Hz bins: the tone stays at 440 Hz
-    assert audio_mod.read_audio(tone[::3]).format == "array"
-    assert audio_mod.read_audio((tone * 32767).astype(np.int16)).samples.max() == pytest.approx(0.5, abs=1e-3)
+    assert audio.read_audio(tone[::3]).format == "array"
+    assert audio.read_audio((tone * 32767).astype(np.int16)).samples.max() == pytest.approx(0.5, abs=1e-3)
 
 
 @pytest.mark.parametrize("what, data, message", [
@@ -357,29 +357,29 @@ def test_stereo_is_downmixed_and_other_rates_resampled(clip):
 ])
 def test_bytes_that_are_not_audio(what, data, message):
     with pytest.raises(ValueError, match=message):
-        audio_mod.read_audio(data)
+        audio.read_audio(data)
 
 
 def test_silence_clipping_and_bad_arrays():
     with pytest.raises(ValueError, match="silent"):
-        audio_mod.read_audio(wav(np.zeros(16_000, dtype=np.float32)))
+        audio.read_audio(wav(np.zeros(16_000, dtype=np.float32)))
     noise = np.sign(np.random.default_rng(0).normal(size=16_000)).astype(np.float32)
     with pytest.raises(ValueError, match="clipped"):
-        audio_mod.read_audio(wav(noise))
+        audio.read_audio(wav(noise))
     with pytest.raises(ValueError, match="NaN"):
-        audio_mod.read_audio(np.full(16_000, np.nan, dtype=np.float32))
+        audio.read_audio(np.full(16_000, np.nan, dtype=np.float32))
     with pytest.raises(ValueError, match="at least"):
-        audio_mod.read_audio(np.full(100, 0.1, dtype=np.float32))
+        audio.read_audio(np.full(100, 0.1, dtype=np.float32))
     for bad in ("hello", np.zeros((2, 2, 2)), np.array([], dtype=np.float32), [[0.1] * 20] * 2000):
         with pytest.raises(ValueError):
-            audio_mod.read_audio(bad)
+            audio.read_audio(bad)
 
 
 def test_long_audio_is_refused_or_cut(clip):
-    x = np.tile(audio_mod.read_audio(clip).samples, 10)            # 38 s
+    x = np.tile(audio.read_audio(clip).samples, 10)            # 38 s
     with pytest.raises(ValueError, match="30 s at a time"):
-        audio_mod.read_audio(wav(x))
-    cut = audio_mod.read_audio(wav(x), cut=True)
+        audio.read_audio(wav(x))
+    cut = audio.read_audio(wav(x), cut=True)
     assert cut.duration == pytest.approx(30.0) and cut.truncated_seconds == pytest.approx(len(x) / 16_000 - 30)
 
 
@@ -389,12 +389,12 @@ def test_big_uploads_are_refused_from_the_header(set_limits):
     long_claim = header[:i + 4] + struct.pack("<I", 20 * 10**6 - 44) + header[i + 8:]
     padded = long_claim + bytes(20 * 10**6 - len(long_claim))       # ... padded to a 20 MB upload: 625 s
     with pytest.raises(ValueError, match="limit is 120 s"):
-        audio_mod.read_audio(padded)
+        audio.read_audio(padded)
     with pytest.raises(ValueError, match="limit is 20.0 MB"):
-        audio_mod.read_audio(padded + b"\0")
+        audio.read_audio(padded + b"\0")
     set_limits(max_audio_bytes=1000)
     with pytest.raises(ValueError, match="limit is 0.0 MB"):
-        audio_mod.read_audio(header + bytes(2000))
+        audio.read_audio(header + bytes(2000))
 
 
 def test_a_header_that_lies_about_its_length(clip):
@@ -402,8 +402,8 @@ def test_a_header_that_lies_about_its_length(clip):
     n = struct.unpack("<I", clip[i + 4:i + 8])[0]
     lying = clip[:i + 4] + struct.pack("<I", 10 * n) + clip[i + 8:]
     with pytest.raises(ValueError, match="cut short or its header is wrong"):
-        audio_mod.read_audio(lying)
+        audio.read_audio(lying)
     with pytest.raises(ValueError, match="cut short"):
-        audio_mod.read_audio(clip[: len(clip) // 3])
+        audio.read_audio(clip[: len(clip) // 3])
     streamed = clip[:i + 4] + struct.pack("<I", 0xFFFFFFFF) + clip[i + 8:]   # left open by a streaming writer
-    assert len(audio_mod.read_audio(streamed).samples) == n // 2
+    assert len(audio.read_audio(streamed).samples) == n // 2

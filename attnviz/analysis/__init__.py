@@ -1,4 +1,4 @@
-"""Layer 4, analysis: head statistics and roles, long captures, effects of masks, importance, pruning
+"""Layer 5, analysis: head statistics and roles, long captures, effects of masks, importance, pruning
 curves, head scores, vision analysis, lab computations.
 
 Imports: attnviz.base, core, toys, weights.

@@ -19,7 +19,7 @@ from PIL import Image
 
 from attnviz.analysis import stats as analysis
 from attnviz.core.model import Model, Trace
-from attnviz.core.images import check_aspect
+from attnviz.uploads.images import check_aspect
 from attnviz.base.limits import LIMITS
 
 # Artefact tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): DINOv2 recycles a

@@ -1,7 +1,7 @@
-"""Layer 1, core: the config, attention, positional encodings, the transformer and its block runner,
-`Model` / `Trace`, tokens, images, surgery; encoder-decoders (seq2seq, translate) and speech (whisper,
-speech, audio).
+"""Layer 2, core: the models. The config, attention, positional encodings, the transformer and its
+block runner, `Model` / `Trace`, tokens, surgery; encoder-decoders (seq2seq, translate) and speech
+(whisper, speech). Decoding what users upload is the layer below (attnviz.uploads).
 
-Imports: torch (and PIL for decoding images; soundfile, scipy and transformers' Whisper feature
-extractor for audio); attnviz.base.
+Imports: torch (and scipy's median filter where Whisper's word timings are first computed);
+attnviz.base, attnviz.uploads.
 """

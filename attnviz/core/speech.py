@@ -21,7 +21,7 @@ import torch
 
 from attnviz.base.jobs import Deadline
 from attnviz.base.limits import LIMITS
-from attnviz.core.audio import RATE, Audio, log_mel, read_audio
+from attnviz.uploads.audio import RATE, Audio, log_mel, read_audio
 from attnviz.core.translate import Seq2SeqModel
 from attnviz.core.model import ModelInfo, count_params
 from attnviz.core.whisper import FRAMES_PER_SECOND, HOP, Whisper, WhisperConfig
@@ -188,7 +188,7 @@ def alignment_matrix(weights: np.ndarray, skip: int, audio_frames: int) -> np.nd
     mean, std = w.mean(-2, keepdims=True), w.std(-2, keepdims=True)   # over tokens, per frame
     w = (w - mean) / np.where(std > 0, std, 1.0)
     if audio_frames > MEDIAN_WIDTH // 2:  # 'mirror' is torch's 'reflect' padding, as Whisper pads
-        from scipy.ndimage import median_filter   # here, not at start-up: see core.audio
+        from scipy.ndimage import median_filter   # here, not at start-up: see uploads.audio
         w = median_filter(w, size=(1, 1, MEDIAN_WIDTH), mode="mirror")
     return w.mean(0)[skip:-1]
 

@@ -1,4 +1,4 @@
-"""Layer 5, figures: every plotly / matplotlib / PIL builder, pure functions from arrays to figures.
+"""Layer 6, figures: every plotly / matplotlib / PIL builder, pure functions from arrays to figures.
 
 Imports: plotly, matplotlib, PIL; attnviz.base, core, toys, weights, analysis, latency.
 """

@@ -1,4 +1,4 @@
-"""Layer 4, latency (beside analysis): what a forward pass costs. `measure` (one point here: time
+"""Layer 5, latency (beside analysis): what a forward pass costs. `measure` (one point here: time
 with the one timer, peak memory), `costmodel` (ops, device profiles, predict), `calibrate` (this
 host's profile, profiles fitted to a device's CSV), `sweep` (plans, estimates, budgets, run_sweep),
 `child` (other thread counts in a child process), `results` (the CSV), `compare` (fits, model

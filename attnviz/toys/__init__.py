@@ -1,4 +1,4 @@
-"""Layer 2, toys: synthetic tasks with exact answers, scoring, shipped toy checkpoints, training.
+"""Layer 3, toys: synthetic tasks with exact answers, scoring, shipped toy checkpoints, training.
 
 Imports: attnviz.base, attnviz.core.
 """

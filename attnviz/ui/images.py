@@ -16,12 +16,12 @@ from attnviz.analysis import vision
 from attnviz.base import exports
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
-from attnviz.core import images as imageio
 from attnviz.figures import images as pictures
 from attnviz.figures import render
 from attnviz.figures.attention import distance_figure
 from attnviz.ui import common
 from attnviz.ui.head_editor import head_editor, metric_delta
+from attnviz.uploads import images
 
 PAGE = "images"
 UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff"]
@@ -37,7 +37,7 @@ def K(name: str) -> str:
 def decoded(image_key: str, _data: bytes):
     """Decoded photo (and its display copy) per content digest: reruns never decode the same
     bytes twice."""
-    photo = imageio.open_image(_data)
+    photo = images.open_image(_data)
     return photo, pictures.display_image(photo)
 
 
@@ -52,7 +52,7 @@ FIT_SAID = {"crop": "centre square cropped", "pad": "padded to a square with the
 def squared(image_key: str, fit: str, _photo, _fill):
     """The photo made square as the model sees it (core.images.fit_square) and its display copy,
     per photo and fit: the overlays lie over exactly the pixels the model saw."""
-    square = imageio.fit_square(_photo, fit, _fill)
+    square = images.fit_square(_photo, fit, _fill)
     return square, pictures.display_image(square)
 
 
@@ -94,7 +94,7 @@ def upload_key(upload) -> str:
 def choose_photo(cfg):
     """(label, image key, bytes, photo, display copy) from the sidebar; a bad (or no) upload keeps
     the last photo that worked, else the first sample. None when there is nothing to show."""
-    samples = imageio.sample_images()
+    samples = images.sample_images()
     with st.sidebar:
         source = st.radio("Image", ["Sample photo", "Upload"], key=K("source"), horizontal=True)
         upload = sample = None

@@ -14,10 +14,10 @@ from attnviz.analysis.vision import resolution_options
 from attnviz.base import jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.base.timing import speed_words
-from attnviz.core import images as imageio
 from attnviz.figures import patterns as pf
 from attnviz.ui import common as ui
 from attnviz.ui import jobs as ui_jobs
+from attnviz.uploads import images
 
 PAGE = "lab"
 VISION = "dinov2"          # the bundled vision model: the one whose patches are shown
@@ -54,14 +54,14 @@ def model_id(model) -> str:
 def patch_tokens(vision, sample: str, size: int):
     """(photo, PatchTokens) per model, sample and input side, shared by sessions, bounded in bytes."""
     def make():
-        photo = imageio.load_sample(sample)
+        photo = images.load_sample(sample)
         return photo, patterns.patch_tokens(vision, photo, size)
 
     return ui.cached(ui.shared_cache("lab.patches", 8, 64), (model_id(vision), sample, size), make)
 
 
 def patches_section(_model):
-    samples = imageio.sample_images()
+    samples = images.sample_images()
     if not samples:
         st.warning("No sample photos: scikit-image is not installed.")
         return

@@ -17,7 +17,7 @@ import torch
 
 from attnviz.base.limits import LIMITS
 from attnviz.core.config import Config
-from attnviz.core.images import IMAGENET_MEAN, IMAGENET_STD
+from attnviz.uploads.images import IMAGENET_MEAN, IMAGENET_STD
 from attnviz.core.model import Model, ModelInfo
 from attnviz.core.saliency import SaliencyDecoder
 from attnviz.core.transformer import Transformer

@@ -6,7 +6,7 @@ peak at 1-2 GB while it became RGB: whole-image float64 copies, and RGBA composi
 Here an image is shrunk by an integer factor (Pillow's box filter, in C) to at most
 LIMITS.max_decoded_pixels and converted a band of rows at a time, each band shrunk in its own mode
 where Pillow can, straight into one RGB image: the work beyond the decoded pixels is that RGB image
-(4 bytes a pixel in Pillow) plus one band. `attnviz.core.bands` feeds PNG and TIFF files here band
+(4 bytes a pixel in Pillow) plus one band. `attnviz.uploads.bands` feeds PNG and TIFF files here band
 by band, so that the full-size image never exists at all.
 """
 from __future__ import annotations

@@ -3,8 +3,8 @@
 `open_image` is the one door through which uploaded bytes become pixels: it caps the file size
 and the pixel count (read from the header, before anything is decoded), accepts only a short list
 of formats, shrinks what is larger than LIMITS.max_decoded_pixels while decoding, and turns every
-colour mode Pillow can produce into plain 8-bit RGB (`attnviz.core.colour`); a large PNG or TIFF
-is decoded a band of rows at a time (`attnviz.core.bands`), so its full-size pixels never exist.
+colour mode Pillow can produce into plain 8-bit RGB (`attnviz.uploads.colour`); a large PNG or TIFF
+is decoded a band of rows at a time (`attnviz.uploads.bands`), so its full-size pixels never exist.
 Every refusal is a ValueError whose message says what was wrong and what to do. At most
 LIMITS.max_image_decodes decodes run at once, server-wide; bytes that failed once fail again at
 once (remembered by their SHA-256), without being decoded again.
@@ -31,8 +31,8 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from attnviz.base.limits import LIMITS
-from attnviz.core.bands import DECODE_ERRORS, TooLargeToDecode, decode_in_bands
-from attnviz.core.colour import ORIENTATION, sample_range, shrink_factor, shrink_to_rgb, strips, to_rgb
+from attnviz.uploads.bands import DECODE_ERRORS, TooLargeToDecode, decode_in_bands
+from attnviz.uploads.colour import ORIENTATION, sample_range, shrink_factor, shrink_to_rgb, strips, to_rgb
 
 logger = logging.getLogger(__name__)
 

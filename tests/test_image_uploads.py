@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from attnviz.base.limits import LIMITS
-from attnviz.core.images import (
+from attnviz.uploads.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     load_sample,
@@ -417,7 +417,7 @@ def test_unknown_sample_is_refused():
 
 # Failures remembered, decodes bounded, large images shrunk before converting (issue 17.4, 17.5)
 # --------------------------------------------------------------------------------------------
-from attnviz.core import colour, images  # noqa: E402
+from attnviz.uploads import colour, images  # noqa: E402
 
 
 def corrupt_png(seed: int = 0) -> bytes:
@@ -549,7 +549,7 @@ def test_peak_memory_of_a_40_mpx_float_tiff(tmp_path):
     Image.fromarray(np.kron(blocks, np.ones((500, 500), np.float32))).save(path, compression="tiff_deflate")
     code = (  # VmHWM: this process's own peak (ru_maxrss would carry the parent's over exec)
         "import sys\n"
-        "from attnviz.core.images import open_image\n"
+        "from attnviz.uploads.images import open_image\n"
         "def hwm():\n"
         "    line = next(x for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
         "    return int(line.split()[1]) * 1024\n"
@@ -567,7 +567,7 @@ def test_peak_memory_of_a_40_mpx_float_tiff(tmp_path):
 # --------------------------------------------------------------------------------------------
 import tifffile  # noqa: E402  (scikit-image's dependency: the TIFF layouts Pillow does not write)
 
-from attnviz.core import bands  # noqa: E402
+from attnviz.uploads import bands  # noqa: E402
 
 
 def noise(shape, dtype=np.uint8, seed=0) -> np.ndarray:
@@ -848,7 +848,7 @@ def test_peak_memory_of_a_40_mpx_upload_is_bounded_by_the_capped_size(kind, tmp_
         "import io, sys\n"
         "from PIL import Image\n"
         "from attnviz.base import limits\n"
-        "from attnviz.core.images import open_image\n"
+        "from attnviz.uploads.images import open_image\n"
         "def hwm():\n"
         "    line = next(x for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
         "    return int(line.split()[1]) * 1024\n"

@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image, TiffImagePlugin, TiffTags
 
 from attnviz.base.limits import LIMITS
-from attnviz.core.colour import ORIENTATION, STRIP_PIXELS, sample_range, shrink_to_rgb
+from attnviz.uploads.colour import ORIENTATION, STRIP_PIXELS, sample_range, shrink_to_rgb
 
 RGB_BYTES = 4                    # Pillow keeps RGB in 4 bytes a pixel
 BAND_PIXELS = STRIP_PIXELS // 8  # source pixels decoded at once (a float32 band: 512 KB); larger
