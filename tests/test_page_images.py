@@ -277,30 +277,6 @@ def test_non_square_photo_is_centre_cropped_by_default_and_can_be_padded_or_sque
     assert "cropped" not in photo_caption(at) and "padded" not in photo_caption(at)
 
 
-def test_fit_square_crop_pad_squeeze_pixels():
-    from attnviz.uploads import images
-
-    photo = Image.open(io.BytesIO(png()))                   # 90 x 60: left half black, right yellow
-    crop = images.fit_square(photo)
-    assert crop.size == (60, 60)
-    assert np.array_equal(np.asarray(crop), np.asarray(photo)[:, 15:75])       # the centre square
-    pad = images.fit_square(photo, "pad", (0.5, 0.5, 0.5))
-    assert pad.size == (90, 90)
-    assert np.array_equal(np.asarray(pad)[15:75], np.asarray(photo))
-    assert (np.asarray(pad)[:15] == 128).all() and (np.asarray(pad)[75:] == 128).all()
-    assert images.fit_square(photo, "squeeze").size == (90, 60)
-    with pytest.raises(ValueError, match="crop, pad, squeeze"):
-        images.fit_square(photo, "stretch")
-    # preprocess: crop by default (nothing stretched), the mean-colour bars normalise to 0
-    plain_stats = dict(mean=(0, 0, 0), std=(1, 1, 1), patch_size=14)
-    assert np.allclose(images.preprocess(photo, 112, **plain_stats).numpy(),
-                       images.preprocess(crop, 112, **plain_stats).numpy())
-    padded = images.preprocess(photo, 112, fit="pad", patch_size=14)
-    assert padded[:, :10].abs().max() < 1e-2                 # the top bar: the mean colour
-    assert not np.allclose(images.preprocess(photo, 112, fit="squeeze", **plain_stats).numpy(),
-                           images.preprocess(crop, 112, **plain_stats).numpy())
-
-
 # ---------------------------------------------------------------- issue 22.7: say the scale, draw a colour bar
 def test_overlays_say_their_scale_offer_a_shared_one_and_draw_a_colour_bar():
     at = run_page()

@@ -66,7 +66,7 @@ class PatchTokens:
 
 
 def crop_box(width: int, height: int) -> tuple[int, int, int]:
-    """(left, top, side) of the centre square `core.images.fit_square(..., "crop")` keeps."""
+    """(left, top, side) of the centre square `core.pixels.fit_square(..., "crop")` keeps."""
     side = min(width, height)
     return (width - side) // 2, (height - side) // 2, side
 

@@ -38,7 +38,7 @@ def check_photo(image: Image.Image, patch_size: int, max_aspect: float | None = 
 
     A photo smaller than one patch of the model on a side (a 1 x 1 GIF) would only be blown up
     into a blur, and a strip beyond `max_aspect`:1 (1 x 640 px) squeezes to nothing. Raises
-    ValueError; `imageio.open_image` already refuses the strips of uploads from their header."""
+    ValueError; `uploads.images.open_image` already refuses the strips of uploads from their header."""
     max_aspect = LIMITS.max_image_aspect if max_aspect is None else max_aspect
     width, height = image.size
     check_aspect(width, height, max_aspect)

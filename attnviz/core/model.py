@@ -10,7 +10,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.core import surgery
 from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
-from attnviz.uploads.images import preprocess
+from attnviz.core.pixels import preprocess
 from attnviz.core.tokens import check_text, labels as token_labels
 from attnviz.core.transformer import Transformer
 

