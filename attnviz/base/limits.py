@@ -56,7 +56,7 @@ class Limits:
                                         # box filter, before any mode conversion): no view draws more
                                         # (max_render_pixels), and an RGB image this size holds 64 MB:
                                         # a PNG or TIFF whose decode would take more is decoded in bands
-                                        # (core.bands), or refused where it cannot be
+                                        # (uploads.bands), or refused where it cannot be
     max_image_decodes: int = 2          # server-wide uploads decoded at once; one more is told the server is busy
     min_image_side: int = 112           # model input side offered in the app
     max_image_side: int = 448
