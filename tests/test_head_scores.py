@@ -16,7 +16,7 @@ from tests import tiny as configs
 
 LLAMA = dataclasses.replace(configs.LLAMA, max_positions=64)
 BERT = dataclasses.replace(configs.BERT, max_positions=64)
-VIT = Config(family="vit", n_layers=1, n_heads=2, n_kv_heads=2, d_model=8, d_head=4, d_ff=16,
+VIT = Config(family="vit", task="vision", n_layers=1, n_heads=2, n_kv_heads=2, d_model=8, d_head=4, d_ff=16,
              image_size=28, patch_size=14, pre_norm=True)
 
 

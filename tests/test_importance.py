@@ -15,15 +15,15 @@ SIGNAL = (1, 2)  # the one head that carries everything in the toy models
 
 
 def lm_config(n_kv=4):
-    return Config(family="llama", n_layers=2, n_heads=4, n_kv_heads=n_kv, d_model=32, d_head=8,
+    return Config(family="llama", task="lm", n_layers=2, n_heads=4, n_kv_heads=n_kv, d_model=32, d_head=8,
                   d_ff=64, vocab_size=40, max_positions=64, norm="rmsnorm", norm_eps=1e-6,
                   positional="rotary", causal=True, pre_norm=True, activation="silu", gated_mlp=True,
                   qkv_bias=False, out_bias=False, mlp_bias=False)
 
 
 def bert_config():
-    return Config(family="bert", n_layers=2, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
-                  vocab_size=40, max_positions=64, type_vocab_size=2, final_norm=False)
+    return Config(family="bert", task="encoder", n_layers=2, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
+                  vocab_size=40, max_positions=64, type_vocab_size=2, embedding_norm=True, final_norm=False)
 
 
 def one_head_model(cfg):
@@ -318,7 +318,7 @@ def test_heads_figures():
 
 # ---------------------------------------------------------------- the live view (issue 12)
 def gpt2_config():
-    return Config(family="gpt2", n_layers=3, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
+    return Config(family="gpt2", task="lm", n_layers=3, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
                   vocab_size=40, max_positions=64, norm="layernorm", positional="learned", causal=True,
                   pre_norm=True, activation="gelu", gated_mlp=False, qkv_bias=True, out_bias=True,
                   mlp_bias=True)

@@ -173,3 +173,86 @@ def test_a_page_imports_only_what_its_first_view_needs(module):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", f"attnviz.ui.{module} imports {out.stdout.strip()} at start-up"
+
+
+# ---------------------------------------------------------------- one family registry
+FAMILY_DIR = LIB / "weights" / "families"
+
+
+def family_names() -> dict[str, str]:
+    """Module stem -> `NAME` of every family file (a module-level `NAME = "..."`)."""
+    out = {}
+    for path in sorted(FAMILY_DIR.glob("*.py")):
+        for node in parse(path).body:
+            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["NAME"]
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                out[path.stem] = node.value.value
+    return out
+
+
+def module_level_names(tree: ast.Module):
+    """(name, value, line) of every module-level assignment."""
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else []
+        for target in targets:
+            if isinstance(target, ast.Name):
+                yield target.id, node.value, node.lineno
+
+
+def string_items(value: ast.AST) -> list[str]:
+    """The string literals a container literal lists (a dict: its keys)."""
+    items = value.keys if isinstance(value, ast.Dict) else \
+        value.elts if isinstance(value, (ast.Tuple, ast.List, ast.Set)) else []
+    return [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+
+
+def test_one_family_registry():
+    names = set(family_names().values())
+    assert {"bert", "gpt2", "llama", "vit", "dinov2", "marian", "bart", "bergamot", "whisper"} <= names
+    registries, lists = [], []
+    for path in library_files():
+        for name, value, line in module_level_names(parse(path)):
+            if "FAMIL" in name.upper():
+                registries.append(f"{rel(path)} {name}")
+            elif len(set(string_items(value)) & names) >= 2:
+                lists.append(f"{rel(path)}:{line} {name} lists family names")
+    assert registries == ["attnviz/weights/families/__init__.py FAMILIES"], registries
+    assert not lists, lists
+
+
+def test_every_family_file_is_registered_by_one_line():
+    tree = parse(FAMILY_DIR / "__init__.py")
+    (registry,) = [v for n, v, _ in module_level_names(tree) if n == "FAMILIES"]
+    registered = {n.id for n in ast.walk(registry) if isinstance(n, ast.Name) and n.id != "f"}
+    assert registered == set(family_names()), "a family file (one with NAME) missing from FAMILIES, or a reader in it"
+    lines = (FAMILY_DIR / "__init__.py").read_text().splitlines()
+    assert all(sum(line.strip() == f"{stem}," for line in lines) == 1 for stem in registered), \
+        "each family is registered on a line of its own"
+
+
+def _names_a_family(node: ast.AST) -> bool:
+    """`x.family`, `family`, `x["family"]` (and `model_type`): where a family's name is read."""
+    keys = {"family", "model_type"}
+    return (isinstance(node, ast.Attribute) and node.attr in keys
+            or isinstance(node, ast.Name) and node.id in keys
+            or isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in keys)
+
+
+def _is_text(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_is_text(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def test_no_branch_on_a_family_name_outside_its_file():
+    bad = []
+    for path in library_files() + page_files():
+        if FAMILY_DIR in path.parents:
+            continue
+        for node in ast.walk(parse(path)):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(map(_names_a_family, sides)) and any(map(_is_text, sides)):
+                    bad.append(f"{rel(path)}:{node.lineno}")
+    assert not bad, f"compare structural config fields, not family names: {bad}"

@@ -408,3 +408,49 @@ def test_shared_models_leave_the_collectors_view_and_are_still_freed_when_droppe
         finally:
             if enabled:
                 gc.enable()
+
+
+# ---------------------------------------------------------------- the family registry
+def test_core_checks_structure_and_takes_a_family_name_as_a_label():
+    from attnviz.core.config import Config
+    from attnviz.weights.catalogue import random_model
+    shape = dict(n_layers=1, n_heads=2, n_kv_heads=2, d_model=8, d_head=4, d_ff=16, vocab_size=11)
+    model = random_model(Config(family="my-new-family", task="encoder", embedding_norm=True, **shape))
+    assert model.info.family == "my-new-family" and model.info.task == "encoder"
+    assert model.net.emb_norm is not None and model.net.lm_head is None
+    assert model.trace([1, 2, 3]).attentions.shape[-1] == 3
+    for bad, message in [(dict(family=""), "family must be a non-empty name"),
+                         (dict(task="speech"), "task must be one of encoder, lm, vision"),
+                         (dict(norm="batchnorm"), "norm must be one of"),
+                         (dict(positional="alibi"), "positional must be one of"),
+                         (dict(patch_size=4), "a vision config has a patch size")]:
+        with pytest.raises(ValueError, match=message):
+            Config(**{"family": "x", "task": "lm", **shape, **bad})
+
+
+def test_the_registry_answers_for_every_family():
+    from attnviz.weights.families import FAMILIES, family, hf_family, synthetic_preset
+    assert family("bergamot").TASK == "translation" and hf_family("whisper").TASK == "speech"
+    assert {f.TASK for f in FAMILIES.values()} == {"encoder", "lm", "vision", "translation", "speech"}
+    with pytest.raises(ValueError, match="not registered; registered: bert, gpt2"):
+        family("t5")
+    with pytest.raises(ValueError, match="and for translation marian, bart, and for speech whisper"):
+        hf_family("t5")
+    with pytest.raises(ValueError, match="'bergamot' is not supported"):  # no transformers half
+        hf_family("bergamot")
+    assert synthetic_preset("bert")["embedding_norm"] and not synthetic_preset("gpt2").get("embedding_norm")
+    with pytest.raises(ValueError, match="family must be one of bert, gpt2, llama, vit, dinov2"):
+        synthetic_preset("marian")
+
+
+def test_a_converted_bert_has_its_embedding_norm_and_the_cache_key_moves_with_its_version(tmp_path, monkeypatch):
+    """The family file, not a branch on its name, gives BERT its LayerNorm after the embeddings;
+    and an entry converted under another cache version is never the one read."""
+    from attnviz.weights import cache
+    assert attnviz.from_hf(tiny("bert")).cfg.embedding_norm
+    assert not attnviz.from_hf(tiny("gpt2")).cfg.embedding_norm
+    source = tmp_path / "model.bin"
+    source.write_bytes(b"x")
+    now = cache.fingerprint(source)
+    monkeypatch.setattr(cache, "CACHE_VERSION", cache.CACHE_VERSION - 1)
+    assert cache.fingerprint(source) != now

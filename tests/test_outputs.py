@@ -130,7 +130,7 @@ def test_attention_npz_round_trip_without_pickle():
 
 
 def test_vision_models_are_refused():
-    cfg = Config(family="vit", n_layers=1, n_heads=2, n_kv_heads=2, d_model=8, d_head=4, d_ff=16,
+    cfg = Config(family="vit", task="vision", n_layers=1, n_heads=2, n_kv_heads=2, d_model=8, d_head=4, d_ff=16,
                  image_size=28, patch_size=14, pre_norm=True)
     with pytest.raises(ValueError, match="Images page"):
         outputs.capture_text(random_model(cfg), "hello")

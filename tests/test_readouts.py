@@ -11,7 +11,7 @@ from attnviz.core.config import Config
 from attnviz.weights.catalogue import random_model
 from tests.tiny import BERT, LLAMA
 
-GPT2 = Config(family="gpt2", n_layers=3, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
+GPT2 = Config(family="gpt2", task="lm", n_layers=3, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
               vocab_size=50, max_positions=64, norm_eps=1e-5, causal=True, pre_norm=True,
               activation="gelu_tanh")
 IDS = [3, 17, 5, 42, 8, 8, 21, 30, 2]

@@ -15,7 +15,7 @@ import torch
 import attnviz
 from attnviz.core.speech import APPENDED, Transcript, Word, alignment_matrix, dtw, merge_punctuation
 from attnviz.uploads import audio
-from attnviz.weights import ctranslate2 as ct2_reader
+from attnviz.weights.families.ctranslate2 import read_model_bin
 from attnviz.weights.catalogue import bundled_path
 
 import ctranslate2  # noqa: E402  (test-only reference engine, in requirements.txt: never skipped)
@@ -169,7 +169,7 @@ def test_bundled_model_is_listed_and_converted_once(model):
 def hf_heard(model, heard):
     """transformers' eager Whisper with the bundled weights, teacher-forced on our transcript."""
     folder = bundled_path("whisper-tiny-en")
-    variables, header = ct2_reader.read_model_bin(folder / "model.bin")
+    variables, header = read_model_bin(folder / "model.bin")
     assert header["spec"] == "WhisperSpec"
     c = model.cfg
     hc = HFConfig(vocab_size=c.vocab_size, num_mel_bins=80, encoder_layers=4, decoder_layers=4,

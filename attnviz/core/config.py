@@ -3,13 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-FAMILIES = ("bert", "gpt2", "llama", "vit", "dinov2")
-TASKS = {"bert": "encoder", "gpt2": "lm", "llama": "lm", "vit": "vision", "dinov2": "vision"}
+# Core knows structure, not families: a family file (attnviz.weights.families) sets these fields,
+# and `family` is only the label it signs the config with.
+TASKS = ("encoder", "lm", "vision")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONALS = ("learned", "rotary", "sinusoidal", "none")
 
 
 @dataclass(frozen=True)
 class Config:
-    family: str                  # one of FAMILIES
+    family: str                  # the family that built it (a label: nothing branches on it)
+    task: str                    # encoder | lm (an LM head) | vision (a patch embedding)
     n_layers: int
     n_heads: int                 # query heads
     n_kv_heads: int              # key/value heads (< n_heads: grouped-query attention)
@@ -31,6 +35,7 @@ class Config:
     mlp_bias: bool = True
     tie_embeddings: bool = False
     type_vocab_size: int = 0     # BERT token types
+    embedding_norm: bool = False  # a norm after the embeddings (BERT)
     final_norm: bool = True      # BERT has none after the last block
     mlm_head: bool = False       # BERT masked-LM head (transform + tied decoder)
     # vision
@@ -43,14 +48,16 @@ class Config:
     kv_dims: tuple[int, ...] | None = None    # per-layer K/V heads after pruning
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"unknown family {self.family!r}; supported: {', '.join(FAMILIES)}")
+        if not isinstance(self.family, str) or not self.family:
+            raise ValueError(f"family must be a non-empty name; got {self.family!r:.40}")
+        for name, value, known in (("task", self.task, TASKS), ("norm", self.norm, NORMS),
+                                   ("positional", self.positional, POSITIONALS)):
+            if value not in known:
+                raise ValueError(f"{name} must be one of {', '.join(known)}; got {value!r:.40}")
+        if (self.task == "vision") != (self.patch_size > 0):
+            raise ValueError("a vision config has a patch size (patch_size > 0), and only a vision config")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-
-    @property
-    def task(self) -> str:
-        return TASKS[self.family]
 
     @property
     def is_vision(self) -> bool:

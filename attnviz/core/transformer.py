@@ -253,7 +253,7 @@ class Transformer(nn.Module):
             self.tok = nn.Embedding(cfg.vocab_size, d)
             self.pos = nn.Embedding(cfg.max_positions, d) if cfg.positional == "learned" else None
             self.types = nn.Embedding(cfg.type_vocab_size, d) if cfg.type_vocab_size else None
-        self.emb_norm = make_norm(cfg) if cfg.family == "bert" else None
+        self.emb_norm = make_norm(cfg) if cfg.embedding_norm else None
         self.blocks = nn.ModuleList(
             Block(cfg, None if heads is None else heads[i], None if kv_heads is None else kv_heads[i])
             for i in range(cfg.n_layers))

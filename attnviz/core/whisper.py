@@ -43,8 +43,8 @@ class WhisperConfig(Seq2SeqConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.family != "whisper" or not self.pre_norm:
-            raise ValueError("a WhisperConfig has family 'whisper' and pre_norm=True")
+        if not self.pre_norm:
+            raise ValueError("a WhisperConfig is pre-norm (pre_norm=True)")
         bad = [lh for lh in self.alignment_heads
                if not (0 <= lh[0] < self.n_dec_layers and 0 <= lh[1] < self.n_heads)]
         if bad:

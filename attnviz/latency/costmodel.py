@@ -264,7 +264,7 @@ def op_counts(cfg: Config, n: int, variant: "str | Variant | None" = None) -> li
                   rows=n), Op("position embeddings", "other", "vector", 2 * n * d, 5 * x, calls=6)]
     else:
         ops = [Op("embeddings", "other", "vector", 2 * n * d, 5 * x, calls=3 + (cfg.type_vocab_size > 0))]
-    if cfg.family == "bert":
+    if cfg.embedding_norm:
         ops.append(_norm(cfg, n))
     out = [(op, 1) for op in ops]
     for h, kv, layers in _layer_runs(cfg):

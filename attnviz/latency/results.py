@@ -21,6 +21,7 @@ from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
 from attnviz.base.exports import FORMULA_START, csv_text
 from attnviz.latency.engines import check_engine
+from attnviz.weights.families import synthetic_preset
 
 SCHEMA = "attnviz-bench/1"
 COLUMNS = ["schema", "backend", "measured", "model", "shape", "variant", "seq_len", "n_heads", "threads",
@@ -43,16 +44,6 @@ MAX_CELL_CHARS = 100     # of a bad cell quoted in an error message
 # to inf, 1e-308 sent LAPACK errors to stderr). Memory: at most 10^9 MB (a petabyte).
 MIN_MS, MAX_MS, MAX_MEM_MB = 1e-4, 1e8, 1e9
 
-FAMILY_PRESETS = {
-    "bert": dict(norm="layernorm", positional="learned", pre_norm=False, activation="gelu", type_vocab_size=2,
-                 final_norm=False),
-    "gpt2": dict(norm="layernorm", positional="learned", pre_norm=True, activation="gelu_tanh", causal=True,
-                 tie_embeddings=True, norm_eps=1e-5),
-    "llama": dict(norm="rmsnorm", positional="rotary", pre_norm=True, activation="silu", gated_mlp=True,
-                  causal=True, qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=True, norm_eps=1e-5),
-    "vit": dict(pre_norm=True, positional="learned", image_size=224, patch_size=16),
-    "dinov2": dict(pre_norm=True, positional="learned", image_size=224, patch_size=14, layer_scale=True),
-}
 SPEC_KEYS = {"family", "layers", "d", "heads", "kv", "dh", "ff", "vocab", "positions", "causal"}
 # (smallest, largest) of each number in a synthetic spec: beyond every released transformer
 # (Llama 3 405B: 126 layers, d 16384, 128 heads, ff 53248, vocab 128256), small enough that a
@@ -107,8 +98,10 @@ def _parse_synthetic(spec: str) -> Config:
         num[k] = int(v)
     causal = bool(num.get("causal", 0))
     family = kv.get("family", "llama" if causal else "bert")
-    if family not in FAMILY_PRESETS:
-        raise ValueError(f"synthetic model {name}: family must be one of {', '.join(FAMILY_PRESETS)}")
+    try:
+        preset = synthetic_preset(family)  # the family file's structure: norms, positions, task
+    except ValueError as err:
+        raise ValueError(f"synthetic model {name}: {err}") from None
     d, heads = num["d"], num["heads"]
     dh = num.get("dh") or (d // heads if d % heads == 0 else 0)
     if not dh:
@@ -117,11 +110,10 @@ def _parse_synthetic(spec: str) -> Config:
     if kv_heads > heads or heads % kv_heads:
         raise ValueError(f"synthetic model {name}: n_heads ({heads}) must be a multiple of n_kv_heads "
                          f"({kv_heads}); kv must divide heads")
-    vision = family in ("vit", "dinov2")
+    vision = preset["task"] == "vision"
     if not vision and num.get("vocab", 1) < 1:
         raise ValueError(f"synthetic model {name}: vocab must be between 1 and "
                          f"{SPEC_BOUNDS['vocab'][1]:,} for a text model")
-    preset = dict(FAMILY_PRESETS[family])
     if "causal" in kv:
         preset["causal"] = causal
     return Config(family=family, n_layers=num["layers"], n_heads=heads, n_kv_heads=kv_heads,

@@ -182,7 +182,7 @@ def toy_config(task: Task, n_layers: int = 2, n_heads: int = 4, d_model: int = 6
         raise ValueError("rotary positions need an even head width; change d_model or the heads")
     if not 1 <= n_layers <= 8:
         raise ValueError("toy models have 1 to 8 layers")
-    return Config(family="gpt2", n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
+    return Config(family="gpt2", task="lm", n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
                   d_model=d_model, d_head=d_model // n_heads, d_ff=2 * d_model,
                   vocab_size=len(task.vocab), max_positions=task.seq_len, norm_eps=1e-5,
                   positional=positional, causal=True, pre_norm=True)
@@ -312,7 +312,7 @@ def toy_info(meta: dict, params: int = 0) -> ModelInfo:
     cfg = meta["config"]
     acc = meta.get("accuracy", {}).get("exact")
     stated = f", exact accuracy {acc:.1%}" if acc is not None else ""
-    return ModelInfo(key=meta["key"], family=cfg["family"], task="lm", n_layers=cfg["n_layers"],
+    return ModelInfo(key=meta["key"], family=cfg["family"], task=cfg["task"], n_layers=cfg["n_layers"],
                      n_heads=cfg["n_heads"], n_kv_heads=cfg["n_kv_heads"],
                      max_positions=cfg["max_positions"], params=params, licence="project licence",
                      size_mb=round(meta.get("size_bytes", 0) / 1e6, 2),

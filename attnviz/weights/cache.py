@@ -19,9 +19,16 @@ def cache_root() -> Path:
     return Path(root)
 
 
+# Raised whenever what a converter stores changes (a config field, a state key), so an entry made
+# by an older converter is rebuilt, never read as this one's. v2: `Config` carries `task` and
+# `embedding_norm`, which the family files set.
+CACHE_VERSION = 2
+
+
 def fingerprint(path: Path) -> str:
     st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v1".encode()).hexdigest()[:16]
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{CACHE_VERSION}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def cached(key: str, source: Path, make):

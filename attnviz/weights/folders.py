@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from attnviz.base.limits import LIMITS
-from attnviz.core.config import Config
+from attnviz.core.config import TASKS, Config
 from attnviz.core.model import Model, ModelInfo
 from attnviz.core.transformer import Transformer
 from attnviz.core.translate import Seq2SeqModel
-from attnviz.weights.families import SEQ2SEQ, SUPPORTED, convert, family
+from attnviz.weights.families import convert, family, hf_family
 from attnviz.weights.mapper import get
 
 SMALL_JSON = ("config.json", "preprocessor_config.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -33,6 +33,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "t
                    "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja")
 MAX_TOKENIZER_BYTES = 64 * 2**20   # one tokenizer file (vocabularies of large models are ~10-20 MB)
 MAX_FOLDER_ENTRIES = 10_000        # a model folder has a handful of files; more is refused
+FOLDER_TASKS = (*TASKS, "translation")  # what a local HF folder may hold (Whisper comes as CTranslate2)
 
 
 def existing_file(path: str | Path, suffix: str) -> Path:
@@ -220,7 +221,7 @@ class Bounds:
 
 def check_size(folder: Folder, hf, name: str) -> int:
     """Bound every size the family reads from the config; refuse what would not fit the budget."""
-    params = (translator(name) or family(name)).size(hf, Bounds(folder, hf))
+    params = hf_family(name, FOLDER_TASKS).size(hf, Bounds(folder, hf))
     budget = folder.limits.max_weight_bytes
     if 4 * params > budget:
         raise folder.fail(f"its config describes about {params / 1e9:.2f} G parameters ({size_text(4 * params)} "
@@ -257,9 +258,7 @@ def _load(folder: Folder, key, source, info) -> Model:
                           "(config.json + model.safetensors)")
     hf_cfg = folder.read_json("config.json")
     kind = hf_cfg.get("model_type")
-    if not isinstance(kind, str) or (kind not in SUPPORTED and translator(kind) is None):
-        raise ValueError(f"architecture {kind!r:.40} is not supported; supported: {', '.join(SUPPORTED)}, "
-                         f"and for translation {', '.join(SEQ2SEQ)}")
+    fam = hf_family(kind, FOLDER_TASKS)
     for file in SMALL_JSON + TOKENIZER_FILES:  # everything transformers may open, before it does
         if file in entries:
             if file in SMALL_JSON:
@@ -273,8 +272,8 @@ def _load(folder: Folder, key, source, info) -> Model:
     except Exception as err:
         raise folder.fail(f"config.json has values transformers refuses ({str(err)[:200]})") from None
     check_size(folder, hf_config, kind)
-    if translator(kind) is not None:  # opus-mt (marian), BART: an encoder-decoder for the Translate page
-        return _load_translator(folder, entries, hf_config, kind, key, source, info)
+    if fam.TASK == "translation":  # opus-mt (marian), BART: an encoder-decoder for the Translate page
+        return _load_translator(folder, entries, hf_config, fam, key, source, info)
     cfg, state = convert(hf_config, folder.read_state(folder.weight_files(entries)))
     net = Transformer.from_state(cfg, state)
     tokenizer = None
@@ -290,14 +289,8 @@ def _load(folder: Folder, key, source, info) -> Model:
     return Model(net, about, tokenizer, image_mean=mean, image_std=std, image_size=size)
 
 
-def translator(kind):
-    """The family of an encoder-decoder translation checkpoint (marian, bart), or None."""
-    fam = SEQ2SEQ.get(kind) if isinstance(kind, str) else None
-    return fam if getattr(fam, "TASK", None) == "translation" else None
-
-
-def _load_translator(folder: Folder, entries: dict, hf_config, kind: str, key, source, info) -> Seq2SeqModel:
-    fam, state = translator(kind), folder.read_state(folder.weight_files(entries))
+def _load_translator(folder: Folder, entries: dict, hf_config, fam, key, source, info) -> Seq2SeqModel:
+    state = folder.read_state(folder.weight_files(entries))
     cfg = fam.config(hf_config, state)
     tokenizer = None
     if any(f in entries for f in TOKENIZER_FILES + ("source.spm", "target.spm")):

@@ -1,35 +1,70 @@
-"""One file per model family; adding a family is one file plus one line in FAMILIES below.
+"""The one registry of model families: a family is one file in this folder plus its line in FAMILIES.
 
-A family file holds a config half and a weights half, both pure functions:
-- `NAME`, and `config(hf, sd) -> Config`: a transformers config (object or dict) -> ours;
-- `weights(cfg, sd) -> state`: an HF state dict -> ours (`attnviz.core.transformer.Transformer`
-  keys), every tensor through the one checked accessor (`attnviz.weights.mapper.Mapper`);
-- `size(hf, bounds) -> int`: the parameters a local folder's config implies, each size read
-  through its bounds (`attnviz.weights.folders.Bounds`) before anything is allocated;
+A family file says what it is and holds its config half and weights half, pure functions:
+- `NAME`: its label (the HF `model_type` for the families transformers knows) and `TASK`: encoder,
+  lm or vision build the core `Transformer`; translation builds `Seq2Seq` (a `Seq2SeqModel`);
+  speech builds `Whisper` (a `SpeechModel`). Whatever the modules must know about the family's
+  structure (post-norm, a norm after the embeddings, the positions...) the config half writes into
+  the config's fields: nothing outside this folder branches on a family's name;
+- the HF half, where transformers knows the family: `config(hf, sd)`: a transformers config
+  (object or dict) -> ours; `weights(cfg, sd)`: an HF state dict -> our state, every tensor through
+  the one checked accessor (`attnviz.weights.mapper.Mapper`); `size(hf, bounds)`: the parameters a
+  local folder's config implies, each size read through its bounds (`attnviz.weights.folders.Bounds`)
+  before anything is allocated; `from_hf(hf_model, tokenizer, key)` where the model is built its own
+  way (whisper);
+- `SYNTHETIC` (`Transformer` families): the structural fields of a synthetic shape of the family
+  (the latency pages' `synthetic:family=...`);
 - vision families: `image_defaults(cfg) -> (mean, std, side)` for a folder without a
   preprocessor_config.json;
-- optionally the readers' halves: `GGUF_ARCHITECTURE` with `gguf_config` / `gguf_name` /
-  `gguf_tensor` / `hf_shapes` (llama), `from_onnx` (dinov2).
+- optionally a reader's half: `GGUF_ARCHITECTURE` with `gguf_config` / `gguf_name` / `gguf_tensor` /
+  `hf_shapes` (llama), `from_onnx` (dinov2), the Marian `.bin` files (bergamot), CTranslate2 folders
+  (whisper, through `ctranslate2.py` here: a reader, not a family).
 """
 from __future__ import annotations
 
 import torch
 
-from attnviz.core.config import Config
-from attnviz.weights.families import bart, bert, dinov2, gpt2, llama, marian, vit, whisper
+from attnviz.core.config import TASKS, Config
+from attnviz.weights.families import bart, bergamot, bert, dinov2, gpt2, llama, marian, vit, whisper
 from attnviz.weights.mapper import get
 
-FAMILIES = {f.NAME: f for f in (bert, gpt2, llama, vit, dinov2)}
-SEQ2SEQ = {f.NAME: f for f in (marian, bart, whisper)}  # encoder-decoders: build `core.seq2seq.Seq2Seq` (TASK translation;
-# whisper: TASK speech, built by its own `from_hf` as a `core.speech.SpeechModel`)
-SUPPORTED = tuple(FAMILIES)
+FAMILIES = {f.NAME: f for f in (
+    bert,
+    gpt2,
+    llama,
+    vit,
+    dinov2,
+    marian,
+    bart,
+    bergamot,
+    whisper,
+)}
+HF_TASKS = (*TASKS, "translation", "speech")   # every model kind from_hf builds
 
 
 def family(name):
-    """The family module for an HF `model_type`; ValueError naming the supported ones."""
+    """The registered family called `name`; ValueError naming them all."""
     if not isinstance(name, str) or name not in FAMILIES:
-        raise ValueError(f"architecture {name!r:.40} is not supported; supported: {', '.join(FAMILIES)}")
+        raise ValueError(f"model family {name!r:.40} is not registered; registered: {', '.join(FAMILIES)}")
     return FAMILIES[name]
+
+
+def reads_hf(f) -> bool:
+    """Whether a family has an HF half (transformers configs and state dicts)."""
+    return all(hasattr(f, part) for part in ("config", "weights", "size"))
+
+
+def hf_family(model_type, tasks=HF_TASKS):
+    """The family that reads transformers checkpoints of this `model_type` and builds one of `tasks`;
+    ValueError naming the supported architectures, the core `Transformer`'s first."""
+    f = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if f is not None and reads_hf(f) and f.TASK in tasks:
+        return f
+    names = [n for n, f in FAMILIES.items() if reads_hf(f) and f.TASK in TASKS and f.TASK in tasks]
+    for task in tasks:
+        if task not in TASKS:
+            names += [f"and for {task} " + ", ".join(n for n, f in FAMILIES.items() if reads_hf(f) and f.TASK == task)]
+    raise ValueError(f"architecture {model_type!r:.40} is not supported; supported: {', '.join(names)}")
 
 
 def gguf_family(architecture):
@@ -42,8 +77,16 @@ def gguf_family(architecture):
                      "GGUF files are supported.")
 
 
+def synthetic_preset(name) -> dict:
+    """The structural `Config` fields of a synthetic shape of family `name` (no sizes)."""
+    presets = {n: f.SYNTHETIC for n, f in FAMILIES.items() if hasattr(f, "SYNTHETIC")}
+    if not isinstance(name, str) or name not in presets:
+        raise ValueError(f"family must be one of {', '.join(presets)}")
+    return dict(presets[name])
+
+
 def convert(hf_config, state_dict) -> tuple[Config, dict[str, torch.Tensor]]:
-    """An HF config and state dict -> our `Config` and `Transformer` state dict."""
-    f = family(get(hf_config, "model_type"))
+    """An HF config and state dict of a core `Transformer` family -> our `Config` and state dict."""
+    f = hf_family(get(hf_config, "model_type"), TASKS)
     cfg = f.config(hf_config, state_dict)
     return cfg, f.weights(cfg, state_dict)

@@ -8,7 +8,11 @@ from attnviz.core.config import Config
 from attnviz.weights.mapper import Mapper, activation, get
 
 NAME = "bert"
+TASK = "encoder"
 PREFIXES = ("bert.",)
+# A synthetic shape of this family (`attnviz.latency.results.parse_synthetic`): the structure, no sizes.
+SYNTHETIC = dict(task=TASK, norm="layernorm", positional="learned", pre_norm=False, activation="gelu",
+                 type_vocab_size=2, embedding_norm=True, final_norm=False)
 
 
 def has_mlm_head(sd: dict) -> bool:
@@ -21,12 +25,12 @@ def config(hf, sd: dict) -> Config:
         raise ValueError("only absolute position embeddings are supported for BERT checkpoints")
     d, h = get(hf, "hidden_size"), get(hf, "num_attention_heads")
     mlm = has_mlm_head(sd)
-    return Config(family=NAME, n_layers=get(hf, "num_hidden_layers"), n_heads=h, n_kv_heads=h,
+    return Config(family=NAME, task=TASK, n_layers=get(hf, "num_hidden_layers"), n_heads=h, n_kv_heads=h,
                   d_model=d, d_head=d // h, d_ff=get(hf, "intermediate_size"),
                   vocab_size=get(hf, "vocab_size"), max_positions=get(hf, "max_position_embeddings"),
                   norm_eps=get(hf, "layer_norm_eps", 1e-12), positional="learned",
                   activation=activation(get(hf, "hidden_act", "gelu")), pre_norm=False,
-                  type_vocab_size=get(hf, "type_vocab_size", 0), final_norm=False,
+                  type_vocab_size=get(hf, "type_vocab_size", 0), embedding_norm=True, final_norm=False,
                   mlm_head=mlm, tie_embeddings=mlm)
 
 

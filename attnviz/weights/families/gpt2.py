@@ -8,7 +8,11 @@ from attnviz.core.config import Config
 from attnviz.weights.mapper import Mapper, activation, get
 
 NAME = "gpt2"
+TASK = "lm"
 PREFIXES = ("transformer.",)
+# A synthetic shape of this family (`attnviz.latency.results.parse_synthetic`): the structure, no sizes.
+SYNTHETIC = dict(task=TASK, norm="layernorm", positional="learned", pre_norm=True, activation="gelu_tanh",
+                 causal=True, tie_embeddings=True, norm_eps=1e-5)
 
 
 # ---------------------------------------------------------------- config half
@@ -16,7 +20,7 @@ def config(hf, sd: dict) -> Config:
     if get(hf, "scale_attn_by_inverse_layer_idx", False):
         raise ValueError("GPT-2 checkpoints with scale_attn_by_inverse_layer_idx are not supported")
     d, h = get(hf, "n_embd"), get(hf, "n_head")
-    return Config(family=NAME, n_layers=get(hf, "n_layer"), n_heads=h, n_kv_heads=h, d_model=d,
+    return Config(family=NAME, task=TASK, n_layers=get(hf, "n_layer"), n_heads=h, n_kv_heads=h, d_model=d,
                   d_head=d // h, d_ff=get(hf, "n_inner") or 4 * d, vocab_size=get(hf, "vocab_size"),
                   max_positions=get(hf, "n_positions"), norm_eps=get(hf, "layer_norm_epsilon", 1e-5),
                   positional="learned", causal=True, pre_norm=True,

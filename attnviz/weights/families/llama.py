@@ -11,7 +11,12 @@ from attnviz.core.config import Config
 from attnviz.weights.mapper import Mapper, activation, get
 
 NAME = "llama"
+TASK = "lm"
 PREFIXES = ("model.",)
+# A synthetic shape of this family (`attnviz.latency.results.parse_synthetic`): the structure, no sizes.
+SYNTHETIC = dict(task=TASK, norm="rmsnorm", positional="rotary", pre_norm=True, activation="silu",
+                 gated_mlp=True, causal=True, qkv_bias=False, out_bias=False, mlp_bias=False,
+                 tie_embeddings=True, norm_eps=1e-5)
 GGUF_ARCHITECTURE = "llama"
 
 
@@ -22,7 +27,7 @@ def config(hf, sd: dict) -> Config:
         raise ValueError(f"rope scaling {rope.get('rope_type')!r} is not supported; only the default RoPE")
     d, h = get(hf, "hidden_size"), get(hf, "num_attention_heads")
     bias = bool(get(hf, "attention_bias", False))
-    return Config(family=NAME, n_layers=get(hf, "num_hidden_layers"), n_heads=h,
+    return Config(family=NAME, task=TASK, n_layers=get(hf, "num_hidden_layers"), n_heads=h,
                   n_kv_heads=get(hf, "num_key_value_heads") or h, d_model=d,
                   d_head=get(hf, "head_dim") or d // h, d_ff=get(hf, "intermediate_size"),
                   vocab_size=get(hf, "vocab_size"), max_positions=get(hf, "max_position_embeddings"),

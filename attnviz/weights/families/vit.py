@@ -9,7 +9,10 @@ from attnviz.core.config import Config
 from attnviz.weights.mapper import Mapper, activation, get, rename
 
 NAME = "vit"
+TASK = "vision"
 PREFIXES = ("vit.",)
+# A synthetic shape of this family (`attnviz.latency.results.parse_synthetic`): the structure, no sizes.
+SYNTHETIC = dict(task=TASK, pre_norm=True, positional="learned", image_size=224, patch_size=16)
 
 # transformers 5 renamed the vision models' tensors (`attention.q_proj` instead of
 # `attention.attention.query`, ViT's `layers.N` instead of `encoder.layer.N`); checkpoints on disk
@@ -28,7 +31,7 @@ OLD_VIT = [(r"^(vit\.)?encoder\.layer\.(\d+)\.", r"\1layers.\2."),
 def vision_config(hf, family: str, **extra) -> Config:
     d, h = get(hf, "hidden_size"), get(hf, "num_attention_heads")
     size, patch = get(hf, "image_size"), get(hf, "patch_size")
-    return Config(family=family, n_layers=get(hf, "num_hidden_layers"), n_heads=h, n_kv_heads=h,
+    return Config(family=family, task=TASK, n_layers=get(hf, "num_hidden_layers"), n_heads=h, n_kv_heads=h,
                   d_model=d, d_head=d // h, max_positions=1 + (size // patch) ** 2, positional="learned",
                   pre_norm=True, qkv_bias=bool(get(hf, "qkv_bias", True)), image_size=size,
                   patch_size=patch, n_channels=get(hf, "num_channels", 3), **extra)

@@ -2,20 +2,27 @@
 
 - transformers (`WhisperForConditionalGeneration` / `WhisperModel`, or a `whisper` folder): separate
   q/k/v projections, the key without a bias (ours gets a zero one), the output tied to the tokens;
-- CTranslate2's `WhisperSpec` (`model.bin`, read by `attnviz.weights.ctranslate2`): self-attention
-  Q/K/V fused in `linear_0`, cross-attention K/V fused in `attention/linear_1`, the stored key bias
-  zero, `decoder/projection` an alias of the embeddings; `config.json` carries the alignment heads
-  and the suppressed tokens.
+- CTranslate2's `WhisperSpec` (a folder's `model.bin`, read by `ctranslate2.py` beside this file):
+  self-attention Q/K/V fused in `linear_0`, cross-attention K/V fused in `attention/linear_1`, the
+  stored key bias zero, `decoder/projection` an alias of the embeddings; `config.json` carries the
+  alignment heads and the suppressed tokens. `load_folder` converts such a folder once into the cache.
 Both write the same names: a checkpoint converted from either runs through the same modules.
 """
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
 from attnviz.core.seq2seq import sinusoid_halves
 from attnviz.core.speech import SpeechModel
 from attnviz.core.whisper import WhisperConfig, whisper_config
+from attnviz.weights.cache import cached
+from attnviz.weights.families.ctranslate2 import read_model_bin
 from attnviz.weights.mapper import Mapper, get
 
 NAME = "whisper"
@@ -222,3 +229,47 @@ def from_hf(hf_model, tokenizer=None, key: str | None = None) -> SpeechModel:
                  suppress_begin_ids=get(gen, "begin_suppress_tokens", None) or [] if gen is not None else [],
                  no_timestamps_id=get(gen, "no_timestamps_token_id", None) if gen is not None else None)
     return SpeechModel.build(cfg, weights(cfg, sd), key or "hf:whisper", "in-memory transformers model", tokenizer)
+
+
+# ---------------------------------------------------------------- a CTranslate2 Whisper folder
+MAX_SIDE_FILE_BYTES = 64 * 2**20   # config.json, tokenizer.json
+CONVERTER_VERSION = 2              # raise when the converted config or state changes
+
+
+def _side_file(folder: Path, name: str) -> Path:
+    path = folder / name
+    if not path.is_file() or path.stat().st_size > MAX_SIDE_FILE_BYTES:
+        raise ValueError(f"a CTranslate2 Whisper folder holds {name} (under {MAX_SIDE_FILE_BYTES >> 20} MiB)")
+    return path
+
+
+def whisper_parts(folder: str | Path, key: str = "whisper"):
+    """(config, state, tokenizer) of a CTranslate2 Whisper folder: model.bin, config.json, tokenizer.json."""
+    folder = Path(folder)
+    variables, header = read_model_bin(folder / "model.bin", key)
+    if header["spec"] != "WhisperSpec":
+        raise ValueError(f"{key}: the model.bin holds a {header['spec'] or 'unnamed'} spec, not WhisperSpec")
+    settings = json.loads(_side_file(folder, "config.json").read_text())
+    tokenizer = Tokenizer.from_file(str(_side_file(folder, "tokenizer.json")))
+    cfg = ct2_config(variables, settings, tokenizer)
+    return cfg, ct2_weights(cfg, variables), tokenizer
+
+
+def for_cache(folder: str | Path, key: str) -> tuple[dict, dict]:
+    """What the safetensors cache stores: ({"config": ...}, our state)."""
+    cfg, state, _ = whisper_parts(folder, key)
+    return {"config": asdict(cfg)}, state
+
+
+def build(meta: dict, state: dict, folder: str | Path, key: str, **info) -> SpeechModel:
+    """A `SpeechModel` from converted (possibly cached) tensors and the folder's tokenizer.json."""
+    tokenizer = Tokenizer.from_file(str(_side_file(Path(folder), "tokenizer.json")))
+    return SpeechModel.build(WhisperConfig.from_dict(meta["config"]), state, key, tokenizer=tokenizer, **info)
+
+
+def load_folder(folder: str | Path, key: str, **info) -> SpeechModel:
+    """A CTranslate2 Whisper folder, converted once into the safetensors cache."""
+    folder = Path(folder)
+    # the cache entry is named after the converter's version too: a fixed converter never reads an old entry
+    meta, state, _ = cached(f"{key}.v{CONVERTER_VERSION}", folder / "model.bin", lambda tmp: for_cache(folder, key))
+    return build(meta, state, folder, key, **info)

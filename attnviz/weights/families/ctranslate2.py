@@ -1,5 +1,5 @@
-"""CTranslate2's `model.bin`: a reader in numpy (no ctranslate2 at run time, nothing executed), and
-Whisper folders in that format (model.bin, config.json, tokenizer.json) as a `SpeechModel`.
+"""CTranslate2's `model.bin`: a reader in numpy (no ctranslate2 at run time, nothing executed). Not
+a family: the Whisper family (`whisper.py` beside it) reads its CTranslate2 folders through it.
 
 The binary spec (versions 1-6): a 4-byte version; from version 2 the spec name (a 2-byte length
 counting its NUL, then the bytes) and a 4-byte spec revision; a 4-byte variable count; per variable
@@ -9,18 +9,10 @@ its name (as the spec name), a 1-byte rank, rank x 4-byte dims, a 1-byte dtype (
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
-
-from attnviz.core.speech import SpeechModel
-from attnviz.core.whisper import WhisperConfig
-from attnviz.weights.cache import cached
-from attnviz.weights.families import whisper
 
 MAX_FILE_BYTES = 4 * 2**30    # far above whisper-tiny (76 MB); stops a hostile size before reading
 MAX_VARIABLES = 100_000       # tiny.en holds ~170 variables
@@ -108,47 +100,3 @@ def _decode(raw: np.ndarray, kind: int, shape: tuple[int, ...], var: str, name: 
         raise _fail(name, f"{var!r} holds {raw.size} bytes for shape {shape} in {dtype}")
     value = raw.view(dtype).reshape(shape)
     return value.astype(np.float32) if kind == 4 else value.copy()
-
-
-# ---------------------------------------------------------------- a Whisper folder
-MAX_SIDE_FILE_BYTES = 64 * 2**20   # config.json, tokenizer.json
-CONVERTER_VERSION = 2              # raise when the converted config or state changes
-
-
-def _side_file(folder: Path, name: str) -> Path:
-    path = folder / name
-    if not path.is_file() or path.stat().st_size > MAX_SIDE_FILE_BYTES:
-        raise ValueError(f"a CTranslate2 Whisper folder holds {name} (under {MAX_SIDE_FILE_BYTES >> 20} MiB)")
-    return path
-
-
-def whisper_parts(folder: str | Path, key: str = "whisper"):
-    """(config, state, tokenizer) of a CTranslate2 Whisper folder: model.bin, config.json, tokenizer.json."""
-    folder = Path(folder)
-    variables, header = read_model_bin(folder / "model.bin", key)
-    if header["spec"] != "WhisperSpec":
-        raise ValueError(f"{key}: the model.bin holds a {header['spec'] or 'unnamed'} spec, not WhisperSpec")
-    settings = json.loads(_side_file(folder, "config.json").read_text())
-    tokenizer = Tokenizer.from_file(str(_side_file(folder, "tokenizer.json")))
-    cfg = whisper.ct2_config(variables, settings, tokenizer)
-    return cfg, whisper.ct2_weights(cfg, variables), tokenizer
-
-
-def for_cache(folder: str | Path, key: str) -> tuple[dict, dict]:
-    """What the safetensors cache stores: ({"config": ...}, our state)."""
-    cfg, state, _ = whisper_parts(folder, key)
-    return {"config": asdict(cfg)}, state
-
-
-def build(meta: dict, state: dict, folder: str | Path, key: str, **info) -> SpeechModel:
-    """A `SpeechModel` from converted (possibly cached) tensors and the folder's tokenizer.json."""
-    tokenizer = Tokenizer.from_file(str(_side_file(Path(folder), "tokenizer.json")))
-    return SpeechModel.build(WhisperConfig.from_dict(meta["config"]), state, key, tokenizer=tokenizer, **info)
-
-
-def load_folder(folder: str | Path, key: str, **info) -> SpeechModel:
-    """A CTranslate2 Whisper folder, converted once into the safetensors cache."""
-    folder = Path(folder)
-    # the cache entry is named after the converter's version too: a fixed converter never reads an old entry
-    meta, state, _ = cached(f"{key}.v{CONVERTER_VERSION}", folder / "model.bin", lambda tmp: for_cache(folder, key))
-    return build(meta, state, folder, key, **info)

@@ -1,6 +1,6 @@
-"""Firefox Translations (Bergamot) Marian students: the `.bin` reader and their family converter.
+"""Firefox Translations (Bergamot) Marian students: the family, with its reader of Marian's `.bin`.
 
-The file (Marian's binary model format, facts in /work/shared/MODELS.md): an 8-byte version and an
+The file (Marian's binary model format): an 8-byte version and an
 8-byte item count; per item four little-endian 8-byte values (name length, type, shape rank, data
 length); all names (NUL-padded); all shapes (4-byte ints); an 8-byte padding length and the padding;
 then every item's data in order. Type 0x404 is float32; type 0x4101 is an int8 matrix followed by
@@ -22,6 +22,8 @@ import torch
 from attnviz.core.seq2seq import Seq2SeqConfig
 from attnviz.core.translate import Seq2SeqModel, Shortlist
 
+NAME = "bergamot"
+TASK = "translation"   # a `Seq2Seq` with an SSRU decoder; no HF half: read from Marian's `.bin` only
 FLOAT32, INT8, TEXT = 0x404, 0x4101, 0x101  # TEXT: `special:model.yml`, the training config
 MAX_ITEMS = 10_000             # a tiny student holds ~200; more is not a Marian model
 MAX_FILE_BYTES = 2 * 2**30     # far above the 17 MB students; stops a hostile size before reading
@@ -130,7 +132,7 @@ def config_from(weights: dict[str, np.ndarray], options: dict[str, str], key: st
                          ("transformer-decoder-autoreg", "rnn"), ("dec-cell", "ssru")):
         if options.get(option, want) != want:
             raise ValueError(f"{key}: {option} is {options[option]!r}; this converter reads {want!r} only")
-    return Seq2SeqConfig(family="bergamot", n_enc_layers=n_enc, n_dec_layers=n_dec, n_heads=int(heads),
+    return Seq2SeqConfig(family=NAME, n_enc_layers=n_enc, n_dec_layers=n_dec, n_heads=int(heads),
                          d_model=int(d), d_ff=int(d_ff), vocab_size=int(vocab), decoder="ssru",
                          activation="relu", norm_eps=1e-6, positional="marian", embed_scale=math.sqrt(d),
                          zero_start=True, decoder_start_id=0, eos_id=0, pad_id=0,
