@@ -323,7 +323,7 @@ def test_cli_tiny_sweep_writes_a_csv_the_page_reads(tmp_path):
     out_file = tmp_path / "pi.csv"
     out = cli("--model", TINY, "--seq-lens", "8,16", "--variants", "fused,chunked:4,linear", "--heads", "2,4",
               "--threads", "1", "--repeats", "2", "--warmup", "0", "--backend", "cpu,pi5", "--no-crossover",
-              "--out", str(out_file))  # the one-block crossover rows (on by default): tests/test_crossover.py
+              "--out", str(out_file))  # the one-block crossover rows (--crossover): tests/test_crossover.py
     assert out.returncode == 0, out.stderr
     df = read_results(out_file)
     assert len(df) == 2 * 3 * 2 * 2 and set(df["backend"]) == {"cpu", "pi5"}

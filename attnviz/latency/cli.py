@@ -83,10 +83,12 @@ def parser() -> argparse.ArgumentParser:
                     "Pi's cores have no bf16 arithmetic); the measured cpu "
                     f"rows: each of {', '.join(MEASURED_DTYPES)} chosen (torch's own quantize_dynamic int8 and a bf16 "
                     "copy of the linear layers; fp32 when none is chosen)")
-    ap.add_argument("--crossover", action=argparse.BooleanOptionalAction, default=True, help="also time ONE block "
+    ap.add_argument("--crossover", action=argparse.BooleanOptionalAction, default=False, help="also time ONE block "
                     "of each model at lengths straddling its modelled attention = rest crossover (every block has "
                     "the same shape; a block reads no positions, so MiniLM's 512 do not bind), with its attention "
-                    "alone: CSV rows with test=block (default on with the cpu backend)")
+                    "alone: extra CSV rows with test=block at lengths of their own, measured (cpu) and modelled "
+                    "(cpu-model) (off by default: a plain sweep writes only the lengths asked for; needs the cpu "
+                    "backend)")
     ap.add_argument("--pi-threads", default=str(PI_CORES), help=f"comma-separated threads of the modelled Pi rows, "
                     f"1-{PI_CORES} whatever this host has (default {PI_CORES}: a Pi 4 / 5 has {PI_CORES} cores)")
     ap.add_argument("--decode-depths", default=None, metavar="DEPTHS", help="also decode latency for causal LMs, "
@@ -166,6 +168,11 @@ def main(argv=None) -> int:
 
         df = run_sweep(plan, models, progress=progress, quiet=True, deadline=deadline, own_process=True)
         bar.close()
+        blocks = df[df["test"] == "block"]
+        if len(blocks):  # rows at lengths nobody listed in --seq-lens: said, so no one plots them unawares
+            sys.stderr.write(f"--crossover: added {len(blocks)} one-block rows (test=block) at n = "
+                             f"{', '.join(map(str, sorted(set(blocks['seq_len'].astype(int)))))}, lengths straddling "
+                             "each model's modelled attention = rest crossover\n")
         if args.decode_depths:
             depths = parse_depths(args.decode_depths)
             dec = decode_sweep(plan, models, depths, args.n_prompt, deadline=deadline, own_process=True)
