@@ -50,3 +50,36 @@ def test_a_job_that_would_pass_the_memory_budget_is_refused_before_it_starts(set
     with jobs.heavy_job("importance"):
         ran.append(1)
     assert ran == [1]
+
+
+def test_every_view_that_captures_attention_asks_the_one_estimate_first(set_limits, monkeypatch):
+    """Generation's prompt, two prompts, the logit lens and attribution, the Attention page's texts,
+    Translate and Speech: each is priced by `memory.plan_capture` before it runs, so the server's
+    memory guard refuses every one of them, with its message, before a block runs."""
+    from attnviz.analysis import capture, generate, prompt_pair, readouts
+    from attnviz.ui import speech as speech_page, translate as translate_page
+    from attnviz.weights import catalogue
+    from attnviz.weights.catalogue import random_model
+    from tests.tiny import LLAMA
+    lm = random_model(LLAMA, seed=1)
+    ids = [3, 17, 5, 42, 8]
+    blocks = []
+    for block in lm.net.blocks:
+        block.register_forward_pre_hook(lambda module, args: blocks.append(1))
+    asked = []
+    real = memory.plan_capture
+    monkeypatch.setattr(memory, "plan_capture", lambda what, **kw: asked.append(what) or real(what, **kw))
+    set_limits(max_memory_mb=1)
+    runs = {"a generation": lambda: generate.generate(lm, ids, 3),
+            "two prompts": lambda: prompt_pair.compare(lm, ids, ids[:4]),
+            "the readout": lambda: readouts.logit_lens(lm, ids),
+            "the attention of this text": lambda: capture.capture_text(lm, ids),
+            "this translation": lambda: translate_page._translated.__wrapped__(
+                "en-pt", "Hello.", 1, b"", catalogue.load_model("en-pt"), None),
+            "this transcription": lambda: speech_page._transcribed.__wrapped__(
+                "whisper-tiny-en", "", b"", catalogue.load_model("whisper-tiny-en"), b"", None)}
+    for what, run in runs.items():
+        with pytest.raises(ValueError, match="short of memory"):
+            run()
+        assert asked[-1] == what
+    assert not blocks                                    # refused before any block of the model ran
