@@ -323,13 +323,37 @@ def test_cli_tiny_sweep_writes_a_csv_the_page_reads(tmp_path):
     out_file = tmp_path / "pi.csv"
     out = cli("--model", TINY, "--seq-lens", "8,16", "--variants", "fused,chunked:4,linear", "--heads", "2,4",
               "--threads", "1", "--repeats", "2", "--warmup", "0", "--backend", "cpu,pi5", "--no-crossover",
-              "--out", str(out_file))  # the one-block crossover rows (on by default): tests/test_crossover.py
+              "--out", str(out_file))  # the one-block crossover rows (--crossover): tests/test_crossover.py
     assert out.returncode == 0, out.stderr
     df = read_results(out_file)
     assert len(df) == 2 * 3 * 2 * 2 and set(df["backend"]) == {"cpu", "pi5"}
     assert set(df["variant"]) == {"fused", "chunked:4", "linear"} and (df[df["measured"]]["threads"] == 1).all()
     assert (df[~df["measured"]]["threads"] == sweep.PI_CORES).all()  # issue 19: Pi rows at the Pi's 4 cores
     assert "wrote 24 rows" in out.stderr and "profiler_start" not in out.stderr
+
+
+MOBILEBERT = "synthetic:layers=24,d=512,bottleneck=128,heads=4,ff=512,ffns=4"
+
+
+def test_cli_prices_every_shape_the_cost_model_prices(tmp_path, capsys):
+    """The CLI answered "unknown keys ['bottleneck', 'ffns']" for a MobileBERT the library prices; an
+    explicit-FLOP network (gflops, mparams, calls) is priced, too. Both are modelled, never measured."""
+    from attnviz.latency import engines, shapes
+    out_file = tmp_path / "mobilebert.csv"
+    assert bench_cli.main(["--model", MOBILEBERT, "--backend", "pi4", "--seq-lens", "128", "--out", str(out_file)]) == 0
+    row = pd.read_csv(out_file).iloc[0]
+    assert (row["backend"], row["model"], row["seq_len"], row["measured"]) == ("pi4", MOBILEBERT, 128, False)
+    pi4 = engines.engine_profile(cm.PI4, "torch", "fp32")
+    assert row["median_ms"] == pytest.approx(cm.predict(shapes.parse_shape(MOBILEBERT), 128, pi4, "fused",
+                                                        threads=4).total_ms)
+    flop = "synthetic:gflops=8.2,mparams=25.6,calls=200"
+    assert bench_cli.main(["--model", flop, "--model", MOBILEBERT, "--backend", "pi4,pi5", "--engine", "torch,ncnn",
+                           "--seq-lens", "1,64", "--out", str(out_file)]) == 0
+    df = pd.read_csv(out_file)
+    assert len(df) == 2 * 2 * 2 * 2 and set(df["model"]) == {flop, MOBILEBERT} and not df["measured"].any()
+    with pytest.raises(SystemExit) as exit_:                       # nothing to measure: said, not a traceback
+        bench_cli.main(["--model", MOBILEBERT, "--seq-lens", "8"])
+    assert exit_.value.code == 2 and "priced by the cost model only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,words", [

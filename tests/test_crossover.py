@@ -97,15 +97,19 @@ def test_crossover_figure_marks_both_and_says_it_is_one_block():
     assert list(fig.layout.xaxis.tickvals) == ns
 
 
-def test_cli_crossover_on_by_default_and_off_with_a_flag(tmp_path):
+def test_cli_crossover_only_with_its_flag_and_said(tmp_path, capsys):
+    """A plain sweep writes only the rows asked for (it added the crossover calibration's cpu-model and
+    test=block rows at lengths nobody chose); --crossover adds them and says so."""
     on, off = tmp_path / "on.csv", tmp_path / "off.csv"
     common = ["--model", TINY, "--seq-lens", "8,16", "--threads", str(torch.get_num_threads()), "--repeats", "1",
               "--warmup", "0", "--no-memory", "--clock", "cpu"]
-    assert bench_cli.main(common + ["--out", str(on)]) == 0
-    assert bench_cli.main(common + ["--no-crossover", "--out", str(off)]) == 0
+    assert bench_cli.main(common + ["--out", str(off)]) == 0
+    plain = read_results(off)
+    assert len(plain) == 2 and sorted(plain["seq_len"]) == [8, 16] and set(plain["backend"]) == {"cpu"}
+    assert "--crossover" not in capsys.readouterr().err
+    assert bench_cli.main(common + ["--crossover", "--out", str(on)]) == 0
     assert (read_results(on)["test"] == "block").sum() == 2 * len(xo.FACTORS)
-    assert not (read_results(off)["test"] == "block").any()
-    assert "--crossover" in bench_cli.parser().format_help()
+    assert "--crossover: added" in capsys.readouterr().err and "test=block" in bench_cli.parser().format_help()
 
 
 # ---------------------------------------------------------------- issue 19.3: int8 / bf16 measured rows

@@ -105,6 +105,35 @@ def test_bounds(set_limits):
         generate.generate(lm, PROMPT, 3, cancel=cancel)
 
 
+def test_the_prompt_is_bounded_and_its_pass_records_no_n_by_n_pattern(set_limits):
+    """Readouts › Generation: the prompt pass never holds a layer's [H, n, n] (a long prompt once took
+    the process past 22 GB); a prompt over the readouts' limit is refused before any block runs."""
+    lm = random_model(LLAMA, seed=7)
+    shapes = []
+
+    def record(module, args, out):
+        shapes.append(None if out[1] is None else tuple(out[1].shape))
+    hooks = [b.attn.register_forward_hook(record) for b in lm.net.blocks]
+    try:
+        gen = generate.generate(lm, PROMPT, 3)
+        assert any(s is None for s in shapes)                     # the prompt's first tokens: no weights
+        assert [s for s in shapes if s is not None] and all(s[2] == 1 for s in shapes if s is not None)
+        check_against_uncached(lm, gen)                           # the same numbers as the whole text
+        shapes.clear()
+        set_limits(readout_max_tokens=len(PROMPT) - 1)
+        with pytest.raises(ValueError, match=f"prompt has {len(PROMPT)} tokens; generation takes at most "
+                                             f"{len(PROMPT) - 1}. Shorten it"):
+            generate.generate(lm, PROMPT, 3)
+        assert not shapes                                         # refused before any block ran
+        set_limits(readout_max_tokens=256, max_capture_mb=0)      # the one capture estimate refuses, too
+        with pytest.raises(ValueError, match="Shorten the prompt"):
+            generate.generate(lm, PROMPT, 3)
+        assert not shapes
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def test_frames_and_labels(lm):
     gen = generate.generate(lm, PROMPT, 4)
     frame = generate.steps_frame(gen)

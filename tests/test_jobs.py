@@ -333,3 +333,20 @@ def test_attention_head_scores_stop_when_their_session_goes_away():
     assert [m.value for m in at.markdown] == [
         "cancelled after 3 polls: the browser session that started this job has gone; slots held 0"]
     assert jobs.running_jobs() == []
+
+
+def test_the_quantization_table_stops_between_copies_and_frees_its_slot(monkeypatch):
+    """Latency › "Measure int8 and bf16 copies": a closed tab stops it before the next copy (one
+    copy exists at a time) and its heavy-job slot is free again."""
+    from attnviz.latency import quantize
+    from attnviz.weights.catalogue import random_model
+    from tests.tiny import LLAMA
+    copies = []
+    real = quantize.quantized_copy
+    monkeypatch.setattr(quantize, "quantized_copy", lambda model, mode, *a: copies.append(mode) or real(model, mode, *a))
+    cancel = _gone_after(2)     # live for the first model's load and first copy, gone before the second
+    with pytest.raises(jobs.JobCancelled):
+        with jobs.heavy_job("quantization", limit=1):
+            quantize.quantization_table(keys=("a", "b"), modes=["int8", "int8"], rounds=1,
+                                        loader=lambda key: random_model(LLAMA, seed=1), check=cancel.check)
+    assert copies == ["int8"] and jobs.running_jobs() == []

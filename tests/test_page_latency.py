@@ -390,7 +390,8 @@ def test_edge_views_heads_table_and_quantization(monkeypatch):
     fake = (pd.DataFrame([dict(model="minilm", mode="int8", latency_ratio=0.7)]),
             pd.DataFrame([dict(variant="softmax", flushed_share=0.2, mass_lost=0.003, l1_per_row=0.02),
                           dict(variant="relu", flushed_share=0.03, mass_lost=0.0004, l1_per_row=0.01)]))
-    monkeypatch.setattr(quantize, "quantization_table", lambda **k: fake[0])
+    checks = []
+    monkeypatch.setattr(quantize, "quantization_table", lambda **k: checks.append(k.get("check")) or fake[0])
     monkeypatch.setattr(quantize, "probabilities_int8", lambda m: fake[1])
     at = page()
     at.button(key="latency.heads_tradeoff").click().run()
@@ -398,6 +399,7 @@ def test_edge_views_heads_table_and_quantization(monkeypatch):
     assert set(heads["n_heads"]) == {4, 8} and "pi5 torch fp32 ms" in heads.columns
     at.button(key="latency.quantize").click().run()
     assert not at.exception
+    assert len(checks) == 1 and callable(checks[0])  # started with its session's cancel, as the int8 scan
     assert any("relu survives better" in c.value for c in at.caption)
 
 

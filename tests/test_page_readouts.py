@@ -121,6 +121,42 @@ def test_bad_input():
     assert not at.exception and at.info
 
 
+def test_a_prompt_of_8192_tokens_gets_a_message_on_every_view(smollm2):
+    """Every Readouts view refuses SmolLM2's full 8,192 positions with the page's message before any
+    block runs: generation captured every layer's [H, n, n] (22 GB at 8,192), two prompts asked torch
+    for a 72 GB buffer and raised RuntimeError."""
+    long = "When Mary and John went to the store, " * 1200              # cut to the model's 8,192 positions
+    assert len(smollm2.inputs(long)["ids"]) == 8192
+    at = app()
+    at.text_area(key="readouts.text").input(long).run()
+    assert not at.exception and "the text has 8192 tokens; readouts take at most 256" in at.error[0].value
+    at = view(at, "Attribution")
+    assert not at.exception and "readouts take at most 256" in at.error[0].value
+    at = view(at, "Generation")
+    at.button(key="readouts.gen_go").click().run()
+    assert not at.exception and "the prompt has 8,192 tokens; generation takes at most 256" in at.error[0].value
+    at = view(at, "Two prompts")
+    at.text_area(key="readouts.pair_b").input(long).run()
+    assert not at.exception
+    assert "the second prompt has 8,192 tokens; two prompts take at most 256 each" in at.error[0].value
+
+
+def test_the_target_token_box_is_capped_before_tokenising():
+    """Readouts › Attribution: 100,000 pasted characters were tokenised on every rerun and the refusal
+    quoted every token (3.2 MB sent to the browser each time)."""
+    from attnviz.analysis import effects
+    tok = catalogue.load_model("smollm2").tokenizer
+    with pytest.raises(ValueError, match="100,000 characters are far more than one token"):
+        effects.single_token(tok, "字" * 100_000)
+    with pytest.raises(ValueError) as err:
+        effects.single_token(tok, " Mary had a little lamb whose fleece was white as snow")
+    message = str(err.value)                                   # 12 tokens: the first 8 quoted, then a count
+    assert "is 12 tokens" in message and "'ce' + 4 more), not one" in message and message.count("▁") == 7
+    at = view(app(), "Attribution")
+    box = at.text_input(key="readouts.target")
+    assert box.proto.max_chars == effects.TOKEN_CHARS
+
+
 def test_images_rollout_with_artefacts_discounted():
     """The Images page's rollout with DINOv2's high-norm artefact patches discounted and outlined."""
     at = AppTest.from_file(str(Path(PAGE).parent / "3_Images.py"), default_timeout=300).run()

@@ -230,6 +230,25 @@ def test_pair_of_different_lengths_is_aligned_by_word(smollm2):
     assert ((pair.difference >= 0) & (pair.difference <= 1 + 1e-5)).all()
 
 
+def test_pair_checks_its_limits_before_tracing_either_prompt(set_limits, monkeypatch):
+    """Readouts › Two prompts: both prompts were traced (every layer's [H, n, n]) before the limit was
+    checked; 8,192 tokens asked torch for one 72 GB buffer and raised RuntimeError."""
+    lm = random_model(LLAMA)
+    traced = []
+    real = lm.trace
+    monkeypatch.setattr(lm, "trace", lambda *a, **k: traced.append(1) or real(*a, **k))
+    set_limits(readout_max_tokens=8)
+    with pytest.raises(ValueError, match="two prompts take at most 8 each") as err:
+        prompt_pair.compare(lm, IDS[:5], IDS)
+    assert not traced and "the second prompt has 9 tokens" in str(err.value)
+    set_limits(readout_max_tokens=256, max_capture_mb=0)   # the one capture estimate refuses before tracing
+    with pytest.raises(ValueError, match="two prompts of 9 tokens would hold .* Shorten each prompt"):
+        prompt_pair.compare(lm, IDS[:5], IDS)
+    assert not traced
+    set_limits(max_capture_mb=512)
+    assert prompt_pair.compare(lm, IDS[:5], IDS).difference.shape == (3, 4) and len(traced) == 2
+
+
 def test_pool_words_by_hand():
     att = torch.tensor([[[[1.0, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]]]])     # (1, 1, 3, 3)
     pooled = prompt_pair.pool_words(att, [0, 1, 1], 2)

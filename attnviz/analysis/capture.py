@@ -23,6 +23,7 @@ from attnviz.analysis import effects
 from attnviz.analysis.stats import downsample_attention
 from attnviz.core.attention import softmax_weights
 from attnviz.base.cache import LRU  # noqa: F401  (pages keep their capture store here)
+from attnviz.base import memory
 from attnviz.base.jobs import Cancel, Deadline, JobTimeout, heavy_job
 from attnviz.base.limits import LIMITS
 from attnviz.core.transformer import sentence_embedding
@@ -112,7 +113,11 @@ def capture_text(model, text_or_ids, *, start: int = 0, max_cell: int = 64,
     n = len(ids)
     size = min(n, window_size(cfg.n_layers, cfg.n_heads, budget, max_window))
     start = max(0, min(int(start), n - size))
-    if size == n:
+    m = min(n, max_cell)  # the one estimate decides: whole, or layer by layer (its chunk, overview and window)
+    plan = memory.plan_capture("the attention of this text", layers=cfg.n_layers, heads=cfg.n_heads, n=n, chunked=True,
+                               budget_mb=(full_budget() if budget is None else budget) * 4 / memory.MB,
+                               chunk_bytes=4 * (CHUNK_FLOATS + cfg.n_layers * cfg.n_heads * (m * m + size * size)))
+    if plan.mode == "full" and size == n:
         with torch.inference_mode():
             out = model.net(input_ids=ids[None], need_weights=True, logits=False)
         attn = model.assemble(out.attentions, list(range(cfg.n_layers)))   # (L, H, n, n)

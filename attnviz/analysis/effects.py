@@ -245,6 +245,9 @@ def compare(full: Outputs, masked: Outputs, sentences: list[str] | None = None) 
 
 # ---------------------------------------------------------------- one token, at the last position
 SPACE_MARKS = LEADING_SPACE_MARKS  # how tokenizers (and this app's labels) show a leading space
+# One token is a few dozen characters at most: a longer text is refused before it is tokenised, and
+# a refusal quotes only the first pieces (100,000 pasted characters once meant a 3 MB message).
+TOKEN_CHARS, QUOTED_PIECES = 64, 8
 
 
 def single_token(tokenizer, text: str) -> tuple[int, str | None]:
@@ -253,6 +256,9 @@ def single_token(tokenizer, text: str) -> tuple[int, str | None]:
     tokenizes when it is not exactly one token."""
     if tokenizer is None:
         raise ValueError("this model has no tokenizer")
+    if len(str(text)) > TOKEN_CHARS:
+        raise ValueError(f"{len(str(text)):,} characters are far more than one token: type a single token "
+                         f"(at most {TOKEN_CHARS} characters), e.g. ' Mary'")
     raw = check_text(str(text))
     if not raw.strip():
         raise ValueError("type a token, e.g. ' Mary' (with its leading space, as after a word)")
@@ -262,8 +268,9 @@ def single_token(tokenizer, text: str) -> tuple[int, str | None]:
             word = " " + word[len(mark):]
     ids = plain_ids(tokenizer, word)
     if len(ids) != 1:
-        names = token_names(tokenizer, ids)
+        names = token_names(tokenizer, ids[:QUOTED_PIECES])
         pieces = " + ".join(f"'{n}'" for n in names) if names else "nothing"
+        pieces += f" + {len(ids) - QUOTED_PIECES:,} more" if len(ids) > QUOTED_PIECES else ""
         raise ValueError(f"'{raw}' is {len(ids)} tokens for this model ({pieces}), not one: "
                          "type a single token, e.g. one of the candidates in the chart"
                          + ("" if word.startswith(" ") else " (words after a space start with one: "

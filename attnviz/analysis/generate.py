@@ -11,7 +11,10 @@ be compared.
 Sampling: greedy by default (temperature 0); otherwise softmax(logits / temperature) restricted to
 the top-k tokens and to the smallest set whose probability reaches top-p, drawn with a seeded
 generator (the same seed gives the same text). Bounded by LIMITS.max_generate_tokens, the model's
-positions and LIMITS.max_generate_seconds (keeping the steps made), holding a heavy-job slot.
+positions and LIMITS.max_generate_seconds (keeping the steps made), holding a heavy-job slot. The
+prompt is bounded like every readout (LIMITS.readout_max_tokens, refused before any block runs), and
+its pass records no attention: all but its last token fill the cache without weights, then the last
+token alone records the one row a step keeps, so no layer ever holds an n x n pattern.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import torch
 from attnviz.analysis import ablation as ablations
 from attnviz.analysis.effects import token_names
 from attnviz.analysis.importance import is_lm
-from attnviz.base import jobs
+from attnviz.base import jobs, memory
 from attnviz.base.limits import LIMITS
 
 TOP = 10  # candidates kept per step (the probability bars)
@@ -105,6 +108,12 @@ def generate(model, prompt, max_new: int = 20, *, temperature: float = 0.0, top_
     ids = inp["ids"]
     net, cfg = model.net, model.cfg
     L = cfg.n_layers
+    if len(ids) > LIMITS.readout_max_tokens:
+        raise ValueError(f"the prompt has {len(ids):,} tokens; generation takes at most {LIMITS.readout_max_tokens:,}. "
+                         "Shorten it.")
+    # each step keeps one query's row over every token so far, in every layer
+    memory.plan_capture("a generation", layers=L, heads=cfg.n_heads, n=len(ids) + int(max_new), rows=1,
+                        copies=int(max_new), shorten="the prompt")
     out = Generation(ids.tolist(), inp["tokens"],
                      settings=dict(max_new=int(max_new), temperature=temperature, top_k=int(top_k), top_p=top_p,
                                    seed=int(seed), ablation=ablation, heads_off=0 if mask is None else int((mask < 1).sum())))
@@ -113,8 +122,12 @@ def generate(model, prompt, max_new: int = 20, *, temperature: float = 0.0, top_
     deadline = jobs.Deadline(LIMITS.max_generate_seconds, "generation")
     cache = [{} for _ in range(L)]
     variants = getattr(model, "variant", None)
+    check = jobs.checks(cancel)  # the deadline keeps the steps made: it is read between steps only
     with jobs.heavy_job("a generation"), torch.inference_mode():
         x, offset = net.embed_text(ids[None]), 0
+        if x.shape[1] > 1:  # the prompt but its last token: keys and values into the cache, no weights
+            net.run_blocks(x[:, :-1], head_mask=mask, head_fill=fill, cache=cache, variants=variants, check=check)
+            x, offset = x[:, -1:], x.shape[1] - 1
         while True:
             if cancel is not None:
                 cancel.check()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from attnviz.base import names
+from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 
 _WORD = re.compile(r"\S+")
@@ -95,13 +95,17 @@ def row_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def compare(model, text_a: str, text_b: str, head_mask=None) -> Pair:
-    traces = []
-    for text in (text_a, text_b):
-        tr = model.trace(text, head_mask=head_mask)
-        if tr.n > LIMITS.readout_max_tokens:
-            raise ValueError(f"a prompt has {tr.n} tokens; two prompts take at most "
-                             f"{LIMITS.readout_max_tokens} each. Shorten it.")
-        traces.append((text, tr))
+    # Both prompts are tokenised and their captures priced before either is traced: a trace holds
+    # every layer's [H, n, n] weights, 72 GB for SmolLM2 at 8,192 tokens.
+    ids = [model.inputs(text)["ids"] for text in (text_a, text_b)]
+    for j, x in enumerate(ids):
+        if len(x) > LIMITS.readout_max_tokens:
+            raise ValueError(f"the {('first', 'second')[j]} prompt has {len(x):,} tokens; two prompts take at most "
+                             f"{LIMITS.readout_max_tokens:,} each. Shorten it.")
+    cfg = model.cfg
+    memory.plan_capture("two prompts", layers=cfg.n_layers, heads=cfg.n_heads, n=max(len(x) for x in ids), copies=2,
+                        shorten="each prompt")
+    traces = [(text, model.trace(x, head_mask=head_mask)) for text, x in zip((text_a, text_b), ids)]
     (ta, a), (tb, b) = traces
     wa, ia = words_of(model, ta, a.tokens, a.ids.tolist(), a.special.tolist())
     wb, ib = words_of(model, tb, b.tokens, b.ids.tolist(), b.special.tolist())

@@ -21,7 +21,7 @@ import torch
 
 from attnviz.analysis.effects import token_names
 from attnviz.analysis.importance import is_lm
-from attnviz.base import names
+from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 
 TOP_K = 10  # candidates kept per logit-lens cell: what a clicked cell shows
@@ -53,6 +53,8 @@ def run(model, x, head_mask=None, *, head_outputs: bool = False, head_fill=None,
     if len(ids) > LIMITS.readout_max_tokens:
         raise ValueError(f"the text has {len(ids)} tokens; readouts take at most {LIMITS.readout_max_tokens}. "
                          "Shorten it.")
+    # no weights are kept, but a block's attention (an explicit variant's weights) is one layer's [H, n, n]
+    memory.plan_capture("the readout", layers=1, heads=model.cfg.n_heads, n=len(ids), shorten="the text")
     mask = model.check_head_mask(head_mask)
     net, L = model.net, model.cfg.n_layers
     states, heads = [], {}

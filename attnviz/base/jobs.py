@@ -3,7 +3,8 @@
 - `heavy_job(name)`: at most `LIMITS.max_heavy_jobs` heavy jobs (importance runs, sweeps, toy
   trainings, long captures) run at once in the process; one more is refused at once with
   `ServerBusy` (a ValueError, so pages show it like any other bad request) instead of queueing
-  behind the others with no word said.
+  behind the others with no word said. So is one that would take the process past its memory
+  budget (`base.memory.check_room`).
 - `Deadline(seconds)`: a hard stop checked between steps of a job (`check()` raises `JobTimeout`).
 - `Cancel`: a flag another rerun can set, or conditions it polls (e.g. "the browser session that
   started the job has gone": `attnviz.ui.jobs`); `check()` raises `JobCancelled`, and calling it
@@ -21,6 +22,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable
 
+from attnviz.base import memory
 from attnviz.base.limits import LIMITS
 
 
@@ -47,10 +49,13 @@ def running_jobs() -> list[str]:
 
 
 @contextmanager
-def heavy_job(name: str, limit: int | None = None):
-    """Hold one of the server's heavy-job slots for the block, or raise ServerBusy at once."""
+def heavy_job(name: str, limit: int | None = None, need_bytes: float = 0):
+    """Hold one of the server's heavy-job slots for the block, or raise ServerBusy at once; a job
+    that would take the process past its memory budget (`memory.check_room`, with the `need_bytes`
+    it is estimated to need) is refused the same way, before it starts."""
     global _next_id
     limit = LIMITS.max_heavy_jobs if limit is None else limit
+    memory.check_room(name, need_bytes)
     with _lock:
         if limit > 0 and len(_running) >= limit:
             # Only that the server is busy: what other users run is theirs.

@@ -70,6 +70,10 @@ class Limits:
                                         # (the page's budget box cannot go above it)
     max_capture_tokens: int = 2048      # attention page: a longer text is cut to this many tokens (said on the page)
     max_capture_seconds: float = 120.0  # attention page: a long text's capture stops (with a message) after this
+    max_capture_mb: int = 512           # any view: attention weights one capture holds (base.memory decides,
+                                        # before it runs, to capture in chunks or refuse, saying what to shorten)
+    max_memory_mb: int = 0              # server-wide: a job that would push the process past this is refused
+                                        # before it starts (0: three quarters of the machine's memory)
     max_heavy_jobs: int = 2             # server-wide: importance runs, sweeps, trainings, long captures at once;
                                         # a session asking for one more is told the server is busy
     # translation (en-pt, pt-en and local marian / bart folders)

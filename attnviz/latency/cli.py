@@ -22,7 +22,7 @@ from attnviz.latency.calibrate import host_profile
 from attnviz.latency.child import STOPPED_EXIT
 from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES, MEASURED_DTYPES
 from attnviz.latency.measure import load, memory_budget_mb
-from attnviz.latency import published, speech, translation
+from attnviz.latency import priced, published, speech, translation
 from attnviz.latency.results import MAX_THREADS, to_csv
 from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate,
                                    parse_int_list, run_sweep)
@@ -62,7 +62,9 @@ def parser() -> argparse.ArgumentParser:
         "(cpu-model). Runs unchanged on a Pi with an aarch64 torch; upload its --out CSV to the Latency page."))
     ap.add_argument("--model", action="append", help="bundled key (minilm, smollm2, dinov2), local HF folder, "
                     "or synthetic:layers=6,d=384,heads=8[,kv=,dh=,ff=,vocab=,positions=,causal=1]; repeatable "
-                    "(default minilm)")
+                    "(default minilm). Shapes the cost model prices without weights are modelled only (pi4, pi5, "
+                    "cpu-model): a bottleneck transformer (synthetic:layers=24,d=512,bottleneck=128,heads=4,ff=512,"
+                    "ffns=4, MobileBERT) and a network by its counts (synthetic:gflops=8.2,mparams=25.6[,calls=200])")
     ap.add_argument("--seq-lens", default="16,32,64,128,256", help="comma-separated token counts")
     ap.add_argument("--variants", default="fused", help="comma-separated: fused, eager, chunked[:C], "
                     "local[:W], linear, relu, topk[:K]")
@@ -81,10 +83,12 @@ def parser() -> argparse.ArgumentParser:
                     "Pi's cores have no bf16 arithmetic); the measured cpu "
                     f"rows: each of {', '.join(MEASURED_DTYPES)} chosen (torch's own quantize_dynamic int8 and a bf16 "
                     "copy of the linear layers; fp32 when none is chosen)")
-    ap.add_argument("--crossover", action=argparse.BooleanOptionalAction, default=True, help="also time ONE block "
+    ap.add_argument("--crossover", action=argparse.BooleanOptionalAction, default=False, help="also time ONE block "
                     "of each model at lengths straddling its modelled attention = rest crossover (every block has "
                     "the same shape; a block reads no positions, so MiniLM's 512 do not bind), with its attention "
-                    "alone: CSV rows with test=block (default on with the cpu backend)")
+                    "alone: extra CSV rows with test=block at lengths of their own, measured (cpu) and modelled "
+                    "(cpu-model) (off by default: a plain sweep writes only the lengths asked for; needs the cpu "
+                    "backend)")
     ap.add_argument("--pi-threads", default=str(PI_CORES), help=f"comma-separated threads of the modelled Pi rows, "
                     f"1-{PI_CORES} whatever this host has (default {PI_CORES}: a Pi 4 / 5 has {PI_CORES} cores)")
     ap.add_argument("--decode-depths", default=None, metavar="DEPTHS", help="also decode latency for causal LMs, "
@@ -145,6 +149,11 @@ def main(argv=None) -> int:
                          dtypes=[d.strip() for d in args.dtype.split(",") if d.strip()],
                          pi_threads=parse_int_list(args.pi_threads, "--pi-threads"), crossover=args.crossover)
         plan.check()
+        # shapes the cost model prices without a model (a bottleneck or an explicit FLOP count): modelled rows
+        only_priced = [priced.priced_rows(plan, k, own_process=True) for k in plan.models if priced.is_priced_only(k)]
+        plan.models = [key for key in plan.models if not priced.is_priced_only(key)]
+        if not plan.models:
+            return write(pd.concat(only_priced, ignore_index=True), args.out)
         configs = configs_of(plan.models)
         est = estimate(plan, configs)
         est.check(args.max_seconds, memory_budget_mb() if args.max_mem_mb is None else args.max_mem_mb)
@@ -159,18 +168,32 @@ def main(argv=None) -> int:
 
         df = run_sweep(plan, models, progress=progress, quiet=True, deadline=deadline, own_process=True)
         bar.close()
+        blocks = df[df["test"] == "block"]
+        if len(blocks):  # rows at lengths nobody listed in --seq-lens: said, so no one plots them unawares
+            sys.stderr.write(f"--crossover: added {len(blocks)} one-block rows (test=block) at n = "
+                             f"{', '.join(map(str, sorted(set(blocks['seq_len'].astype(int)))))}, lengths straddling "
+                             "each model's modelled attention = rest crossover\n")
         if args.decode_depths:
             depths = parse_depths(args.decode_depths)
             dec = decode_sweep(plan, models, depths, args.n_prompt, deadline=deadline, own_process=True)
             df = pd.concat([df, dec], ignore_index=True).reindex(columns=df.columns)
             df.attrs["stopped"] = df.attrs.get("stopped") or dec.attrs["stopped"]
+        if only_priced:
+            stopped = df.attrs.get("stopped", "")
+            df = pd.concat([df, *only_priced], ignore_index=True).reindex(columns=df.columns)
+            df.attrs["stopped"] = stopped
     except ValueError as err:
         ap.error(str(err))
+    return write(df, args.out)
+
+
+def write(df: pd.DataFrame, out: str | None) -> int:
+    """The sweep's CSV to `out` (or stdout); the exit status (STOPPED_EXIT when a deadline stopped it)."""
     text = to_csv(df)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text)
-        sys.stderr.write(f"wrote {len(df)} rows to {args.out}\n")
+        sys.stderr.write(f"wrote {len(df)} rows to {out}\n")
     else:
         sys.stdout.write(text)
     if df.attrs.get("stopped"):

@@ -179,14 +179,20 @@ def fidelity(model, twin, ref=None) -> dict:
 
 
 def quantization_table(keys=("minilm", "smollm2", "dinov2", "en-pt", "pt-en"), modes=None, rounds: int = 5,
-                       loader=load_model) -> pd.DataFrame:
-    """One row per (model, mode): latency ratio (quantized / float32, below 1 faster) and fidelity."""
+                       loader=load_model, check=None) -> pd.DataFrame:
+    """One row per (model, mode): latency ratio (quantized / float32, below 1 faster) and fidelity.
+    `check` (e.g. a Cancel's) runs before each model is loaded and each copy is made, and raises to
+    stop; one copy exists at a time, so a stop frees its memory with it."""
     modes = list(modes or (["int8", "bf16"] if has_bf16() else ["int8"]))
     rows = []
     for key in keys:
+        if check is not None:
+            check()
         model = loader(key)
         ref = reference(model)
         for mode in modes:
+            if check is not None:
+                check()
             twin = quantized_copy(model, mode)
             rows.append(dict(model=key, mode=mode, latency_ratio=latency_ratio(model, twin, rounds),
                              **fidelity(model, twin, ref)))

@@ -79,7 +79,7 @@ class SweepPlan:
     engines: list[str] = field(default_factory=lambda: ["torch"])  # modelled Pi rows: each engine x dtype
     dtypes: list[str] = field(default_factory=lambda: ["fp32"])    # it runs (latency.engines)
     pi_threads: list[int] = field(default_factory=lambda: [PI_CORES])  # the Pi's threads, whatever this host has
-    crossover: bool = False  # also one block at lengths straddling its modelled crossover (the CLI and page: on)
+    crossover: bool = False  # also one block at lengths straddling its modelled crossover (CLI: --crossover)
 
     def measured_dtypes(self) -> list[str]:
         """The dtypes the cpu rows are measured in: the chosen ones torch runs here, else fp32."""

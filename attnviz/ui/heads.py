@@ -27,7 +27,7 @@ SENTENCES = ["A kitten is resting on a rug.", "The dog sleeps on the sofa.", "A 
              "Stock markets fell sharply today.", "The cat is lying on a carpet."]
 # Bounds of the typed boxes (issue 17.6): a token box holds one token, so a few dozen characters
 # are plenty; the ranking sentences are short sentences, not documents.
-TOKEN_BOX_CHARS = 64
+TOKEN_BOX_CHARS = effects.TOKEN_CHARS  # the library refuses longer before tokenising, too
 SENTENCE_LINES, SENTENCE_CHARS = 20, 300
 MESSAGE_CHARS = 300   # a warning quotes at most this much of what the user typed
 

@@ -277,8 +277,8 @@ def model_error_view(df):
 # ---------------------------------------------------------------- edge questions: quantization, heads
 @st.cache_data(max_entries=2, show_spinner="Quantizing and measuring each bundled model…")
 def quantization_tables(rounds: int):
-    with ui_jobs.heavy_job("quantization"):
-        return (quantize.quantization_table(rounds=rounds, loader=common.load_model),
+    with ui_jobs.heavy_job("quantization") as cancel:  # a closed tab stops it between copies
+        return (quantize.quantization_table(rounds=rounds, loader=common.load_model, check=cancel.check),
                 quantize.probabilities_int8(common.load_model("minilm")))
 
 
@@ -299,7 +299,7 @@ def edge_views():
     if st.button("Measure int8 and bf16 copies of every bundled model here", key=K("quantize")):
         try:
             st.session_state[K("quantized")] = quantization_tables(3)
-        except ValueError as err:  # the server is busy
+        except ValueError as err:  # the server is busy, or the tab that asked has gone
             st.error(common.plain(str(err)))
     if K("quantized") in st.session_state:
         table, probs = st.session_state[K("quantized")]

@@ -6,7 +6,7 @@ import streamlit as st
 import torch
 
 from attnviz.analysis import ablation, prompt_pair, readouts
-from attnviz.analysis.effects import single_token, token_names
+from attnviz.analysis.effects import TOKEN_CHARS, single_token, token_names
 from attnviz.base import exports, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention as viz
@@ -126,8 +126,9 @@ def tokens_asked(model) -> tuple[int, int | None]:
     st.session_state.setdefault(key("target"), " Mary")
     st.session_state.setdefault(key("minus"), " John")
     left, right = st.columns(2)
-    target_text = left.text_input("Target token", key=key("target"), help="one token, with its leading space")
-    minus_text = right.text_input("Minus token (optional)", key=key("minus"))
+    target_text = left.text_input("Target token", key=key("target"), help="one token, with its leading space",
+                                  max_chars=TOKEN_CHARS)
+    minus_text = right.text_input("Minus token (optional)", key=key("minus"), max_chars=TOKEN_CHARS)
     target, note = single_token(model.tokenizer, target_text)
     minus, note_minus = (None, None) if not minus_text.strip() else single_token(model.tokenizer, minus_text)
     for n in (note, note_minus):

@@ -12,7 +12,7 @@ import numpy as np
 import streamlit as st
 import torch
 
-from attnviz.base import names
+from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import speech as sfig
 from attnviz.ui.common import load_model, plain, sidebar_nav, view_choice
@@ -73,6 +73,9 @@ def inputs():
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _transcribed(model_key: str, digest: str, mask_key: bytes, _model, _data: bytes, _mask):
     # cache_resource: one transcript per audio and mask, shared, never changed by a view
+    c = _model.cfg  # priced before it runs: every decoder position's cross-attention over the 30 s window
+    memory.plan_capture("this transcription", layers=c.n_dec_layers, heads=c.n_heads, n=c.n_audio_ctx,
+                        rows=c.n_text_ctx, shorten="the audio")
     return _model.transcribe(_data, head_mask=_mask, cut=True)
 
 

@@ -11,7 +11,7 @@ import streamlit as st
 import torch
 
 from attnviz.analysis import alignment
-from attnviz.base import names
+from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention as viz
 from attnviz.figures import translate as tfig
@@ -77,6 +77,9 @@ def inputs():
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _translated(model_key: str, text: str, beam: int, mask_key: bytes, _model, _mask):
     # cache_resource: one result per input and mask, shared, never changed by a view
+    n_src, c = len(_model.source(text)[0]), _model.cfg  # priced before it runs: every layer at the longer side
+    memory.plan_capture("this translation", layers=c.n_enc_layers + 2 * c.n_dec_layers, heads=c.n_heads,
+                        n=max(n_src, _model.target_limit(n_src)), shorten="the text")
     return _model.translate(text, beam=beam, head_mask=_mask)
 
 
