@@ -168,7 +168,7 @@ def main(argv=None) -> int:
         ap.error(str(err))
     text = to_csv(df)
     if args.out:
-        with open(args.out, "w") as f:
+        with open(args.out, "w", newline="") as f:  # the text holds its own CRLF row ends
             f.write(text)
         sys.stderr.write(f"wrote {len(df)} rows to {args.out}\n")
     else:

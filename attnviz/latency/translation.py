@@ -152,7 +152,7 @@ def write_csv(df: pd.DataFrame, out: str | None) -> int:
     """The CSV to the file `out`, or to stdout without one (the translation and speech branches)."""
     text = csv_text(df)
     if out:
-        with open(out, "w") as f:
+        with open(out, "w", newline="") as f:  # the text holds its own CRLF row ends
             f.write(text)
     else:
         sys.stdout.write(text)
