@@ -22,7 +22,7 @@ from attnviz.latency.calibrate import host_profile
 from attnviz.latency.child import STOPPED_EXIT
 from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES, MEASURED_DTYPES
 from attnviz.latency.measure import load, memory_budget_mb
-from attnviz.latency import published, speech, translation
+from attnviz.latency import pi_memory, published, speech, translation
 from attnviz.latency.results import MAX_THREADS, to_csv
 from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate,
                                    parse_int_list, run_sweep)
@@ -148,8 +148,11 @@ def main(argv=None) -> int:
         configs = configs_of(plan.models)
         est = estimate(plan, configs)
         est.check(args.max_seconds, memory_budget_mb() if args.max_mem_mb is None else args.max_mem_mb)
-        sys.stderr.write(f"{est.points} points, about {est.seconds:,.0f} s, peak about {est.peak_mb:,.0f} MB\n")
-        models = {key: load(key) for key in plan.models}
+        sys.stderr.write(f"{est.points} points, about {est.seconds:,.0f} s, peak about {est.peak_mb:,.0f} MB here\n")
+        for fits, note in pi_memory.ram_notes(plan, configs):
+            if not fits:  # a modelled row still prices it; the Pi could not hold it all
+                sys.stderr.write(f"note: {note}\n")
+        models = pi_memory.models_for(plan, configs, load)
         bar = tqdm(total=1, file=sys.stderr, unit="point", disable=None)
 
         def progress(done, total, label):

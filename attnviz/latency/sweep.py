@@ -152,7 +152,7 @@ class SweepPlan:
 @dataclass
 class Estimate:
     seconds: float
-    peak_mb: float   # weights of the largest model + its largest activations
+    peak_mb: float   # on this host: weights of the largest model measured + its largest activations (0: none)
     points: int
 
     def check(self, max_seconds: float | None, max_mb: float | None):
@@ -184,7 +184,8 @@ def estimate(plan: SweepPlan, configs: dict[str, Config], profile: cm.DeviceProf
         shape = cfg if k == cfg.n_heads else with_heads(cfg, k)
         if measured:
             seconds += dtypes * runs * cm.predict(shape, n, profile, v, threads=t).total_ms / 1e3
-        peak = max(peak, cm.weights_mb(cfg) * (1 + (dtypes > 1)) + cm.activation_mb(cfg, n, v))
+            # host memory: only what runs here (modelled rows build no model; `pi_memory` prices a Pi's)
+            peak = max(peak, cm.weights_mb(cfg) * (1 + (dtypes > 1)) + cm.activation_mb(cfg, n, v))
     if plan.crossover and measured:
         v0 = parse_variant(plan.variants[0])
         seconds += sum(xo.estimate_seconds(configs[key], profile, v0, plan.repeats, plan.warmup) for key in plan.models)
