@@ -8,6 +8,7 @@ serving several configurations) changes every reader at once. Streamlit's own up
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from contextlib import contextmanager
@@ -28,10 +29,16 @@ def _env(name: str, default, cast):
         return default
     kind, cast = cast.__name__, (_bool if cast is bool else cast)
     try:
-        return cast(raw)
+        value = cast(raw)
     except ValueError:
         raise ValueError(f"environment variable ATTNVIZ_{name}={raw!r} is not a valid "
                          f"{kind}") from None
+    # NaN compares false with everything (a NaN limit would switch its check off); inf or a
+    # negative count is no limit either
+    if kind in ("int", "float") and not 0 <= value < math.inf:
+        raise ValueError(f"environment variable ATTNVIZ_{name}={raw!r} must be a finite number of at least 0 "
+                         f"(the default is {default!r})")
+    return value
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shutil
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -23,14 +26,18 @@ from attnviz.latency.child import STOPPED_EXIT
 from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES, MEASURED_DTYPES
 from attnviz.latency.measure import load, memory_budget_mb
 from attnviz.latency import pi_memory, published, speech, translation
-from attnviz.latency.results import MAX_THREADS, to_csv
+from attnviz.latency.results import MAX_THREADS
 from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate,
                                    parse_int_list, run_sweep)
 
 
-def number(lowest: float, above: bool):
-    """An argparse type: a finite number above `lowest` (or at least it). NaN and inf are refused:
-    NaN compares false with everything, so a NaN budget or deadline would switch its check off."""
+MAX_SECONDS, MAX_MB = 7 * 24 * 3600.0, 2.0**24  # a week, 16 TB: a typo beyond (1e308 overflows timeouts)
+
+
+def number(lowest: float, above: bool, highest: float = math.inf, unit: str = ""):
+    """An argparse type: a finite number above `lowest` (or at least it), at most `highest`. NaN and
+    inf are refused: NaN compares false with everything, so a NaN budget or deadline would switch
+    its check off."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -40,8 +47,29 @@ def number(lowest: float, above: bool):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give seconds or MB as a number")
         if value < lowest or (above and value == lowest):
             raise argparse.ArgumentTypeError(f"{text!r} must be {'above' if above else 'at least'} {lowest:g}")
+        if value > highest:
+            raise argparse.ArgumentTypeError(f"{text!r} is more than the largest allowed, {highest:,.0f}{unit}")
         return value
     return parse
+
+
+def out_file(text: str) -> str:
+    """An argparse type: a CSV file this process can write, checked before any work (a folder, a
+    missing or read-only folder, or a full disk would otherwise fail after the sweep)."""
+    path = Path(text).expanduser()
+    where = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name in it, e.g. "
+                                         f"{str(path / 'results.csv')!r}")
+    if not where.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder of {text!r} does not exist; create it first")
+    if not os.access(path if path.exists() else where, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be written here (no permission); choose another place")
+    free = shutil.disk_usage(where).free
+    if free < 2**20:
+        raise argparse.ArgumentTypeError(f"the disk holding {text!r} is full ({free:,} bytes free); free some "
+                                         "space or choose another disk")
+    return text
 
 
 def parse_depths(text: str) -> list[int]:
@@ -94,12 +122,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--clock", default="wall", choices=list(CLOCKS), help="wall (perf_counter) or cpu "
                     "(process CPU time: robust on a busy machine, latency only with one thread)")
     ap.add_argument("--no-memory", action="store_true", help="skip the profiled pass that measures peak memory")
-    ap.add_argument("--max-seconds", type=number(0, above=True), default=3600.0,
+    ap.add_argument("--max-seconds", type=number(0, True, MAX_SECONDS, " s (a week)"), default=3600.0,
                     help="refuse sweeps estimated to take longer")
-    ap.add_argument("--max-mem-mb", type=number(0, above=True), default=None, help="refuse sweeps estimated to "
-                    "need more memory (default: half of what is available)")
-    ap.add_argument("--deadline", type=number(0, above=False), default=None, metavar="SECONDS", help="stop "
-                    f"measuring after SECONDS, between points, and write what was measured (exit status {STOPPED_EXIT})")
+    ap.add_argument("--max-mem-mb", type=number(0, True, MAX_MB, " MB"), default=None, help="refuse sweeps "
+                    "estimated to need more memory here (default: half of what is available)")
+    ap.add_argument("--deadline", type=number(0, False, MAX_SECONDS, " s (a week)"), default=None,
+                    metavar="SECONDS", help="stop measuring after SECONDS, between points, and write what was "
+                    f"measured (exit status {STOPPED_EXIT})")
     ap.add_argument("--stop-at", type=number(0, above=False), default=None,
                     help=argparse.SUPPRESS)  # epoch seconds (the app's child processes)
     ap.add_argument("--calibrate", nargs="?", const="full", choices=["quick", "full"], default=None,
@@ -108,7 +137,7 @@ def parser() -> argparse.ArgumentParser:
                     "engines are fitted to or checked against (source, device, engine, dtype, shape, threads, "
                     "metric: ms, pp_tps, tg_tps or ms_per_gflop), with the cost model's prediction and its error, "
                     "as CSV, and exit")
-    ap.add_argument("--out", help="CSV file to write (default: the CSV goes to stdout)")
+    ap.add_argument("--out", type=out_file, help="CSV file to write (default: the CSV goes to stdout)")
     return ap
 
 
@@ -129,7 +158,7 @@ def main(argv=None) -> int:
         sys.stdout.write(json.dumps(asdict(prof)) + "\n")
         return 0
     if args.published:
-        return translation.write_csv(pd.DataFrame(published.table()), args.out)
+        return translation.write_csv(pd.DataFrame(published.table()), args.out, ap)
     if args.model and any(translation.is_translator(k) for k in args.model):  # en-pt, pt-en: encode + per token
         return translation.main(args, ap)
     if args.model and any(speech.is_speech(k) for k in args.model):  # whisper: a 30 s window + per token
@@ -169,13 +198,7 @@ def main(argv=None) -> int:
             df.attrs["stopped"] = df.attrs.get("stopped") or dec.attrs["stopped"]
     except ValueError as err:
         ap.error(str(err))
-    text = to_csv(df)
-    if args.out:
-        with open(args.out, "w", newline="") as f:  # the text holds its own CRLF row ends
-            f.write(text)
-        sys.stderr.write(f"wrote {len(df)} rows to {args.out}\n")
-    else:
-        sys.stdout.write(text)
+    translation.write_csv(df, args.out, ap)
     if df.attrs.get("stopped"):
         sys.stderr.write(f"stopped: {df.attrs['stopped']}\n")
         return STOPPED_EXIT

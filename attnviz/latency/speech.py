@@ -126,4 +126,4 @@ def main(args, ap) -> int:
                    parse_int_list(args.pi_threads, "--pi-threads"), args.repeats, args.warmup)
     except ValueError as err:
         ap.error(str(err))
-    return write_csv(df, args.out)
+    return write_csv(df, args.out, ap)

@@ -33,7 +33,7 @@ from attnviz.latency import crossover as xo
 from attnviz.latency import decode
 from attnviz.latency.quantize import quantized_copy
 from attnviz.latency.child import measure_in_child
-from attnviz.latency.engines import ENGINE_DTYPES, MEASURED_DTYPES, NO_BF16, check_engine, engine_profile
+from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, MEASURED_DTYPES, NO_BF16, check_engine, engine_profile
 from attnviz.latency.measure import load, machine_metadata, measure_point, thread_count, token_count
 from attnviz.latency.results import COLUMNS, MAX_SEQ_LEN, MAX_THREADS, SCHEMA, config_spec, parse_synthetic, with_heads
 
@@ -118,6 +118,9 @@ class SweepPlan:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}")
         if not self.variants:
             raise ValueError("choose at least one attention variant")
+        typos = [d for d in self.dtypes if d not in DTYPES]  # else silently fp32 rows
+        if typos:
+            raise ValueError(f"unknown dtype {few(typos)}; choose from {', '.join(DTYPES)}")
         for e in self.engines:
             check_engine(e, ENGINE_DTYPES.get(e, ("fp32",))[0])  # an unknown engine: its message
         if any(b in PI_BACKENDS for b in self.backends) and not self.engine_pairs():
