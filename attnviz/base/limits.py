@@ -164,6 +164,15 @@ class Limits:
         raise refusal
 
 
+def sizes(n_bytes: int, limit_bytes: int) -> tuple[str, str]:
+    """A size over its limit and the limit, in MB (10^6 bytes, as the upload widget counts), with as
+    many decimals as it takes for the two to differ: never "20.0 MB; the limit is 20.0 MB"."""
+    for digits in (1, 3, 6):  # at 6 decimals one byte shows
+        pair = f"{n_bytes / 1e6:,.{digits}f} MB", f"{limit_bytes / 1e6:,.{digits}f} MB"
+        if pair[0] != pair[1] or digits == 6:
+            return pair
+
+
 class _InForce:
     """`LIMITS.x`: the value in force now (the environment's, or an `override`'s)."""
 
