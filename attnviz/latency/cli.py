@@ -102,7 +102,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", default="cpu", help=f"comma-separated: {', '.join(BACKENDS)}")
     ap.add_argument("--engine", default="torch", help="comma-separated engines the modelled Pi rows (pi4, pi5) run "
                     "on: " + "; ".join(f"{e} = {what} (dtypes {', '.join(ENGINE_DTYPES[e])})"
-                                       for e, what in ENGINES.items()) + ". cpu rows are measured in torch")
+                                       for e, what in ENGINES.items()) + ". ENGINE@YEAR (e.g. ggml@2024) asks for the "
+                    "profile of that year's release: refused, saying which release each profile models, when no "
+                    "published run of it calibrates one. cpu rows are measured in torch")
     ap.add_argument("--dtype", default="fp32", help=f"comma-separated dtypes: {', '.join(DTYPES)} (fp32 float32; "
                     "fp16/bf16 half precision; int8 dynamic quantization of the linear layers; q8_0 / q4_0 ggml's "
                     "8- and 4-bit blocks). The modelled Pi rows: each engine at the dtypes it runs (no bf16: the "
