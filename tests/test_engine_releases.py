@@ -61,9 +61,8 @@ def test_cli_engine_at_a_year(tmp_path, capsys):
 def test_latency_page_says_which_release_each_pi_profile_models():
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "pages" / "4_Latency.py"), default_timeout=120)
     at.run()
-    assert not at.exception
-    table = next(d.value for d in at.dataframe if "release" in d.value.columns)
-    assert len(table) == 9 and {"device", "engine", "dtype", "release"} <= set(table.columns)
-    pi4_ggml = table[(table["device"] == "pi4") & (table["engine"] == "ggml") & (table["dtype"] == "fp16")]
-    assert pi4_ggml["release"].tolist() == ["whisper.cpp aa6adda (2022), llama.cpp 2024-03-26"]
-    assert any("Which engine release each Pi profile models" in c.value for c in at.caption)
+    assert not at.exception and not at.dataframe   # said on open, nothing computed
+    said = next(c.value for c in at.caption if "Which engine release each Pi profile models" in c.value)
+    assert "pi4 ggml fp16: whisper.cpp aa6adda (2022), llama.cpp 2024-03-26" in said
+    assert "pi5 ggml q4_0: llama.cpp with llamafile's sgemm (2024-04-28)" in said
+    assert "pi4 torch fp32, int8 (derived): PyTorch as HAT's latency dataset ran it (2020)" in said

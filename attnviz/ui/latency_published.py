@@ -39,10 +39,10 @@ def releases_table() -> pd.DataFrame:
 
 def published_section():
     st.subheader("How the Pi rows are calibrated")
-    st.caption("Which engine release each Pi profile models: the code its published runs ran. Engines get "
-               "faster between releases, so a newer whisper.cpp or llama.cpp may beat its profile; "
-               "`--engine ggml@YEAR` refuses a year no published run covers.")
-    st.dataframe(releases_table(), hide_index=True, key=K("releases"))
+    st.caption("Which engine release each Pi profile models (the code its published runs ran): " + "; ".join(
+        f"{r.device} {r.engine} {r.dtype}: {r.release}" for r in releases_table().itertuples()) + ". Engines get "
+        "faster between releases, so a newer whisper.cpp or llama.cpp may beat its profile; `--engine ggml@YEAR` "
+        "refuses a year no published run covers.")
     if not st.toggle("Show every published Raspberry Pi run the engines are fitted to, with the model's prediction",
                      key=K("show")):
         return
