@@ -14,6 +14,7 @@ import torch
 import attnviz
 from attnviz.analysis import alignment
 from attnviz.base import jobs
+from attnviz.toys import translation
 from attnviz.weights.catalogue import bundled_path
 
 EN = [  # 33 sentences; the last has 60 words
@@ -318,3 +319,17 @@ def test_first_difference_and_word_diff():
     assert alignment.first_difference([1, 2], [1, 2, 0]) == 2
     assert alignment.word_diff("Eu te amo.", "Eu amo você.") == [
         ("same", "Eu"), ("removed", "te amo."), ("added", "amo você.")]
+
+
+LONE_SURROGATE = "caf\ud83d latte"  # half of an emoji's UTF-16 pair, as a cut clipboard leaves it
+
+
+@pytest.mark.parametrize("call", ["translate", "trace", "trace_target", "toy"])
+def test_a_lone_surrogate_is_the_same_value_error_every_model_gives(en_pt, call):
+    """The translators' tokenizers raised TypeError ("TextInputSequence must be str"); the encoder
+    and LM models say what to do: one text check (tokens.check_text) for every model."""
+    run = {"translate": lambda: en_pt.translate(LONE_SURROGATE), "trace": lambda: en_pt.trace(LONE_SURROGATE),
+           "trace_target": lambda: en_pt.trace("a coffee", target=LONE_SURROGATE),
+           "toy": lambda: translation.load()[0].translate("cat \ud83d sees")}[call]
+    with pytest.raises(ValueError, match=r"lone surrogate, U\+D83D.*delete it or paste the text again"):
+        run()

@@ -3,6 +3,11 @@
 A text cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage return is taken as a formula
 by Excel, LibreOffice and Google Sheets (CSV injection). Such cells get a leading apostrophe, the
 convention those programs show as plain text; numbers (including negative ones) are left alone.
+
+A cell holding a carriage return or a line feed anywhere is quoted: rows end in CRLF (RFC 4180),
+and the csv writer quotes every cell holding a character of the row end. With pandas' "\n" alone a
+bare "\r" went out unquoted, and spreadsheets (and Python's csv module) broke the row there, so
+the rest of the cell ("m\r=1+1") began a new row with a live formula.
 """
 from __future__ import annotations
 
@@ -28,8 +33,10 @@ def safe_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def csv_text(df: pd.DataFrame, **kwargs) -> str:
-    """df.to_csv(index=False) with formula-looking text cells neutralised."""
+    """df.to_csv(index=False) with formula-looking text cells neutralised and any cell holding CR
+    or LF quoted; the one CSV writer of the app and the CLI (write the text with newline="")."""
     kwargs.setdefault("index", False)
+    kwargs["lineterminator"] = "\r\n"
     return safe_frame(df).to_csv(**kwargs)
 
 

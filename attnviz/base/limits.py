@@ -8,6 +8,7 @@ serving several configurations) changes every reader at once. Streamlit's own up
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from contextlib import contextmanager
@@ -28,10 +29,16 @@ def _env(name: str, default, cast):
         return default
     kind, cast = cast.__name__, (_bool if cast is bool else cast)
     try:
-        return cast(raw)
+        value = cast(raw)
     except ValueError:
         raise ValueError(f"environment variable ATTNVIZ_{name}={raw!r} is not a valid "
                          f"{kind}") from None
+    # NaN compares false with everything (a NaN limit would switch its check off); inf or a
+    # negative count is no limit either
+    if kind in ("int", "float") and not 0 <= value < math.inf:
+        raise ValueError(f"environment variable ATTNVIZ_{name}={raw!r} must be a finite number of at least 0 "
+                         f"(the default is {default!r})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,15 @@ class Limits:
         except (OSError, RuntimeError, ValueError):
             pass
         raise refusal
+
+
+def sizes(n_bytes: int, limit_bytes: int) -> tuple[str, str]:
+    """A size over its limit and the limit, in MB (10^6 bytes, as the upload widget counts), with as
+    many decimals as it takes for the two to differ: never "20.0 MB; the limit is 20.0 MB"."""
+    for digits in (1, 3, 6):  # at 6 decimals one byte shows
+        pair = f"{n_bytes / 1e6:,.{digits}f} MB", f"{limit_bytes / 1e6:,.{digits}f} MB"
+        if pair[0] != pair[1] or digits == 6:
+            return pair
 
 
 class _InForce:

@@ -20,6 +20,7 @@ CHILD_GRACE_S = 60.0      # a child sweep is killed this long after its deadline
 CALIBRATE_TIMEOUT_S = 300.0  # a child calibration is killed after this
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 STOPPED_EXIT = 3          # the CLI's exit status when --deadline stopped it (the CSV holds what it measured)
+MAX_SECONDS = 7 * 24 * 3600.0  # the CLI's largest --max-seconds / --deadline: a week (a typo beyond it is refused)
 
 
 def tail(text: str, chars: int = 300) -> str:
@@ -60,7 +61,7 @@ def measure_in_child(plan, models: dict, threads: int, deadline: Deadline | None
     argv += ["--seq-lens", ",".join(str(int(n)) for n in plan.seq_lens), "--variants", ",".join(variants),
              "--heads", "all" if plan.heads is None else ",".join(str(int(k)) for k in plan.heads),
              "--threads", str(int(threads)), "--repeats", str(plan.repeats), "--warmup", str(plan.warmup),
-             "--backend", "cpu", "--clock", plan.clock, "--max-seconds", "1e12", "--no-crossover",
+             "--backend", "cpu", "--clock", plan.clock, "--max-seconds", repr(MAX_SECONDS), "--no-crossover",
              "--dtype", ",".join(plan.measured_dtypes())]  # the one-block crossover is measured by the caller
     if not plan.memory:
         argv.append("--no-memory")

@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shutil
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -19,18 +22,22 @@ from tqdm import tqdm
 from attnviz.base.jobs import Deadline
 from attnviz.base.timing import CLOCKS
 from attnviz.latency.calibrate import host_profile
-from attnviz.latency.child import STOPPED_EXIT
+from attnviz.latency.child import MAX_SECONDS, STOPPED_EXIT
 from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES, MEASURED_DTYPES
 from attnviz.latency.measure import load, memory_budget_mb
-from attnviz.latency import priced, published, speech, translation
-from attnviz.latency.results import MAX_THREADS, to_csv
+from attnviz.latency import pi_memory, priced, published, speech, translation
+from attnviz.latency.results import MAX_THREADS
 from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate,
                                    parse_int_list, run_sweep)
 
 
-def number(lowest: float, above: bool):
-    """An argparse type: a finite number above `lowest` (or at least it). NaN and inf are refused:
-    NaN compares false with everything, so a NaN budget or deadline would switch its check off."""
+MAX_MB = 2.0**24  # 16 TB: a typo beyond (1e308 would overflow timeouts and sizes)
+
+
+def number(lowest: float, above: bool, highest: float = math.inf, unit: str = ""):
+    """An argparse type: a finite number above `lowest` (or at least it), at most `highest`. NaN and
+    inf are refused: NaN compares false with everything, so a NaN budget or deadline would switch
+    its check off."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -40,8 +47,29 @@ def number(lowest: float, above: bool):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give seconds or MB as a number")
         if value < lowest or (above and value == lowest):
             raise argparse.ArgumentTypeError(f"{text!r} must be {'above' if above else 'at least'} {lowest:g}")
+        if value > highest:
+            raise argparse.ArgumentTypeError(f"{text!r} is more than the largest allowed, {highest:,.0f}{unit}")
         return value
     return parse
+
+
+def out_file(text: str) -> str:
+    """An argparse type: a CSV file this process can write, checked before any work (a folder, a
+    missing or read-only folder, or a full disk would otherwise fail after the sweep)."""
+    path = Path(text).expanduser()
+    where = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name in it, e.g. "
+                                         f"{str(path / 'results.csv')!r}")
+    if not where.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder of {text!r} does not exist; create it first")
+    if not os.access(path if path.exists() else where, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be written here (no permission); choose another place")
+    free = shutil.disk_usage(where).free
+    if free < 2**20:
+        raise argparse.ArgumentTypeError(f"the disk holding {text!r} is full ({free:,} bytes free); free some "
+                                         "space or choose another disk")
+    return text
 
 
 def parse_depths(text: str) -> list[int]:
@@ -76,7 +104,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", default="cpu", help=f"comma-separated: {', '.join(BACKENDS)}")
     ap.add_argument("--engine", default="torch", help="comma-separated engines the modelled Pi rows (pi4, pi5) run "
                     "on: " + "; ".join(f"{e} = {what} (dtypes {', '.join(ENGINE_DTYPES[e])})"
-                                       for e, what in ENGINES.items()) + ". cpu rows are measured in torch")
+                                       for e, what in ENGINES.items()) + ". ENGINE@YEAR (e.g. ggml@2024) asks for the "
+                    "profile of that year's release: refused, saying which release each profile models, when no "
+                    "published run of it calibrates one. cpu rows are measured in torch")
     ap.add_argument("--dtype", default="fp32", help=f"comma-separated dtypes: {', '.join(DTYPES)} (fp32 float32; "
                     "fp16/bf16 half precision; int8 dynamic quantization of the linear layers; q8_0 / q4_0 ggml's "
                     "8- and 4-bit blocks). The modelled Pi rows: each engine at the dtypes it runs (no bf16: the "
@@ -98,12 +128,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--clock", default="wall", choices=list(CLOCKS), help="wall (perf_counter) or cpu "
                     "(process CPU time: robust on a busy machine, latency only with one thread)")
     ap.add_argument("--no-memory", action="store_true", help="skip the profiled pass that measures peak memory")
-    ap.add_argument("--max-seconds", type=number(0, above=True), default=3600.0,
+    ap.add_argument("--max-seconds", type=number(0, True, MAX_SECONDS, " s (a week)"), default=3600.0,
                     help="refuse sweeps estimated to take longer")
-    ap.add_argument("--max-mem-mb", type=number(0, above=True), default=None, help="refuse sweeps estimated to "
-                    "need more memory (default: half of what is available)")
-    ap.add_argument("--deadline", type=number(0, above=False), default=None, metavar="SECONDS", help="stop "
-                    f"measuring after SECONDS, between points, and write what was measured (exit status {STOPPED_EXIT})")
+    ap.add_argument("--max-mem-mb", type=number(0, True, MAX_MB, " MB"), default=None, help="refuse sweeps "
+                    "estimated to need more memory here (default: half of what is available)")
+    ap.add_argument("--deadline", type=number(0, False, MAX_SECONDS, " s (a week)"), default=None,
+                    metavar="SECONDS", help="stop measuring after SECONDS, between points, and write what was "
+                    f"measured (exit status {STOPPED_EXIT})")
     ap.add_argument("--stop-at", type=number(0, above=False), default=None,
                     help=argparse.SUPPRESS)  # epoch seconds (the app's child processes)
     ap.add_argument("--calibrate", nargs="?", const="full", choices=["quick", "full"], default=None,
@@ -112,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
                     "engines are fitted to or checked against (source, device, engine, dtype, shape, threads, "
                     "metric: ms, pp_tps, tg_tps or ms_per_gflop), with the cost model's prediction and its error, "
                     "as CSV, and exit")
-    ap.add_argument("--out", help="CSV file to write (default: the CSV goes to stdout)")
+    ap.add_argument("--out", type=out_file, help="CSV file to write (default: the CSV goes to stdout)")
     return ap
 
 
@@ -133,7 +164,7 @@ def main(argv=None) -> int:
         sys.stdout.write(json.dumps(asdict(prof)) + "\n")
         return 0
     if args.published:
-        return translation.write_csv(pd.DataFrame(published.table()), args.out)
+        return translation.write_csv(pd.DataFrame(published.table()), args.out, ap)
     if args.model and any(translation.is_translator(k) for k in args.model):  # en-pt, pt-en: encode + per token
         return translation.main(args, ap)
     if args.model and any(speech.is_speech(k) for k in args.model):  # whisper: a 30 s window + per token
@@ -157,8 +188,11 @@ def main(argv=None) -> int:
         configs = configs_of(plan.models)
         est = estimate(plan, configs)
         est.check(args.max_seconds, memory_budget_mb() if args.max_mem_mb is None else args.max_mem_mb)
-        sys.stderr.write(f"{est.points} points, about {est.seconds:,.0f} s, peak about {est.peak_mb:,.0f} MB\n")
-        models = {key: load(key) for key in plan.models}
+        sys.stderr.write(f"{est.points} points, about {est.seconds:,.0f} s, peak about {est.peak_mb:,.0f} MB here\n")
+        for fits, note in pi_memory.ram_notes(plan, configs):
+            if not fits:  # a modelled row still prices it; the Pi could not hold it all
+                sys.stderr.write(f"note: {note}\n")
+        models = pi_memory.models_for(plan, configs, load)
         bar = tqdm(total=1, file=sys.stderr, unit="point", disable=None)
 
         def progress(done, total, label):
@@ -184,18 +218,7 @@ def main(argv=None) -> int:
             df.attrs["stopped"] = stopped
     except ValueError as err:
         ap.error(str(err))
-    return write(df, args.out)
-
-
-def write(df: pd.DataFrame, out: str | None) -> int:
-    """The sweep's CSV to `out` (or stdout); the exit status (STOPPED_EXIT when a deadline stopped it)."""
-    text = to_csv(df)
-    if out:
-        with open(out, "w") as f:
-            f.write(text)
-        sys.stderr.write(f"wrote {len(df)} rows to {out}\n")
-    else:
-        sys.stdout.write(text)
+    translation.write_csv(df, args.out, ap)
     if df.attrs.get("stopped"):
         sys.stderr.write(f"stopped: {df.attrs['stopped']}\n")
         return STOPPED_EXIT

@@ -7,6 +7,12 @@ a per-call overhead (framework dispatch; it dominates small models in PyTorch), 
 curve s(t) = t / (1 + a (t - 1)), and the bytes per weight of the dtype. `engine_profile` applies
 one to the device's `costmodel.DeviceProfile`; `predict(..., profile)` does the rest.
 
+Each fit stands for the engine release its published runs ran (`release`, `years`; `releases()` lists
+them, and the Latency page shows the list): engines get faster between releases (newer whisper.cpp
+code can encode Whisper well below what the 2022 code behind the pi4 ggml fp16 fit predicts), so `engine@YEAR` (e.g. `ggml@2024`) asks for the profile of that year's release and a year
+no published run covers is refused rather than extrapolated. No published, citable 2025 Pi run has
+been found yet to fit a 2025 ggml profile.
+
 Every figure is fitted to published runs, listed with their sources in `latency.published`
 (tests/test_costmodel.py checks each within ±25%). Sources:
   * HAT (Wang et al., ACL 2020), github.com/mit-han-lab/hardware-aware-transformers,
@@ -101,30 +107,44 @@ class EngineFit:
     bandwidth: float = 1.0  # x the device's bandwidth (decode streams the weights)
     half_rows: float | None = None  # matrix rows at half speed (None: the device's); ggml's matrix-vector
     source: str = ""                # kernels stream weights at one row, so decode is bandwidth-bound
+    release: str = ""               # the engine code its published runs ran (what the profile stands for)
+    years: tuple[int, int] | None = None  # the releases' years, for `engine@YEAR` (None: runs not dated)
 
 
 # Fitted (least squares on relative error) to the runs of `latency.published`; see the docstring.
 FITS: dict[tuple[str, str, str], EngineFit] = {
-    ("pi4", "torch", "fp32"): EngineFit(0.665, 0.665, 522.0, 0.050, source="HAT Pi 4 latency dataset (PyTorch)"),
+    ("pi4", "torch", "fp32"): EngineFit(0.665, 0.665, 522.0, 0.050, source="HAT Pi 4 latency dataset (PyTorch)",
+                                         release="PyTorch as HAT's latency dataset ran it (2020)",
+                                         years=(2020, 2020)),
     # the HAT Pi 4 fit times the published Pi 4 -> Pi 5 speed-up of PyTorch (Ultralytics' YOLOv8n / s: x3.30 in
     # marginal cost per GFLOP), on the Pi 5's profile with HPL's thread curve (see the docstring)
     ("pi5", "torch", "fp32"): EngineFit(
-        0.865, 0.865, 158.0, 0.179, source="HAT Pi 4 fit x Ultralytics YOLOv8 PyTorch Pi 4 -> Pi 5 speed-up; HPL threads"),
-    ("pi4", "ncnn", "fp32"): EngineFit(0.823, 0.823, 5.0, 0.050, source="ncnn benchmark, Raspberry Pi 4"),
-    ("pi5", "ncnn", "fp16"): EngineFit(1.016, 1.016, 5.0, 0.315, source="ncnn benchmark, Raspberry Pi 5"),
+        0.865, 0.865, 158.0, 0.179,
+        source="HAT Pi 4 fit x Ultralytics YOLOv8 PyTorch Pi 4 -> Pi 5 speed-up; HPL threads",
+        release="PyTorch as HAT (2020) and Ultralytics' YOLOv8 Raspberry Pi guide ran it"),
+    ("pi4", "ncnn", "fp32"): EngineFit(0.823, 0.823, 5.0, 0.050, source="ncnn benchmark, Raspberry Pi 4",
+                                       release="ncnn as its benchmark tables ran it"),
+    ("pi5", "ncnn", "fp16"): EngineFit(1.016, 1.016, 5.0, 0.315, source="ncnn benchmark, Raspberry Pi 5",
+                                       release="ncnn as its benchmark tables ran it"),
     ("pi4", "ggml", "fp16"): EngineFit(0.362, 0.184, 5.0, 0.050, half_rows=0.5,
-                                       source="whisper.cpp #89 Pi 4; TinyLlama f16 Pi 4 (llama.cpp)"),
+                                       source="whisper.cpp #89 Pi 4; TinyLlama f16 Pi 4 (llama.cpp)",
+                                       release="whisper.cpp aa6adda (2022), llama.cpp 2024-03-26", years=(2022, 2024)),
     ("pi5", "ggml", "fp16"): EngineFit(1.508, 0.788, 5.0, 0.179, bandwidth=0.889, half_rows=0.5,
-                                       source="whisper.cpp #89 Pi 5; TinyLlama f16 Pi 5 (llamafile 0.6.2)"),
+                                       source="whisper.cpp #89 Pi 5; TinyLlama f16 Pi 5 (llamafile 0.6.2)",
+                                       release="whisper.cpp 54c978c (2023), llamafile 0.6.2 (2024)",
+                                       years=(2023, 2024)),
     # q8_0 weight blocks (the attention stays f16 / f32 in ggml): fitted to TinyLlama q8_0 pp and tg with
     # llama.cpp 2024-03-26; the A72 has no fp16 arithmetic, so q8_0 runs its products ~6x faster than f16
     ("pi4", "ggml", "q8_0"): EngineFit(2.12, 0.184, 5.0, 0.050, bandwidth=0.62, half_rows=0.5,
-                                       source="TinyLlama q8_0 Pi 4 (llama.cpp 2024-03-26)"),
+                                       source="TinyLlama q8_0 Pi 4 (llama.cpp 2024-03-26)",
+                                       release="llama.cpp 2024-03-26", years=(2024, 2024)),
     ("pi5", "ggml", "q8_0"): EngineFit(1.84, 0.788, 5.0, 0.179, bandwidth=0.87, half_rows=0.5,
-                                       source="TinyLlama q8_0 Pi 5 (llama.cpp 2024-03-26)"),
+                                       source="TinyLlama q8_0 Pi 5 (llama.cpp 2024-03-26)",
+                                       release="llama.cpp 2024-03-26", years=(2024, 2024)),
     # q4_0 prompt processing (llamafile's sgemm in llama.cpp); decode keeps q8_0's bandwidth (checked: Llama 2 13B tg)
     ("pi5", "ggml", "q4_0"): EngineFit(2.43, 0.788, 5.0, 0.179, bandwidth=0.87, half_rows=0.5,
-                                       source="Llama 2 7B Q4_0 pp Pi 5 (llama.cpp #6928)"),
+                                       source="Llama 2 7B Q4_0 pp Pi 5 (llama.cpp #6928)",
+                                       release="llama.cpp with llamafile's sgemm (2024-04-28)", years=(2024, 2024)),
 }
 # Derived entries: the same engine with another dtype (weights' bytes from DTYPES; compute as said).
 INT8_GEMM = 1.6   # torch int8 dynamic vs fp32 matrix products; ncnn's own tables: mobilenet 61 -> 34 ms (Pi 4)
@@ -135,9 +155,26 @@ DERIVED = {("torch", "int8"): ("torch", "fp32", INT8_GEMM),
            ("ggml", "q4_0"): ("ggml", "q8_0", 1.0)}  # pi4 q4_0 (see the docstring)
 
 
+def split_engine(spec: str) -> tuple[str, int | None]:
+    """"ggml@2024" -> ("ggml", 2024); "ggml" -> ("ggml", None): an engine, and the year of the
+    release whose published runs its profile must come from."""
+    engine, at, year = str(spec).partition("@")
+    if not at:
+        return engine, None
+    if not year.strip().isdigit():
+        raise ValueError(f"{spec!r}: give the engine's release year after @, e.g. {engine}@2024")
+    return engine, int(year)
+
+
+def engine_dtypes(spec: str) -> tuple[str, ...]:
+    """The dtypes this engine (`name` or `name@YEAR`) runs on a Pi; () for an unknown one."""
+    return ENGINE_DTYPES.get(split_engine(spec)[0], ())
+
+
 def check_engine(engine: str, dtype: str, measured: bool = False):
     """ValueError unless this engine runs this dtype on a Pi (`measured`: a timed row, where torch
     also runs bf16 if the CPU has it)."""
+    engine = split_engine(engine)[0]
     if measured and engine == "torch" and dtype in MEASURED_DTYPES:
         return
     if engine not in ENGINES:
@@ -148,13 +185,26 @@ def check_engine(engine: str, dtype: str, measured: bool = False):
 
 
 def engine_fit(device: str, engine: str, dtype: str) -> EngineFit:
-    """The fit for this device, engine and dtype: a published one, or one derived from it (see DERIVED)."""
+    """The fit for this device, engine and dtype: a published one, or one derived from it (see DERIVED).
+    `engine@YEAR` asks for the profile of that year's release: the one fit when its published runs
+    cover the year, else a ValueError saying which release the profile models (engines change
+    between releases, and no run of that year is here to say by how much)."""
+    engine, year = split_engine(engine)
+    fit = _fit(device, engine, dtype)
+    if year is not None and (fit.years is None or not fit.years[0] <= year <= fit.years[1]):
+        covered = f"; choose {engine}@{fit.years[0]}..{fit.years[1]} or plain {engine}" if fit.years else ""
+        raise ValueError(f"no published Raspberry Pi runs of {engine} from {year} calibrate {device} {engine} "
+                         f"{dtype}: that profile models {fit.release or 'undated runs'}{covered}")
+    return fit
+
+
+def _fit(device: str, engine: str, dtype: str) -> EngineFit:
     check_engine(engine, dtype)
     if (device, engine, dtype) in FITS:
         return FITS[(device, engine, dtype)]
     base_engine, base_dtype, factor = DERIVED[(engine, dtype)]
     if (device, base_engine, base_dtype) in FITS or (base_engine, base_dtype) in DERIVED:
-        base = engine_fit(device, base_engine, base_dtype)  # at most two steps: int8 <- fp32 <- fp16
+        base = _fit(device, base_engine, base_dtype)  # at most two steps: int8 <- fp32 <- fp16
     else:
         raise ValueError(f"no published runs calibrate {engine} {dtype} on {device}")
     return replace(base, gemm=base.gemm * factor, source=f"{base.source}; {dtype} derived ({factor:g} x matrix speed)")
@@ -173,3 +223,16 @@ def engine_profile(device: "str | DeviceProfile", engine: str = "torch", dtype: 
                    vector_gflops=base.vector_gflops * fit.attention, dram_gbs=base.dram_gbs * fit.bandwidth,
                    overhead_us=fit.overhead_us, half_rows=base.half_rows if fit.half_rows is None else fit.half_rows, saturation=fit.saturation, weight_bytes=DTYPES[dtype],
                    engine=engine, dtype=dtype, source=f"{base.source}; {engine} {dtype}: {fit.source}")
+
+
+def releases() -> list[dict]:
+    """Which engine release each Pi profile (device x engine x dtype) models, from its fit's runs."""
+    out = []
+    for device in PROFILES:
+        for engine, dtypes in ENGINE_DTYPES.items():
+            for dtype in dtypes:
+                fit = _fit(device, engine, dtype)
+                out.append(dict(device=device, engine=engine, dtype=dtype, release=fit.release,
+                                years="" if fit.years is None else "–".join(dict.fromkeys(map(str, fit.years))),
+                                derived=(device, engine, dtype) not in FITS))
+    return out

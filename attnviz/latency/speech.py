@@ -19,7 +19,7 @@ import torch
 
 from attnviz.core.speech import SpeechModel
 from attnviz.latency.costmodel import F32, PROFILES, Op, op_seconds
-from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, check_engine, engine_profile
+from attnviz.latency.engines import DTYPES, check_engine, engine_dtypes, engine_profile
 from attnviz.latency.published import RUNS, WHISPER_SHAPES, whisper_shape
 from attnviz.latency.sweep import PI_CORES, parse_int_list
 from attnviz.latency.translation import DECODE_STEPS, encode_ops, step_ops, time_encode_decode, write_csv
@@ -78,13 +78,13 @@ def sweep(models: dict, backends: list[str], engines=("torch",), dtypes=("fp32",
     dtype, threads): cpu is measured in torch fp32 at torch's threads; pi4 / pi5 are modelled at
     each engine's dtypes among `dtypes` and each of `pi_threads`."""
     for e in engines:
-        check_engine(e, ENGINE_DTYPES.get(e, ("",))[0])  # an unknown engine: its message
+        check_engine(e, (engine_dtypes(e) or ("",))[0])  # an unknown engine: its message
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown:
         raise ValueError(f"unknown dtype {unknown[0]!r}; choose from {', '.join(DTYPES)}")
-    if not any(d in ENGINE_DTYPES[e] for e in engines for d in dtypes):
+    if not any(d in engine_dtypes(e) for e in engines for d in dtypes):
         raise ValueError(f"no engine asked runs {', '.join(dtypes)}: " +
-                         "; ".join(f"{e} runs {', '.join(ENGINE_DTYPES[e])}" for e in engines))
+                         "; ".join(f"{e} runs {', '.join(engine_dtypes(e))}" for e in engines))
     if any(not 1 <= t <= PI_CORES for t in pi_threads):
         raise ValueError(f"--pi-threads must lie in 1..{PI_CORES}: a Pi 4 / 5 has {PI_CORES} cores")
     rows = []
@@ -97,7 +97,7 @@ def sweep(models: dict, backends: list[str], engines=("torch",), dtypes=("fp32",
                 runs = [("torch", "fp32", torch.get_num_threads(), measure_here(model, repeats, warmup), None)]
             elif backend in PROFILES:
                 runs = [(e, d, t, predict(cfg, backend, e, d, t), published_encode(cfg, backend, e, d, t))
-                        for e in engines for d in dtypes if d in ENGINE_DTYPES[e] for t in pi_threads]
+                        for e in engines for d in dtypes if d in engine_dtypes(e) for t in pi_threads]
             else:
                 raise ValueError(f"backend {backend!r}: Whisper runs on cpu, pi4 or pi5")
             for engine, dtype, threads, got, published in runs:
@@ -126,4 +126,4 @@ def main(args, ap) -> int:
                    parse_int_list(args.pi_threads, "--pi-threads"), args.repeats, args.warmup)
     except ValueError as err:
         ap.error(str(err))
-    return write_csv(df, args.out)
+    return write_csv(df, args.out, ap)

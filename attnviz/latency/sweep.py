@@ -33,7 +33,8 @@ from attnviz.latency import crossover as xo
 from attnviz.latency import decode
 from attnviz.latency.quantize import quantized_copy
 from attnviz.latency.child import measure_in_child
-from attnviz.latency.engines import ENGINE_DTYPES, MEASURED_DTYPES, NO_BF16, check_engine, engine_profile
+from attnviz.latency.engines import (DTYPES, MEASURED_DTYPES, NO_BF16, check_engine, engine_dtypes, engine_fit,
+                                     engine_profile)
 from attnviz.latency.measure import load, machine_metadata, measure_point, thread_count, token_count
 from attnviz.latency.results import COLUMNS, MAX_SEQ_LEN, MAX_THREADS, SCHEMA, config_spec, parse_synthetic, with_heads
 
@@ -87,7 +88,7 @@ class SweepPlan:
 
     def engine_pairs(self) -> list[tuple[str, str]]:
         """(engine, dtype) for every chosen engine and each chosen dtype it runs."""
-        return [(e, d) for e in self.engines for d in self.dtypes if d in ENGINE_DTYPES.get(e, ())]
+        return [(e, d) for e in self.engines for d in self.dtypes if d in engine_dtypes(e)]
 
     def check(self):
         if not self.models:
@@ -118,11 +119,16 @@ class SweepPlan:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}")
         if not self.variants:
             raise ValueError("choose at least one attention variant")
+        typos = [d for d in self.dtypes if d not in DTYPES]  # else silently fp32 rows
+        if typos:
+            raise ValueError(f"unknown dtype {few(typos)}; choose from {', '.join(DTYPES)}")
         for e in self.engines:
-            check_engine(e, ENGINE_DTYPES.get(e, ("fp32",))[0])  # an unknown engine: its message
+            check_engine(e, (engine_dtypes(e) or ("fp32",))[0])  # an unknown engine: its message
+        for b, (e, d) in ((b, p) for b in self.backends if b in PI_BACKENDS for p in self.engine_pairs()):
+            engine_fit(b, e, d)  # `engine@YEAR` with no published run of that release: its message
         if any(b in PI_BACKENDS for b in self.backends) and not self.engine_pairs():
             raise ValueError(f"no chosen engine runs the chosen dtypes ({', '.join(self.dtypes)}) on a Pi: "
-                             + "; ".join(f"{e} runs {', '.join(ENGINE_DTYPES[e])}" for e in self.engines)
+                             + "; ".join(f"{e} runs {', '.join(engine_dtypes(e))}" for e in self.engines)
                              + (f" ({NO_BF16})" if "bf16" in self.dtypes else ""))
         if not self.pi_threads or any(not 1 <= int(t) <= PI_CORES for t in self.pi_threads):
             raise ValueError(f"Pi thread counts must lie between 1 and {PI_CORES} (its cores); got {few(self.pi_threads)}")
@@ -152,7 +158,7 @@ class SweepPlan:
 @dataclass
 class Estimate:
     seconds: float
-    peak_mb: float   # weights of the largest model + its largest activations
+    peak_mb: float   # on this host: weights of the largest model measured + its largest activations (0: none)
     points: int
 
     def check(self, max_seconds: float | None, max_mb: float | None):
@@ -184,7 +190,8 @@ def estimate(plan: SweepPlan, configs: dict[str, Config], profile: cm.DeviceProf
         shape = cfg if k == cfg.n_heads else with_heads(cfg, k)
         if measured:
             seconds += dtypes * runs * cm.predict(shape, n, profile, v, threads=t).total_ms / 1e3
-        peak = max(peak, cm.weights_mb(cfg) * (1 + (dtypes > 1)) + cm.activation_mb(cfg, n, v))
+            # host memory: only what runs here (modelled rows build no model; `pi_memory` prices a Pi's)
+            peak = max(peak, cm.weights_mb(cfg) * (1 + (dtypes > 1)) + cm.activation_mb(cfg, n, v))
     if plan.crossover and measured:
         v0 = parse_variant(plan.variants[0])
         seconds += sum(xo.estimate_seconds(configs[key], profile, v0, plan.repeats, plan.warmup) for key in plan.models)

@@ -145,15 +145,22 @@ def main(args, ap) -> int:
         df = sweep({key: load_model(key) for key in args.model}, lengths, backends, args.repeats, args.warmup)
     except ValueError as err:
         ap.error(str(err))
-    return write_csv(df, args.out)
+    return write_csv(df, args.out, ap)
 
 
-def write_csv(df: pd.DataFrame, out: str | None) -> int:
-    """The CSV to the file `out`, or to stdout without one (the translation and speech branches)."""
+def write_csv(df: pd.DataFrame, out: str | None, ap=None) -> int:
+    """The CSV (`exports.csv_text`) to the file `out`, or to stdout without one: the CLI's one
+    writer. A write that fails (the disk filled during the sweep) is `ap.error`'s message."""
     text = csv_text(df)
-    if out:
-        with open(out, "w") as f:
-            f.write(text)
-    else:
+    if not out:
         sys.stdout.write(text)
+        return 0
+    try:
+        with open(out, "w", newline="") as f:  # the text holds its own CRLF row ends
+            f.write(text)
+    except OSError as err:
+        if ap is None:
+            raise
+        ap.error(f"could not write {out!r}: {err.strerror or err}")
+    sys.stderr.write(f"wrote {len(df)} rows to {out}\n")
     return 0

@@ -17,7 +17,7 @@ from attnviz.base import jobs
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import latency as lf
-from attnviz.latency import calibrate, compare, engines, measure, quantize, results, sweep, tradeoff
+from attnviz.latency import calibrate, compare, engines, measure, pi_memory, quantize, results, sweep, tradeoff
 from attnviz.latency import costmodel as cm
 from attnviz.ui import common, latency_crossover
 from attnviz.ui import jobs as ui_jobs
@@ -142,18 +142,20 @@ def run_form(form: dict, here: int):
         est.check(max_s, max_mb)
         deadline = jobs.Deadline(max_s, "the sweep")
         bar = st.progress(0.0, text=f"{est.points} points, about {est.seconds:,.0f} s (stops at {max_s} s)")
-        df = sweep.run_sweep(plan, {k: get_model(k) for k in plan.models}, profiles=st.session_state[PROFILES],
+        models = pi_memory.models_for(plan, configs, get_model)  # modelled rows only: no model is built
+        df = sweep.run_sweep(plan, models, profiles=st.session_state[PROFILES],
                              deadline=deadline, cancel=cancel, progress=lambda i, n, label: bar.progress(
                                  min(i / max(n, 1), 1.0), text=common.plain(label)))
         bar.empty()
         if (form.get("decode") or "").strip():
             with st.spinner("Decode latency…"):
                 depths = [int(x) for x in form["decode"].replace(" ", "").split(",") if x.isdigit()]
-                dec = sweep.decode_sweep(plan, {k: get_model(k) for k in plan.models}, depths or [0],
+                dec = sweep.decode_sweep(plan, models, depths or [0],
                                          profiles=st.session_state[PROFILES], deadline=deadline)
             attrs = dict(df.attrs)
             df = pd.concat([df, dec], ignore_index=True).reindex(columns=df.columns)
             df.attrs = dict(attrs, stopped=attrs.get("stopped") or dec.attrs["stopped"])
+        df.attrs["pi_memory"] = [note for fits, note in pi_memory.ram_notes(plan, configs) if not fits]
         with st.spinner("Calibrating this CPU at the sweep's thread counts…"):
             for t in sorted(set(plan.threads) - {here}):  # the cost-model views need them: here, in the slot
                 try:
@@ -172,6 +174,8 @@ def results_views():
     if df is None or df.empty:
         st.info("Choose models, variants and sequence lengths, then press Run.")
         return
+    for note in df.attrs.get("pi_memory", ()):  # modelled Pi rows of a model the board could not hold
+        st.warning(common.plain(note))
     st.dataframe(df[[c for c in results.COLUMNS[1:14] if c != "shape"]], hide_index=True, key=K("table"))
     # results.to_csv is exports.csv_text: text cells that a spreadsheet would run as formulas are neutralised
     st.download_button("Download CSV", results.to_csv(df), "attnviz-latency.csv", "text/csv", key=K("download"),
@@ -183,8 +187,9 @@ def results_views():
     if df.empty:
         st.info("These results hold decode rows only: choose the Decode view.")
         return
-    {"Latency": latency_view, "Split and fit": split_and_fit, "Memory": memory_view, "Tokens/s": throughput_view,
-     "Comparisons": comparisons_view, "Model error": model_error_view}[chosen](df)
+    {"Latency": latency_view, "Split and fit": split_and_fit, "Memory": memory_view, "Comparisons": comparisons_view,
+     "Tokens/s": lambda d: st.plotly_chart(lf.throughput_figure(d), key=K("fig_tps")),
+     "Model error": model_error_view}[chosen](df)
 
 
 def latency_view(df):
@@ -208,10 +213,6 @@ def memory_view(df):
     for same in lf.same_devices(df):
         st.caption(f"{same}: the memory model does not depend on the device (the activations are the same "
                    "tensors on any CPU), so their curves are one line.")
-
-
-def throughput_view(df):
-    st.plotly_chart(lf.throughput_figure(df), key=K("fig_tps"))
 
 
 def split_and_fit(df):

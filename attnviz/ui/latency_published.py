@@ -9,7 +9,7 @@ import streamlit as st
 from attnviz.base import exports
 from attnviz.base.names import session_key
 from attnviz.figures.calibration import calibration_figure
-from attnviz.latency import published
+from attnviz.latency import engines, published
 
 PAGE = "latency"
 UNITS = {"ms": "ms a pass", "pp_tps": "prompt tokens/s", "tg_tps": "generated tokens/s",
@@ -28,8 +28,21 @@ def runs_table() -> pd.DataFrame:
                "source", "shape", "metric"]]
 
 
+@st.cache_data(max_entries=1, show_spinner=False)
+def releases_table() -> pd.DataFrame:
+    """One row per device x engine: its dtypes and the release(s) their profiles model."""
+    df = pd.DataFrame(engines.releases())
+    df["dtype"] = df["dtype"] + df["derived"].map({True: " (derived)", False: ""})
+    return (df.groupby(["device", "engine", "release", "years"], sort=False)["dtype"].agg(", ".join)
+            .reset_index()[["device", "engine", "dtype", "release", "years"]])
+
+
 def published_section():
     st.subheader("How the Pi rows are calibrated")
+    st.caption("Which engine release each Pi profile models (the code its published runs ran): " + "; ".join(
+        f"{r.device} {r.engine} {r.dtype}: {r.release}" for r in releases_table().itertuples()) + ". Engines get "
+        "faster between releases, so a newer whisper.cpp or llama.cpp may beat its profile; `--engine ggml@YEAR` "
+        "refuses a year no published run covers.")
     if not st.toggle("Show every published Raspberry Pi run the engines are fitted to, with the model's prediction",
                      key=K("show")):
         return

@@ -13,7 +13,7 @@ import streamlit as st
 import torch
 
 from attnviz.base import memory, names
-from attnviz.base.limits import LIMITS
+from attnviz.base.limits import LIMITS, sizes
 from attnviz.figures import speech as sfig
 from attnviz.ui.common import load_model, plain, sidebar_nav, view_choice
 from attnviz.ui.head_editor import head_editor
@@ -51,8 +51,8 @@ def inputs():
             st.info("Upload a WAV or FLAC recording of speech (any sample rate; stereo is mixed down).")
             return None
         if up.size > LIMITS.max_audio_bytes:
-            st.error(f"The file is {up.size / 1e6:.1f} MB; the limit is {LIMITS.max_audio_bytes / 1e6:.1f} MB. "
-                     "Upload a shorter recording.")
+            size, limit = sizes(up.size, LIMITS.max_audio_bytes)
+            st.error(f"The file is {size}; the limit is {limit}. Upload a shorter recording.")
             return None
         data = up.getvalue()
     else:

@@ -20,11 +20,16 @@ import torch
 # scipy.signal and transformers' feature extractor are imported where audio is first decoded
 # (they take ~1.5 s to import): a server whose first page is not Speech never pays for them.
 
-from attnviz.base.limits import LIMITS
+from attnviz.base.limits import LIMITS, sizes
 
 RATE = 16_000
 FORMATS = {"WAV": "WAV", "WAVEX": "WAV", "RF64": "WAV", "FLAC": "FLAC"}
 MIN_RATE, MAX_RATE = 4_000, 384_000
+# resample_poly's filter has ~20 x max(up, down) taps for the reduced ratio up / down = 16 kHz / rate:
+# every standard rate (8 to 384 kHz, 44.1 kHz's 160 / 441, NTSC's 44,056 Hz 2,000 / 5,507) stays far
+# below this, while a prime rate such as 383,987 Hz (16,000 / 383,987) needs ~7.7 M taps: hundreds of MB
+# and seconds of CPU for one upload
+MAX_RESAMPLE_TERM = 10_000
 MAX_CHANNELS = 8
 MIN_SECONDS = 0.1             # shorter is no speech
 SILENT_PEAK = 1e-4            # peak level under which a recording holds nothing to hear (-80 dBFS)
@@ -47,8 +52,15 @@ class Audio:
         return len(self.samples) / RATE
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
+def check_resampling(rate: int):
+    """ValueError when resampling `rate` to 16 kHz would cost more than any standard rate does (the
+    reduced ratio's terms bound the filter's length), said before anything is decoded."""
+    g = math.gcd(RATE, rate)
+    up, down = RATE // g, rate // g
+    if max(up, down) > MAX_RESAMPLE_TERM:
+        raise ValueError(f"the file's rate, {rate:,} samples per second, resamples to 16 kHz only as "
+                         f"{up:,} / {down:,}, a filter of ~{20 * max(up, down):,} taps; export it at a standard "
+                         "rate (16, 22.05, 44.1, 48 or 96 kHz)")
 
 
 def _check_wav_length(raw: bytes):
@@ -84,7 +96,8 @@ def _decode(raw: bytes, cut: bool, max_seconds: float) -> tuple[np.ndarray, int,
     if len(raw) == 0:
         raise ValueError("the file is empty (0 bytes); upload a WAV or FLAC recording")
     if len(raw) > LIMITS.max_audio_bytes:
-        raise ValueError(f"the file is {_mb(len(raw))}; the limit is {_mb(LIMITS.max_audio_bytes)}. "
+        size, limit = sizes(len(raw), LIMITS.max_audio_bytes)
+        raise ValueError(f"the file is {size}; the limit is {limit}. "
                          "Upload a shorter recording (30 s of 16 kHz WAV is under 1 MB).")
     try:
         info = sf.info(io.BytesIO(raw))
@@ -95,6 +108,7 @@ def _decode(raw: bytes, cut: bool, max_seconds: float) -> tuple[np.ndarray, int,
     if not MIN_RATE <= info.samplerate <= MAX_RATE:
         raise ValueError(f"the file says {info.samplerate:,} samples per second; readable rates are "
                          f"{MIN_RATE:,} to {MAX_RATE:,}")
+    check_resampling(info.samplerate)
     if not 1 <= info.channels <= MAX_CHANNELS:
         raise ValueError(f"the file has {info.channels} channels; at most {MAX_CHANNELS} are read")
     if FORMATS[info.format] == "WAV":
@@ -134,6 +148,7 @@ def read_audio(x, *, rate: int = RATE, cut: bool = False, max_seconds: float = 3
     else:
         if isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
             raise ValueError(f"rate must be a whole number of samples per second, {MIN_RATE:,} to {MAX_RATE:,}")
+        check_resampling(rate)
         data, _ = _array(x)
         seconds, fmt = len(data) / rate, "array"
         keep = _bounded_seconds(seconds, cut, max_seconds)
