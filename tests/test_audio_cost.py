@@ -8,7 +8,7 @@ import scipy.signal
 import soundfile as sf
 
 from attnviz.base.limits import sizes
-from attnviz.core import audio
+from attnviz.uploads import audio
 
 
 def tone(rate: int, seconds: float = 0.5) -> np.ndarray:

@@ -184,7 +184,7 @@ def main(argv=None) -> int:
         only_priced = [priced.priced_rows(plan, k, own_process=True) for k in plan.models if priced.is_priced_only(k)]
         plan.models = [key for key in plan.models if not priced.is_priced_only(key)]
         if not plan.models:
-            return write(pd.concat(only_priced, ignore_index=True), args.out)
+            return translation.write_csv(pd.concat(only_priced, ignore_index=True), args.out, ap)
         configs = configs_of(plan.models)
         est = estimate(plan, configs)
         est.check(args.max_seconds, memory_budget_mb() if args.max_mem_mb is None else args.max_mem_mb)
