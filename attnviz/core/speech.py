@@ -1,9 +1,9 @@
 """The public object of speech models: `SpeechModel.transcribe(audio)` -> `Transcript`.
 
-A `Seq2SeqModel` (the translation models' object: its greedy loop, head-mask checks, fingerprint)
-over `attnviz.core.whisper.Whisper`: the audio's log-mel frames are encoded once, then the decoder
-runs greedy and incremental from Whisper's prompt, the configured tokens suppressed as Whisper
-does. What comes back:
+A `Seq2SeqModel` (the translation models' object: its greedy loop; the checks, info and
+fingerprint every `BaseModel` has) over `attnviz.core.whisper.Whisper`: the audio's log-mel frames
+are encoded once, then the decoder runs greedy and incremental from Whisper's prompt, the configured
+tokens suppressed as Whisper does. `trace(audio)` is `transcribe(audio)`. What comes back:
 
     cross_attentions    [L_dec, H, n_tokens, n_frames]  row t: the 20 ms frames read choosing token t
     encoder_attentions  [L_enc, H, n_frames, n_frames]  when asked (216 MB for tiny: off by default)
