@@ -83,6 +83,15 @@ def test_a_head_mask_of_the_wrong_shape_gets_one_message(key):
 
 
 @pytest.mark.parametrize("key", KEYS)
+def test_trace_is_every_kinds_common_entry_with_the_mask_second(key):
+    m = loaded(key)
+    x = TONE if isinstance(m, attnviz.SpeechModel) else torch.zeros(3, 28, 28) if key == "dinov2" else "Hello."
+    want = [m.mask_layers, m.cfg.n_heads]
+    with raises_exactly(f"{mask_name(m)} must have shape {want} (layers x heads); got [1, 1]"):
+        m.trace(x, torch.ones(1, 1))
+
+
+@pytest.mark.parametrize("key", KEYS)
 @pytest.mark.parametrize("value", [float("nan"), 2.0, -0.5])
 def test_a_head_mask_outside_zero_to_one_gets_one_message(key, value):
     m = loaded(key)

@@ -3,7 +3,7 @@
 `m.translate(text)` runs the encoder once, then decodes incrementally (each step feeds only the
 new position; the encoder K/V of every layer and the SSRU cell or self-attention K/V live in a
 per-call `DecoderState`), greedy or beam search with Marian's length normalisation. `m.trace(source,
-target)` runs the same network teacher-forced on a given target. Both return a `Translation`:
+target=...)` runs the same network teacher-forced on a given target. Both return a `Translation`:
 
     cross_attentions    [L_dec, H, n_tgt, n_src]  row t: where the decoder looked choosing target t
     encoder_attentions  [L_enc, H, n_src, n_src]
@@ -154,10 +154,11 @@ class Seq2SeqModel(BaseModel):
                 out = replace(self._teacher(memory, masks, ids, attentions), stopped=stopped)
         return self._result(src, labels, cut, out, enc_att, n_max, beam)
 
-    def trace(self, source, target=None, head_mask=None, encoder_head_mask=None,
+    def trace(self, source, head_mask=None, *, target=None, encoder_head_mask=None,
               self_head_mask=None) -> Translation:
         """The same tensors, teacher-forced on `target` (text or ids; the end of sentence is added
-        when missing). Without a target, the greedy translation is traced."""
+        when missing). Without a target, the greedy translation is traced. The common entry of
+        every model: `trace(input, head_mask)`."""
         if target is None:
             target = self.translate(source, head_mask=head_mask, encoder_head_mask=encoder_head_mask,
                                     self_head_mask=self_head_mask, attentions=False).target_ids.tolist()
