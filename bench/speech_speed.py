@@ -85,7 +85,7 @@ def main():
         out = {}
         dec = measure(lambda: out.update(r=model._greedy(memory, masks, 440, Deadline(None), True, True)),
                       repeats=3, warmup=0).median
-        ids = out["r"][0].tolist()
+        ids = out["r"].ids.tolist()
         words = measure(lambda: model._words(memory, masks, ids, len(heard.samples) // 320), repeats=3,
                         warmup=0).median
     print(f"  ours in parts: encoder {enc:.2f} s, greedy decoding {dec:.2f} s ({1000 * dec / len(ids):.0f} ms/token), "

@@ -1,60 +1,20 @@
-"""The public objects: `Model` (a loaded network with its tokenizer or image settings) and `Trace`."""
+"""The decoder / encoder / vision model: `Model` (a `BaseModel` with its tokenizer or image settings)
+and its `Trace`."""
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from attnviz.base.limits import LIMITS
 from attnviz.core import surgery
 from attnviz.core.attention import parse_variant
+from attnviz.core.base_model import BaseModel, ModelInfo
 from attnviz.core.config import Config
 from attnviz.core.pixels import preprocess
-from attnviz.core.tokens import check_text, labels as token_labels
+from attnviz.core.tokens import labels as token_labels
 from attnviz.core.transformer import Transformer
 
 MAX_IMAGE_SIDE = 1036     # 74 DINOv2 patches: 5,477 tokens, about the most a trace should hold
-
-
-def count_params(*modules) -> int:
-    """Parameters of the given modules (None skipped): the one parameter count."""
-    return sum(p.numel() for m in modules if m is not None for p in m.parameters())
-
-
-def weights_fingerprint(*modules) -> str:
-    """SHA-256 of every parameter and buffer of the modules (None skipped), in order: shows that a
-    shared model was never changed by the sessions using it."""
-    h = hashlib.sha256()
-    for module in modules:
-        if module is None:
-            continue
-        for name, t in module.state_dict().items():
-            h.update(name.encode())
-            h.update(t.detach().contiguous().cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    key: str
-    family: str
-    task: str            # encoder | lm | vision
-    n_layers: int
-    n_heads: int
-    source: str          # where the weights come from
-    n_kv_heads: int = 0
-    max_positions: int = 0
-    params: int = 0
-    licence: str = ""
-    size_mb: float = 0.0
-
-    @classmethod
-    def of(cls, key: str, cfg: Config, source: str, net, **extra) -> "ModelInfo":
-        """The info of a built network: its shape from `cfg`, its parameter count from `net`."""
-        return cls(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                   source=source, n_kv_heads=cfg.n_kv_heads, max_positions=cfg.max_positions,
-                   params=count_params(net), **extra)
 
 
 @dataclass
@@ -77,13 +37,13 @@ class Trace:
         return len(self.tokens)
 
 
-class Model:
-    """A transformer of ours plus what turns user input into its input."""
+class Model(BaseModel):
+    """A transformer of ours (`Transformer`: decoder, encoder or vision) plus what turns user input
+    into its input."""
 
     def __init__(self, net: Transformer, info: ModelInfo, tokenizer=None, *, image_mean=None,
                  image_std=None, image_size: int = 0, decoder=None, kept: torch.Tensor | None = None):
-        self.net = net.eval()
-        self.info = info
+        super().__init__(net, info)
         self.tokenizer = tokenizer
         self.image_mean = image_mean or (0.5, 0.5, 0.5)
         self.image_std = image_std or (0.5, 0.5, 0.5)
@@ -91,14 +51,26 @@ class Model:
         self.decoder = decoder.eval() if decoder is not None else None
         cfg = net.cfg
         self.kept = kept if kept is not None else torch.ones(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
-        for p in self.net.parameters():
-            p.requires_grad_(False)
-        if LIMITS.packed_linear:
-            self.net.pack()
 
     @property
     def cfg(self) -> Config:
         return self.net.cfg
+
+    @classmethod
+    def shape(cls, cfg: Config) -> dict:
+        return dict(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                    max_positions=cfg.max_positions)
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.tokenizer is not None
+
+    @property
+    def id_limit(self) -> int:
+        return self.max_tokens
+
+    def parts(self) -> tuple:
+        return (self.net, self.decoder)
 
     def __repr__(self):
         c = self.cfg
@@ -111,14 +83,7 @@ class Model:
     # ---------------------------------------------------------------- input
     def encode_text(self, text: str) -> tuple[torch.Tensor, int]:
         """Token ids [n] (special tokens as the reference adds them) and how many were truncated."""
-        if self.tokenizer is None:
-            raise ValueError(f"model {self.info.key!r} has no tokenizer; pass token ids instead of text")
-        if not text or not text.strip():
-            raise ValueError("the text is empty; type or paste a sentence")
-        if len(text) > LIMITS.max_text_chars:  # refused before tokenizing; positions cap the tokens
-            raise ValueError(f"the text has {len(text):,} characters; the limit is {LIMITS.max_text_chars:,}. "
-                             "Paste a shorter passage.")
-        check_text(text)
+        self.check_text(text)
         if not getattr(self.tokenizer, "is_fast", False):  # the toys' few-symbol tokenizer
             ids = self.tokenizer(text)["input_ids"]
             dropped = max(0, len(ids) - self.max_tokens)
@@ -132,22 +97,6 @@ class Model:
         special = self.tokenizer.num_special_tokens_to_add()
         dropped = sum(len(w) - special for w in windows[1:])
         return torch.tensor(windows[0], dtype=torch.long), dropped
-
-    def check_ids(self, x) -> torch.Tensor:
-        """Token ids given directly: a 1-D integer list or tensor within the vocabulary and positions."""
-        try:
-            ids = torch.as_tensor(x)
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError("token ids must be a 1-D list or LongTensor of integers") from None
-        if ids.numel() == 0:
-            raise ValueError("no token ids given")
-        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or ids.dim() != 1:
-            raise ValueError("token ids must be a 1-D list or LongTensor of integers")
-        if ids.numel() > self.max_tokens:
-            raise ValueError(f"{ids.numel()} tokens is more than the model's {self.max_tokens} positions")
-        if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size})")
-        return ids.long()
 
     def pixels(self, image, size: int | None = None) -> torch.Tensor:
         """A PIL image -> normalised [3, size, size]; a float tensor [3, H, W] is checked and kept."""
@@ -164,17 +113,6 @@ class Model:
             raise ValueError("give a PIL image, a float tensor [3, H, W], or bytes through attnviz.open_image")
         return preprocess(image, size or self.image_size, mean=self.image_mean, std=self.image_std,
                           patch_size=p, min_size=p, max_size=MAX_IMAGE_SIDE)
-
-    def check_head_mask(self, head_mask) -> torch.Tensor | None:
-        if head_mask is None:
-            return None
-        m = torch.as_tensor(head_mask, dtype=torch.float32)
-        want = (self.cfg.n_layers, self.cfg.n_heads)
-        if tuple(m.shape) != want:
-            raise ValueError(f"head_mask must have shape {list(want)} (layers x heads); got {list(m.shape)}")
-        if torch.isnan(m).any() or m.min() < 0 or m.max() > 1:
-            raise ValueError("head_mask values must lie in [0, 1] (1 keeps a head, 0 removes it)")
-        return m
 
     def check_layers(self, layers) -> list[int]:
         L = self.cfg.n_layers
@@ -261,14 +199,6 @@ class Model:
         info = replace(self.info, key=f"{self.info.key} (pruned {int((~keep).sum())}/{keep.numel()})")
         return Model(small, info, self.tokenizer, image_mean=self.image_mean, image_std=self.image_std,
                      image_size=self.image_size, decoder=self.decoder, kept=keep)
-
-    def fingerprint(self) -> str:
-        """SHA-256 of every parameter and buffer, in order: shows that a shared model was never
-        changed by the sessions using it."""
-        return weights_fingerprint(self.net, self.decoder)
-
-    def num_params(self) -> int:
-        return count_params(self.net, self.decoder)
 
 
 def _variants(spec, n_layers):

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from attnviz.core.attention import attend
+from attnviz.core.base_model import adopt_state
 from attnviz.core.config import Config
 from attnviz.core.transformer import MLP, Block, Linear
 
@@ -299,18 +300,7 @@ class Seq2Seq(nn.Module):
     @classmethod
     def from_state(cls, cfg: Seq2SeqConfig, state: dict) -> "Seq2Seq":
         """Adopt existing tensors (no copy, no random init). ValueError when they do not fit."""
-        with torch.device("meta"):
-            net = cls(cfg)
-        try:
-            missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
-        except RuntimeError as err:
-            raise ValueError(f"weights do not fit the model's config: {str(err)[:500]}") from None
-        net.lm_head.weight = net.tok.weight
-        missing = [k for k in missing if k != "lm_head.weight"]
-        if missing or unexpected:
-            raise ValueError(f"weights do not match the architecture: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
-        return net.eval()
+        return adopt_state(lambda: cls(cfg), state, tied=True)
 
     def pack(self) -> int:
         """Prepack the encoder's and the output's linear weights (see `Linear`). The decoder's stay

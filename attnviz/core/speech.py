@@ -1,9 +1,9 @@
 """The public object of speech models: `SpeechModel.transcribe(audio)` -> `Transcript`.
 
-A `Seq2SeqModel` (the translation models' object: its greedy loop, head-mask checks, fingerprint)
-over `attnviz.core.whisper.Whisper`: the audio's log-mel frames are encoded once, then the decoder
-runs greedy and incremental from Whisper's prompt, the configured tokens suppressed as Whisper
-does. What comes back:
+A `Seq2SeqModel` (the translation models' object: its greedy loop; the checks, info and
+fingerprint every `BaseModel` has) over `attnviz.core.whisper.Whisper`: the audio's log-mel frames
+are encoded once, then the decoder runs greedy and incremental from Whisper's prompt, the configured
+tokens suppressed as Whisper does. `trace(audio)` is `transcribe(audio)`. What comes back:
 
     cross_attentions    [L_dec, H, n_tokens, n_frames]  row t: the 20 ms frames read choosing token t
     encoder_attentions  [L_enc, H, n_frames, n_frames]  when asked (216 MB for tiny: off by default)
@@ -21,9 +21,9 @@ import torch
 
 from attnviz.base.jobs import Deadline
 from attnviz.base.limits import LIMITS
+from attnviz.core.base_model import ModelInfo
 from attnviz.uploads.audio import RATE, Audio, log_mel, read_audio
 from attnviz.core.translate import Seq2SeqModel
-from attnviz.core.model import ModelInfo, count_params
 from attnviz.core.whisper import FRAMES_PER_SECOND, HOP, Whisper, WhisperConfig
 
 MEDIAN_WIDTH = 7               # Whisper's median filter over time, in encoder frames (140 ms)
@@ -86,10 +86,11 @@ class SpeechModel(Seq2SeqModel):
               **info) -> "SpeechModel":
         """Adopt converted tensors (a family's weights half, or the cache) as a shared model."""
         net = Whisper.from_state(cfg, state)
-        info = ModelInfo(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_enc_layers + cfg.n_dec_layers,
-                         n_heads=cfg.n_heads, source=source, n_kv_heads=cfg.n_heads,
-                         max_positions=cfg.n_text_ctx, params=count_params(net), **info)
-        return cls(net, info, tokenizer)
+        return cls(net, cls.describe(key, cfg, source, net, **info), tokenizer)
+
+    @classmethod
+    def shape(cls, cfg: WhisperConfig) -> dict:
+        return dict(super().shape(cfg), max_positions=cfg.n_text_ctx)   # the decoder's positions
 
     def __repr__(self):
         c = self.cfg
@@ -129,24 +130,27 @@ class SpeechModel(Seq2SeqModel):
         deadline = Deadline(LIMITS.max_transcribe_seconds, "the transcription")
         with torch.inference_mode():
             memory, enc_att = self.encode_audio(feats, masks, encoder_attentions)
-            target, logprobs, _, cross, _, stopped = self._greedy(memory, masks, n_max, deadline, True, True)
+            out = self._greedy(memory, masks, n_max, deadline, True, True)
             audio_frames = min(c.n_audio_ctx, len(heard.samples) // HOP // 2)  # mel frames / 2
-            words = self._words(memory, masks, target.tolist(), audio_frames)
-        ids = target.tolist()
+            words = self._words(memory, masks, out.ids.tolist(), audio_frames)
+        ids = out.ids.tolist()
         text = self.pieces.decode(ids).strip() if self.pieces else " ".join(map(str, ids))
         return Transcript(text=text, tokens=[self.pieces.label(i) if self.pieces else str(i) for i in ids],
-                          ids=target, logprobs=logprobs, cross_attentions=cross, encoder_attentions=enc_att,
+                          ids=out.ids, logprobs=out.logprobs, cross_attentions=out.cross, encoder_attentions=enc_att,
                           words=words, features=feats, audio=heard, audio_frames=audio_frames,
-                          alignment_heads=self.alignment_heads, stopped=stopped)
+                          alignment_heads=self.alignment_heads, stopped=out.stopped)
 
-    def target_limit(self, n_src: int, max_tokens=None) -> int:
+    def trace(self, audio, head_mask=None, **options) -> Transcript:
+        """The common entry: a speech model's run on `audio` is its transcription (`transcribe`'s
+        options)."""
+        return self.transcribe(audio, head_mask, **options)
+
+    def translate(self, text, *args, **options):
+        raise ValueError(f"model {self.info.key!r} transcribes speech; give it audio through transcribe()")
+
+    def target_bound(self, n_src: int) -> int:
         """Whisper's decoder positions bound the tokens (the prompt takes some)."""
-        bound = self.cfg.n_text_ctx - len(self.cfg.prompt())
-        if max_tokens is None:
-            return bound
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
-        return min(max_tokens, bound)
+        return self.cfg.n_text_ctx - len(self.cfg.prompt())
 
     def encode_audio(self, feats: torch.Tensor, masks: dict | None = None, attentions: bool = False):
         """feats [n_mels, 3000] -> (memory (1, n_frames, d), [L_enc, H, n_frames, n_frames] or None)."""

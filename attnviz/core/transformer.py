@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnviz.core.attention import SOFTMAX, Variant, attend, padding_mask
+from attnviz.core.base_model import adopt_state
 from attnviz.core.config import Config
 from attnviz.core.positional import apply_rope, interpolate_grid, rope_cos_sin, sinusoidal
 
@@ -276,19 +277,7 @@ class Transformer(nn.Module):
     def from_state(cls, cfg: Config, state: dict, heads=None, kv_heads=None) -> "Transformer":
         """Build around existing tensors without random initialisation (no copy: the tensors are
         adopted). Raises ValueError when the tensors do not fit this config."""
-        with torch.device("meta"):
-            net = cls(cfg, heads, kv_heads)
-        try:
-            missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
-        except RuntimeError as err:  # shape mismatch
-            raise ValueError(f"weights do not fit the model's config: {str(err)[:500]}") from None
-        if cfg.tie_embeddings and net.lm_head is not None:
-            net.lm_head.weight = net.tok.weight
-        missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_embeddings)]
-        if missing or unexpected:
-            raise ValueError(f"weights do not match the architecture: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
-        return net.eval()
+        return adopt_state(lambda: cls(cfg, heads, kv_heads), state, tied=cfg.tie_embeddings)
 
     def pack(self) -> int:
         """Prepack every linear weight for inference (see `Linear`). Returns how many were packed."""

@@ -3,7 +3,7 @@
 `m.translate(text)` runs the encoder once, then decodes incrementally (each step feeds only the
 new position; the encoder K/V of every layer and the SSRU cell or self-attention K/V live in a
 per-call `DecoderState`), greedy or beam search with Marian's length normalisation. `m.trace(source,
-target)` runs the same network teacher-forced on a given target. Both return a `Translation`:
+target=...)` runs the same network teacher-forced on a given target. Both return a `Translation`:
 
     cross_attentions    [L_dec, H, n_tgt, n_src]  row t: where the decoder looked choosing target t
     encoder_attentions  [L_enc, H, n_src, n_src]
@@ -16,17 +16,18 @@ the start symbol (t = 0) or target token t - 1.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from attnviz.base.jobs import Deadline, heavy_job
 from attnviz.base.limits import LIMITS
-from attnviz.core.model import ModelInfo, count_params, weights_fingerprint
+from attnviz.core.base_model import BaseModel, ModelInfo
 from attnviz.core.seq2seq import DecoderState, Seq2Seq, Seq2SeqConfig
 from attnviz.core.translation import Pieces, Shortlist, Translation, self_matrix
 
-__all__ = ["Seq2SeqModel", "Translation", "Pieces", "Shortlist", "MAX_BEAM", "TOP_K"]
+__all__ = ["Seq2SeqModel", "Translation", "Decoded", "Pieces", "Shortlist", "MAX_BEAM", "TOP_K"]
 
 MAX_BEAM = 5
 TOP_K = 10                  # next-token candidates kept per step (the page's step-through)
@@ -35,28 +36,45 @@ LENGTH_SLACK = 5
 LENGTH_NORMALISE = 1.0      # beam: score / length^1.0, as Marian's --normalize 1.0 (eos counted)
 
 
-class Seq2SeqModel:
+@dataclass
+class Decoded:
+    """One decoding's target and what was read choosing it (greedy, beam or teacher-forced)."""
+    ids: torch.Tensor                  # [n_tgt] the target, the end of sentence included
+    logprobs: torch.Tensor             # [n_tgt] log-probability of each token when chosen
+    top_logprobs: torch.Tensor         # [n_tgt, TOP_K] the best candidates at each step
+    top_ids: torch.Tensor              # [n_tgt, TOP_K]
+    cross: torch.Tensor | None         # [L_dec, H, n_tgt, n_src]
+    self_att: torch.Tensor | None      # [L_dec, H, n_tgt, n_tgt] (attention decoders)
+    stopped: str = "eos"               # eos | max_tokens | deadline | given
+
+
+class Seq2SeqModel(BaseModel):
     """An encoder-decoder of ours plus its tokenizer. Shared, never mutated by a call."""
 
     def __init__(self, net: Seq2Seq, info: ModelInfo, tokenizer=None, shortlist: Shortlist | None = None):
-        self.net = net.eval()
-        self.info = info
+        super().__init__(net, info)
         self.pieces = None if tokenizer is None else Pieces(tokenizer, net.cfg.eos_id)
         self.shortlist = shortlist
-        for p in self.net.parameters():
-            p.requires_grad_(False)
-        if LIMITS.packed_linear:
-            self.net.pack()
 
     @classmethod
     def build(cls, cfg: Seq2SeqConfig, state: dict, key: str, source: str, tokenizer=None,
               shortlist: Shortlist | None = None, **info) -> "Seq2SeqModel":
         """Adopt converted tensors (a family's weights half, or the cache) as a shared model."""
         net = Seq2Seq.from_state(cfg, state)
-        info = ModelInfo(key=key, family=cfg.family, task=cfg.task, n_layers=cfg.n_enc_layers + cfg.n_dec_layers,
-                         n_heads=cfg.n_heads, source=source, n_kv_heads=cfg.n_heads,
-                         max_positions=cfg.max_positions, params=count_params(net), **info)
-        return cls(net, info, tokenizer, shortlist)
+        return cls(net, cls.describe(key, cfg, source, net, **info), tokenizer, shortlist)
+
+    @classmethod
+    def shape(cls, cfg: Seq2SeqConfig) -> dict:
+        return dict(n_layers=cfg.n_enc_layers + cfg.n_dec_layers, n_heads=cfg.n_heads,
+                    n_kv_heads=cfg.n_heads, max_positions=cfg.max_positions)
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.pieces is not None
+
+    @property
+    def mask_layers(self) -> int:
+        return self.cfg.n_dec_layers   # `head_mask` switches the decoder's cross-attention heads
 
     @property
     def cfg(self) -> Seq2SeqConfig:
@@ -72,16 +90,9 @@ class Seq2SeqModel:
         """(ids [n_src] ending with the end of sentence, labels, tokens cut)."""
         limit = LIMITS.max_source_tokens
         if isinstance(x, str):
-            if not x.strip():
-                raise ValueError("the text is empty; type or paste a sentence")
-            if len(x) > LIMITS.max_text_chars:
-                raise ValueError(f"the text has {len(x):,} characters; the limit is {LIMITS.max_text_chars:,}. "
-                                 "Paste a shorter passage.")
-            if self.pieces is None:
-                raise ValueError(f"model {self.info.key!r} has no tokenizer; pass token ids instead of text")
-            ids, labels = self.pieces.encode(x)
+            ids, labels = self.pieces.encode(self.check_text(x))
         else:
-            ids = self._ids(x, "source")
+            ids = self.check_ids(x, "source").tolist()
             if ids[-1] != self.cfg.eos_id:
                 ids.append(self.cfg.eos_id)
             labels = [self.pieces.label(i) for i in ids] if self.pieces else [str(i) for i in ids]
@@ -90,43 +101,16 @@ class Seq2SeqModel:
             ids, labels = ids[:limit - 1] + ids[-1:], labels[:limit - 1] + labels[-1:]
         return torch.tensor(ids, dtype=torch.long), labels, cut
 
-    def _ids(self, x, what: str) -> list[int]:
-        try:
-            ids = torch.as_tensor(x)
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"the {what} must be text or a 1-D list of token ids") from None
-        if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
-            raise ValueError(f"the {what} must be text or a non-empty 1-D list of token ids")
-        if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
-            raise ValueError(f"{what} token ids must lie in [0, {self.cfg.vocab_size})")
-        return ids.tolist()
-
-    def check_mask(self, mask, n_layers: int, what: str) -> torch.Tensor | None:
-        if mask is None:
-            return None
-        m = torch.as_tensor(mask, dtype=torch.float32)
-        if tuple(m.shape) != (n_layers, self.cfg.n_heads):
-            raise ValueError(f"{what} must have shape [{n_layers}, {self.cfg.n_heads}] (layers x heads); "
-                             f"got {list(m.shape)}")
-        if torch.isnan(m).any() or m.min() < 0 or m.max() > 1:
-            raise ValueError(f"{what} values must lie in [0, 1] (1 keeps a head, 0 removes it)")
-        return m
-
     def _masks(self, head_mask, encoder_head_mask, self_head_mask) -> dict:
         c = self.cfg
         if self_head_mask is not None and c.decoder == "ssru":
             raise ValueError("this decoder has no self-attention (an SSRU instead): there is no self_head_mask")
-        return dict(cross=self.check_mask(head_mask, c.n_dec_layers, "head_mask (cross-attention)"),
-                    encoder=self.check_mask(encoder_head_mask, c.n_enc_layers, "encoder_head_mask"),
-                    self=self.check_mask(self_head_mask, c.n_dec_layers, "self_head_mask"))
+        return dict(cross=self.check_head_mask(head_mask, c.n_dec_layers, "head_mask (cross-attention)"),
+                    encoder=self.check_head_mask(encoder_head_mask, c.n_enc_layers, "encoder_head_mask"),
+                    self=self.check_head_mask(self_head_mask, c.n_dec_layers, "self_head_mask"))
 
-    def target_limit(self, n_src: int, max_tokens=None) -> int:
-        bound = min(LIMITS.max_target_tokens, int(LENGTH_FACTOR * n_src) + LENGTH_SLACK)
-        if max_tokens is None:
-            return bound
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
-        return min(max_tokens, bound)
+    def target_bound(self, n_src: int) -> int:
+        return min(LIMITS.max_target_tokens, int(LENGTH_FACTOR * n_src) + LENGTH_SLACK)
 
     # ---------------------------------------------------------------- running
     def _encode(self, src: torch.Tensor, masks: dict, attentions: bool):
@@ -167,45 +151,40 @@ class Seq2SeqModel:
                 out = self._greedy(memory, masks, n_max, deadline, attentions, cache)
             else:
                 ids, stopped = self._beam(memory, masks, beam, n_max, deadline)
-                out = self._teacher(memory, masks, ids, attentions) + (stopped,)
-        target, logprobs, tops, cross, self_att, stopped = out
-        return self._result(src, labels, cut, target, logprobs, tops, cross, enc_att, self_att,
-                            stopped, n_max, beam)
+                out = replace(self._teacher(memory, masks, ids, attentions), stopped=stopped)
+        return self._result(src, labels, cut, out, enc_att, n_max, beam)
 
-    def trace(self, source, target=None, head_mask=None, encoder_head_mask=None,
+    def trace(self, source, head_mask=None, *, target=None, encoder_head_mask=None,
               self_head_mask=None) -> Translation:
         """The same tensors, teacher-forced on `target` (text or ids; the end of sentence is added
-        when missing). Without a target, the greedy translation is traced."""
+        when missing). Without a target, the greedy translation is traced. The common entry of
+        every model: `trace(input, head_mask)`."""
         if target is None:
             target = self.translate(source, head_mask=head_mask, encoder_head_mask=encoder_head_mask,
                                     self_head_mask=self_head_mask, attentions=False).target_ids.tolist()
         masks = self._masks(head_mask, encoder_head_mask, self_head_mask)
         src, labels, cut = self.source(source)
         if isinstance(target, str):
-            if not target.strip() or self.pieces is None:
-                raise ValueError("the target is empty (or this model has no tokenizer: give token ids)")
-            ids = self.pieces.encode(target)[0]
+            ids = self.pieces.encode(self.check_text(target))[0]
         else:
-            ids = self._ids(target, "target")
+            ids = self.check_ids(target, "target").tolist()
             if ids[-1] != self.cfg.eos_id:
                 ids.append(self.cfg.eos_id)
         if len(ids) > LIMITS.max_target_tokens:
             raise ValueError(f"the target has {len(ids)} tokens; the limit is {LIMITS.max_target_tokens}")
         with torch.inference_mode():
             memory, enc_att = self._encode(src, masks, True)
-            target, logprobs, tops, cross, self_att = self._teacher(memory, masks, ids, True)
-        return self._result(src, labels, cut, target, logprobs, tops, cross, enc_att, self_att,
-                            "given", len(ids), 1)
+            out = self._teacher(memory, masks, ids, True)
+        return self._result(src, labels, cut, out, enc_att, len(ids), 1)
 
-    def _result(self, src, labels, cut, target, logprobs, tops, cross, enc_att, self_att,
-                stopped, n_max, beam) -> Translation:
-        ids = target.tolist()
+    def _result(self, src, labels, cut, out: Decoded, enc_att, n_max, beam) -> Translation:
+        ids = out.ids.tolist()
         label = self.pieces.label if self.pieces else str
         text = self.pieces.decode(ids) if self.pieces else " ".join(map(str, ids))
         return Translation(text=text, source_tokens=labels, target_tokens=[label(i) for i in ids],
-                           source_ids=src, target_ids=target, cross_attentions=cross,
-                           encoder_attentions=enc_att, logprobs=logprobs, top_ids=tops[1],
-                           top_logprobs=tops[0], self_attentions=self_att, stopped=stopped,
+                           source_ids=src, target_ids=out.ids, cross_attentions=out.cross,
+                           encoder_attentions=enc_att, logprobs=out.logprobs, top_ids=out.top_ids,
+                           top_logprobs=out.top_logprobs, self_attentions=out.self_att, stopped=out.stopped,
                            truncated=cut, max_tokens=n_max, beam=beam)
 
     def _vocabulary(self, src: torch.Tensor):
@@ -255,8 +234,8 @@ class Seq2SeqModel:
                 break
             feed = torch.tensor([[nxt]])
         cross = torch.stack(rows, dim=2) if rows else None            # [L, H, n_tgt, S]
-        return self._scored(ids, torch.stack(logit_rows), torch.stack(cols), vocab) + (
-            cross, self_matrix(self_rows), stopped)
+        return self._scored(ids, torch.stack(logit_rows), torch.stack(cols), vocab,
+                            cross, self_matrix(self_rows), stopped)
 
     def _greedy_rows(self, masks, n_max, deadline, attentions, layout, carry, S):
         """Greedy decoding of an SSRU decoder, one row a step (`Seq2Seq.step_row`), its cross-
@@ -308,14 +287,14 @@ class Seq2SeqModel:
                 logits, cols = full[:t], torch.tensor(picks[:t])
                 break
         cross = None if buf is None else buf[:, :, :len(ids)].contiguous()   # [L, H, n_tgt, S]
-        return self._scored(ids, logits, cols, vocab) + (cross, None, stopped)
+        return self._scored(ids, logits, cols, vocab, cross, None, stopped)
 
-    def _scored(self, ids: list[int], logits, cols, vocab):
-        """Each step's logits (n, vocab or shortlist) and chosen columns -> (ids, logprobs, tops)."""
+    def _scored(self, ids: list[int], logits, cols, vocab, cross, self_att, stopped: str) -> Decoded:
+        """Each step's logits (n, vocab or shortlist) and chosen columns -> the decoding, scored."""
         logp = torch.log_softmax(logits, dim=-1)
         top_v, top_i = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
-        return (torch.tensor(ids), logp.gather(1, cols[:, None])[:, 0],
-                (top_v, top_i if vocab is None else vocab[0][top_i]))
+        return Decoded(torch.tensor(ids), logp.gather(1, cols[:, None])[:, 0], top_v,
+                       top_i if vocab is None else vocab[0][top_i], cross, self_att, stopped)
 
     def _beam(self, memory, masks, beam: int, n_max: int, deadline) -> tuple[list[int], str]:
         """Marian's beam search: the beam shrinks by one for every hypothesis that ends; the best
@@ -353,7 +332,7 @@ class Seq2SeqModel:
         return max(finished, key=lambda f: f[0])[1], stopped
 
     def _teacher(self, memory, masks, ids: list[int], attentions: bool):
-        """Feed [start] + ids[:-1] at once; score ids. -> (ids, logprobs, tops, cross, self)."""
+        """Feed [start] + ids[:-1] at once; score ids (stopped: "given")."""
         target = torch.tensor(ids, dtype=torch.long)
         feed = torch.cat([self._start_ids(), target[None, :-1]], dim=1)
         vocab = masks.get("vocab")
@@ -366,13 +345,4 @@ class Seq2SeqModel:
         top_ids = tops.indices if vocab is None else vocab[0][tops.indices]
         cross = torch.cat([out.cross[j] for j in range(len(self.net.decoder))]) if attentions else None
         self_att = torch.cat([out.self_att[j] for j in range(len(self.net.decoder))]) if out.self_att else None
-        return target, logp.gather(1, column[:, None])[:, 0], (tops.values, top_ids), cross, self_att
-
-    # ---------------------------------------------------------------- bookkeeping
-    def fingerprint(self) -> str:
-        """SHA-256 of every parameter and buffer: shows a shared model was never changed."""
-        return weights_fingerprint(self.net)
-
-    def num_params(self) -> int:
-        return count_params(self.net)
-
+        return Decoded(target, logp.gather(1, column[:, None])[:, 0], tops.values, top_ids, cross, self_att, "given")

@@ -27,7 +27,8 @@ from importlib.resources import files
 
 import torch
 
-from attnviz.core.model import Model, ModelInfo
+from attnviz.core.base_model import ModelInfo
+from attnviz.core.model import Model
 from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
 from attnviz.core.transformer import Transformer

@@ -25,7 +25,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
-from attnviz.core.model import ModelInfo
 from attnviz.core.attention import parse_variant
 from attnviz.core.transformer import Transformer
 from attnviz.base.limits import LIMITS
@@ -227,7 +226,7 @@ def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget
 
 
 def wrap(net: Transformer, s: TrainSettings, key: str) -> ToyModel:
-    info = ModelInfo.of(key, net.cfg, f"toy transformer trained on the {s.task.name} task in the lab", net)
+    info = ToyModel.describe(key, net.cfg, f"toy transformer trained on the {s.task.name} task in the lab", net)
     return ToyModel(net, info, s.task, s.variant)
 
 

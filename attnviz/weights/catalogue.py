@@ -18,9 +18,11 @@ import torch
 
 from attnviz.base.limits import LIMITS
 from attnviz.core.config import Config
-from attnviz.core.model import Model, ModelInfo
+from attnviz.core.base_model import ModelInfo
+from attnviz.core.model import Model
 from attnviz.core.pixels import IMAGENET_MEAN, IMAGENET_STD
 from attnviz.core.saliency import SaliencyDecoder
+from attnviz.core.speech import SpeechModel
 from attnviz.core.transformer import Transformer
 from attnviz.core.translate import Seq2SeqModel
 from attnviz.toys.tasks import TOYS, load_toy, toy_infos
@@ -90,10 +92,10 @@ def random_model(cfg: Config, key: str = "random", seed: int = 0, tokenizer=None
     """A model of this shape with random weights (synthetic benchmarks, toy tasks)."""
     torch.manual_seed(seed)
     net = Transformer(cfg).eval()
-    return Model(net, ModelInfo.of(key, cfg, "random weights", net), tokenizer)
+    return Model(net, Model.describe(key, cfg, "random weights", net), tokenizer)
 
 
-def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model:
+def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model | Seq2SeqModel | SpeechModel:
     """Convert an in-memory transformers model (BertModel, GPT2LMHeadModel, LlamaForCausalLM,
     ViTModel, Dinov2Model and their task variants) into ours. The HF model is not changed."""
     fam = hf_family(getattr(hf_model.config, "model_type", None))
@@ -106,14 +108,14 @@ def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model:
                                   "in-memory transformers model", tokenizer)
     cfg, state = convert(hf_model.config, sd)
     net = Transformer.from_state(cfg, state)
-    info = ModelInfo.of(key or f"hf:{cfg.family}", cfg, "in-memory transformers model", net)
+    info = Model.describe(key or f"hf:{cfg.family}", cfg, "in-memory transformers model", net)
     return Model(net, info, tokenizer, image_mean=getattr(hf_model.config, "image_mean", None),
                  image_std=getattr(hf_model.config, "image_std", None))
 
 
 def _bundled_info(key: str, cfg: Config, net) -> ModelInfo:
     s = BUNDLED[key]
-    return ModelInfo.of(key, cfg, s["source"], net, licence=s["licence"], size_mb=s["size_mb"])
+    return Model.describe(key, cfg, s["source"], net, licence=s["licence"], size_mb=s["size_mb"])
 
 
 # ---------------------------------------------------------------- the bundled models
@@ -173,7 +175,7 @@ def _bundled_meta(key: str) -> dict:
     return dict(source=s["source"], licence=s["licence"], size_mb=s["size_mb"])
 
 
-def load_model(key_or_dir: str) -> Model:
+def load_model(key_or_dir: str) -> Model | Seq2SeqModel | SpeechModel:
     """A bundled key (minilm, smollm2, dinov2, en-pt, pt-en), a toy key, or a local HF model folder."""
     if not isinstance(key_or_dir, (str, os.PathLike)) or not str(key_or_dir).strip():
         raise ValueError(f"give a model key ({', '.join(BUNDLED)}) or a local folder")

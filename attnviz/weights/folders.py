@@ -21,7 +21,7 @@ import torch
 
 from attnviz.base.limits import LIMITS
 from attnviz.core.config import TASKS, Config
-from attnviz.core.model import Model, ModelInfo
+from attnviz.core.model import Model
 from attnviz.core.transformer import Transformer
 from attnviz.core.translate import Seq2SeqModel
 from attnviz.weights.families import convert, family, hf_family
@@ -230,7 +230,7 @@ def check_size(folder: Folder, hf, name: str) -> int:
 
 
 def load_dir(folder: str | Path, key: str | None = None, source: str | None = None, *,
-             name: str | None = None, limits=None, **info) -> Model:
+             name: str | None = None, limits=None, **info) -> Model | Seq2SeqModel:
     """A local Hugging Face model folder. `name`: how messages and the model's key call the folder
     (default: `folder` as given); `limits`: the budgets (default: `LIMITS`). Any failure is a
     ValueError whose message names the folder only as `name`."""
@@ -248,7 +248,7 @@ def load_dir(folder: str | Path, key: str | None = None, source: str | None = No
         raise ValueError(f"{name!r} could not be loaded as a model ({type(err).__name__})") from None
 
 
-def _load(folder: Folder, key, source, info) -> Model:
+def _load(folder: Folder, key, source, info) -> Model | Seq2SeqModel:
     if not folder.path.is_dir():
         raise ValueError(f"{folder.name!r} is not a folder; give a bundled model key (attnviz.list_models()) "
                          "or a local Hugging Face model folder")
@@ -285,7 +285,7 @@ def _load(folder: Folder, key, source, info) -> Model:
         except Exception as err:
             raise folder.fail(f"its tokenizer files could not be read ({type(err).__name__})") from None
     mean, std, size = image_settings(folder, entries, cfg)
-    about = ModelInfo.of(key or folder.name, cfg, source or f"local folder {folder.name}", net, **info)
+    about = Model.describe(key or folder.name, cfg, source or f"local folder {folder.name}", net, **info)
     return Model(net, about, tokenizer, image_mean=mean, image_std=std, image_size=size)
 
 
@@ -360,7 +360,7 @@ def allowed_folder(typed: str, limits=None) -> tuple[Path, str]:
     return resolved, local_folder_name(resolved, limits)
 
 
-def load_allowed(typed: str, limits=None) -> Model:
+def load_allowed(typed: str, limits=None) -> Model | Seq2SeqModel:
     """What the app loads for a typed folder: only inside the allow-list (uncached; the app's
     cache keys on the resolved folder)."""
     limits = limits or LIMITS
