@@ -132,8 +132,8 @@ class Seq2SeqModel:
     def _encode(self, src: torch.Tensor, masks: dict, attentions: bool):
         c, S = self.cfg, len(src)
         buf = torch.empty(c.n_enc_layers, c.n_heads, S, S) if attentions else None
-        memory, _ = self.net.encode(src[None], head_mask=masks["encoder"],
-                                    weights_out=None if buf is None else {i: buf[i:i + 1] for i in range(len(buf))})
+        memory, _ = self.net.encode(src[None], head_mask=masks["encoder"], head_fill=masks.get("encoder_fill"),
+                                    weights_out=None if buf is None else buf[:, None])
         return memory, buf
 
     def _start_ids(self, n: int = 1) -> torch.Tensor:
@@ -222,9 +222,8 @@ class Seq2SeqModel:
         candidates come from every step's logits at once after the loop."""
         net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
         state = net.start(memory)
-        layout = net.row_layout(state) if cache and self._start_ids().shape[1] == 1 else None
-        if layout is not None:
-            return self._greedy_rows(masks, n_max, deadline, attentions, layout, state.carry, memory.shape[1])
+        if cache and self._start_ids().shape[1] == 1 and net.row_layout(state) is not None:
+            return self._greedy_rows(masks, n_max, deadline, attentions, state, memory.shape[1])
         L, feed = len(net.decoder), self._start_ids()
         ids, cols, logit_rows, rows, self_rows = [], [], [], [], []
         stopped = "max_tokens"
@@ -234,7 +233,8 @@ class Seq2SeqModel:
                 feed = torch.cat([self._start_ids(), torch.tensor([ids], dtype=torch.long)], 1) if ids \
                     else self._start_ids()
             out = net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
-                           need_weights=attentions, need_self=attentions, logits=vocab is None)
+                           head_fill=masks.get("cross_fill"), need_weights=attentions, need_self=attentions,
+                           logits=vocab is None)
             logits = self._logits(out, vocab)[0, -1].float()
             if vocab is None:
                 logits = self.adjust_logits(logits, len(ids))
@@ -258,7 +258,7 @@ class Seq2SeqModel:
         return self._scored(ids, torch.stack(logit_rows), torch.stack(cols), vocab) + (
             cross, self_matrix(self_rows), stopped)
 
-    def _greedy_rows(self, masks, n_max, deadline, attentions, layout, carry, S):
+    def _greedy_rows(self, masks, n_max, deadline, attentions, state, S):
         """Greedy decoding of an SSRU decoder, one row a step (`Seq2Seq.step_row`), its cross-
         attention written straight into [L, H, n_max, S]. For the whole vocabulary with a shortlist
         at hand, each step scores only the shortlist (~250 pieces, as the native engine) and one
@@ -276,10 +276,11 @@ class Seq2SeqModel:
         while True:
             while t < n_max:
                 feed = self._start_ids() if t == 0 else torch.tensor([[ids[t - 1]]])
-                x = net.step_row(net.embed(feed, t, "dec")[0], carry, layout, head_mask=masks["cross"],
+                x = net.step_row(net.embed(feed, t, "dec")[0], state, head_mask=masks["cross"],
+                                 head_fill=masks.get("cross_fill"),
                                  into=None if buf is None else buf[:, :, t:t + 1])     # x (1, d)
                 hidden.append(x)
-                carries.append(list(carry))  # the state after step t: where a check resumes
+                carries.append([layer["c"] for layer in state.layers])  # the state after step t: where a check resumes
                 logits = (net.lm_head(x) if scored is None else F.linear(x, scored[1], scored[2]))[0].float()
                 logit_rows.append(logits)
                 best = logits.argmax()
@@ -302,7 +303,9 @@ class Seq2SeqModel:
                 break
             # step k's whole-vocabulary choice is outside the shortlist: take it, go on from there
             ids, hidden, carries = ids[:k] + [picks[k]], hidden[:k + 1], carries[:k + 1]
-            carry[:], t, done = carries[k], k + 1, k + 1
+            for layer, c in zip(state.layers, carries[k]):
+                layer["c"] = c
+            t, done = k + 1, k + 1
             stopped = "eos" if ids[-1] == eos else "max_tokens"
             if ids[-1] == eos or t >= n_max:
                 logits, cols = full[:t], torch.tensor(picks[:t])
@@ -327,7 +330,7 @@ class Seq2SeqModel:
         finished, live, stopped = [], beam, "eos"
         for t in range(n_max):
             logits = self._logits(net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
-                                           logits=vocab is None), vocab)
+                                           head_fill=masks.get("cross_fill"), logits=vocab is None), vocab)
             total = (scores[:, None] + torch.log_softmax(logits[:, -1].float(), dim=-1)).flatten()  # (B*V,)
             best = total.topk(live)
             last = t == n_max - 1 or deadline.expired()
@@ -358,7 +361,8 @@ class Seq2SeqModel:
         feed = torch.cat([self._start_ids(), target[None, :-1]], dim=1)
         vocab = masks.get("vocab")
         out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"], self_head_mask=masks["self"],
-                            need_weights=attentions, need_self=attentions, logits=vocab is None)
+                            head_fill=masks.get("cross_fill"), need_weights=attentions, need_self=attentions,
+                            logits=vocab is None)
         logp = torch.log_softmax(self._logits(out, vocab)[0].float(), dim=-1)   # (n_tgt, vocab or shortlist)
         tops = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
         # a beam over the shortlist only ever picks shortlisted pieces: their column in it
