@@ -171,3 +171,22 @@ def test_a_page_imports_only_what_its_first_view_needs(module):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", f"attnviz.ui.{module} imports {out.stdout.strip()} at start-up"
+
+
+def test_one_attention_module_and_one_block_runner():
+    """Every model's attention is `core.blocks.Attention` and its blocks run in `core.blocks.iter_layers`:
+    no other attention class, and no other core module calls `attend` or a block's one-row path."""
+    blocks = LIB / "core" / "blocks.py"
+    classes, callers = [], []
+    for path in library_files():
+        tree = parse(path)
+        classes += [f"{rel(path)}:{n.lineno} {n.name}" for n in ast.walk(tree)
+                    if isinstance(n, ast.ClassDef) and n.name.endswith("Attention") and path != blocks]
+        if layer_of(path) == "core" and path not in (blocks, LIB / "core" / "attention.py"):
+            callers += [f"{rel(path)}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                        and getattr(n.func, "attr", getattr(n.func, "id", None)) == "attend"]
+            callers += [f"{rel(path)}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                        and isinstance(n.func, ast.Attribute) and n.func.attr == "step_row"
+                        and not (isinstance(n.func.value, ast.Name) and n.func.value.id in ("net", "self"))]
+    assert not classes, classes
+    assert not callers, callers

@@ -148,3 +148,15 @@ def test_whisper_encoder_checks_before_every_block(whisper):
     with pytest.raises(jobs.JobCancelled):
         whisper.transcribe(CLIP.read_bytes(), check=cancel)
     assert len(calls) == 3                                            # stopped inside the encoder
+
+
+def test_whisper_encoder_stops_at_the_time_limit_with_a_message(whisper, set_limits):
+    set_limits(max_transcribe_seconds=0.0)
+    with pytest.raises(jobs.JobTimeout, match="time limit"):   # a ValueError: the page shows its message
+        whisper.transcribe(CLIP.read_bytes())
+
+
+def test_translator_deadline_still_keeps_the_first_token(translator, set_limits):
+    set_limits(max_translate_seconds=0.0)
+    late = translator.translate(SENTENCE)
+    assert late.n_tgt == 1 and late.stopped == "deadline"

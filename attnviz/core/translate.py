@@ -206,7 +206,7 @@ class Seq2SeqModel:
         heavy = beam > 1 and len(src) > LIMITS.heavy_beam_tokens
         deadline = Deadline(LIMITS.max_translate_seconds, "the translation")
         with heavy_job("a long beam search") if heavy else contextlib.nullcontext(), torch.inference_mode():
-            memory, enc_att = self._encode(src, masks, attentions, check=deadline.check)
+            memory, enc_att = self._encode(src, masks, attentions)  # short: the deadline stops decoding
             if beam == 1:
                 out = self._greedy(memory, masks, n_max, deadline, attentions, cache)
             else:
