@@ -5,6 +5,11 @@ Leaf modules first (linear, norm, THE attention module, MLP), then the encoder /
 `attnviz.core.decoder_blocks`. Every block kind takes the same per-layer arguments (head mask, mean
 ablation's fill, captured weights, variant, per-call cache), so one loop runs them all. Capture,
 masks and variants are arguments, never state: one loaded model serves every caller at once.
+
+A new block kind is an nn.Module whose `forward(x, *, head_mask, need_weights, variant, heads_out,
+head_fill, past, **shared)` returns (out, weights) and whose attention is `Attention`; its
+per-call state goes in `past` (its layer's dict of the cache), and a fused fast path, if any, is
+`step_row(x, past, into, head_mask, head_fill)`, run by `iter_layers(row=True)`.
 """
 from __future__ import annotations
 

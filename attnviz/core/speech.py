@@ -171,7 +171,8 @@ class SpeechModel(Seq2SeqModel):
         """Word timing as Whisper's: the prompt, the text and the end of text teacher-forced once,
         the alignment heads' cross-attention over the audio frames, median filter, DTW."""
         c = self.cfg
-        text = [i for i in ids if i < c.eos_id]
+        # a decoding stopped at the last position leaves no room for the end of text: its last token untimed
+        text = [i for i in ids if i < c.eos_id][:c.n_text_ctx - len(c.prompt()) - 1]
         if not text or not c.alignment_heads or audio_frames < 2 or self.tokenizer is None:
             return []
         prompt = c.prompt()
