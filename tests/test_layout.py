@@ -256,3 +256,22 @@ def test_no_branch_on_a_family_name_outside_its_file():
                 if any(map(_names_a_family, sides)) and any(map(_is_text, sides)):
                     bad.append(f"{rel(path)}:{node.lineno}")
     assert not bad, f"compare structural config fields, not family names: {bad}"
+
+
+def test_one_attention_module_and_one_block_runner():
+    """Every model's attention is `core.blocks.Attention` and its blocks run in `core.blocks.iter_layers`:
+    no other attention class, and no other core module calls `attend` or a block's one-row path."""
+    blocks = LIB / "core" / "blocks.py"
+    classes, callers = [], []
+    for path in library_files():
+        tree = parse(path)
+        classes += [f"{rel(path)}:{n.lineno} {n.name}" for n in ast.walk(tree)
+                    if isinstance(n, ast.ClassDef) and n.name.endswith("Attention") and path != blocks]
+        if layer_of(path) == "core" and path not in (blocks, LIB / "core" / "attention.py"):
+            callers += [f"{rel(path)}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                        and getattr(n.func, "attr", getattr(n.func, "id", None)) == "attend"]
+            callers += [f"{rel(path)}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                        and isinstance(n.func, ast.Attribute) and n.func.attr == "step_row"
+                        and not (isinstance(n.func.value, ast.Name) and n.func.value.id in ("net", "self"))]
+    assert not classes, classes
+    assert not callers, callers

@@ -21,6 +21,7 @@ import torch
 
 from attnviz.base.jobs import Deadline
 from attnviz.base.limits import LIMITS
+from attnviz.core.attention import parse_variant
 from attnviz.core.base_model import ModelInfo
 from attnviz.uploads.audio import RATE, Audio, log_mel, read_audio
 from attnviz.core.translate import Seq2SeqModel
@@ -116,20 +117,30 @@ class SpeechModel(Seq2SeqModel):
 
     def transcribe(self, audio, head_mask=None, *, encoder_head_mask=None, self_head_mask=None,
                    encoder_attentions: bool = False, cut: bool = False, rate: int = 16_000,
-                   max_tokens: int | None = None) -> Transcript:
+                   max_tokens: int | None = None, head_fill=None, encoder_head_fill=None, variant=None,
+                   check=None) -> Transcript:
         """Transcribe WAV/FLAC bytes or float samples at `rate` (16 kHz unless told), up to 30 s
         (longer: ValueError, or the first 30 s with `cut=True`). `head_mask` [L_dec, H] switches
         cross-attention heads off (1 keeps, 0 removes); `encoder_head_mask` [L_enc, H] and
-        `self_head_mask` [L_dec, H] the others."""
+        `self_head_mask` [L_dec, H] the others; `head_fill` / `encoder_head_fill` [L, H, d_head]
+        are added to those heads' outputs after the mask (mean ablation, see `head_means`).
+        `variant`: the encoder's attention variant (a `Variant` or its name, e.g. 'local:64');
+        `check()` (a cancel) runs with the time limit's check before every encoder block."""
         c = self.cfg
         masks = dict(self._masks(head_mask, encoder_head_mask, self_head_mask), vocab=None)  # whole vocabulary
+        masks.update(self._fills(head_fill, encoder_head_fill), variant=parse_variant(variant))
         heard = audio if isinstance(audio, Audio) else read_audio(
             audio, rate=rate, cut=cut, max_seconds=c.n_samples / RATE)
         n_max = self.target_limit(0, max_tokens)
         feats = self.features(heard)
         deadline = Deadline(LIMITS.max_transcribe_seconds, "the transcription")
+
+        def every_block():
+            deadline.check()
+            if check is not None:
+                check()
         with torch.inference_mode():
-            memory, enc_att = self.encode_audio(feats, masks, encoder_attentions)
+            memory, enc_att = self.encode_audio(feats, masks, encoder_attentions, check=every_block)
             out = self._greedy(memory, masks, n_max, deadline, True, True)
             audio_frames = min(c.n_audio_ctx, len(heard.samples) // HOP // 2)  # mel frames / 2
             words = self._words(memory, masks, out.ids.tolist(), audio_frames)
@@ -152,27 +163,27 @@ class SpeechModel(Seq2SeqModel):
         """Whisper's decoder positions bound the tokens (the prompt takes some)."""
         return self.cfg.n_text_ctx - len(self.cfg.prompt())
 
-    def encode_audio(self, feats: torch.Tensor, masks: dict | None = None, attentions: bool = False):
-        """feats [n_mels, 3000] -> (memory (1, n_frames, d), [L_enc, H, n_frames, n_frames] or None)."""
-        c = self.cfg
-        masks = masks or self._masks(None, None, None)
-        buf = torch.empty(c.n_enc_layers, c.n_heads, c.n_audio_ctx, c.n_audio_ctx) if attentions else None
-        memory, _ = self.net.encode(feats[None], head_mask=masks["encoder"],
-                                    weights_out=None if buf is None else {i: buf[i:i + 1] for i in range(len(buf))})
-        return memory, buf
+    def encode_audio(self, feats: torch.Tensor, masks: dict | None = None, attentions: bool = False,
+                     check=None, variant=None):
+        """feats [n_mels, 3000] -> (memory (1, n_frames, d), [L_enc, H, n_frames, n_frames] or None),
+        through the block runner (`check()` before every block; `variant` unless `masks` has one)."""
+        masks = dict(masks or self._masks(None, None, None))
+        masks.setdefault("variant", parse_variant(variant))
+        return self._encode(feats, masks, attentions, check)
 
     def _words(self, memory, masks, ids: list[int], audio_frames: int) -> list[Word]:
         """Word timing as Whisper's: the prompt, the text and the end of text teacher-forced once,
         the alignment heads' cross-attention over the audio frames, median filter, DTW."""
         c = self.cfg
-        text = [i for i in ids if i < c.eos_id]
+        # a decoding stopped at the last position leaves no room for the end of text: its last token untimed
+        text = [i for i in ids if i < c.eos_id][:c.n_text_ctx - len(c.prompt()) - 1]
         if not text or not c.alignment_heads or audio_frames < 2 or self.tokenizer is None:
             return []
         prompt = c.prompt()
         feed = torch.tensor([prompt + text + [c.eos_id]])
         heads = self.alignment_heads
         layers = {l for l, _ in heads}
-        out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"],
+        out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"], head_fill=masks.get("cross_fill"),
                             self_head_mask=masks["self"], need_weights={i: i in layers for i in range(c.n_dec_layers)})
         weights = torch.stack([out.cross[l][0, h] for l, h in heads])          # [n_heads, n_feed, n_frames]
         probs = torch.softmax(out.logits[0, len(prompt) - 1:-1, :c.eos_id].float(), dim=-1)

@@ -16,36 +16,24 @@ the start symbol (t = 0) or target token t - 1.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from attnviz.base.jobs import Deadline, heavy_job
 from attnviz.base.limits import LIMITS
+from attnviz.core import decoding
 from attnviz.core.base_model import BaseModel, ModelInfo
-from attnviz.core.seq2seq import DecoderState, Seq2Seq, Seq2SeqConfig
-from attnviz.core.translation import Pieces, Shortlist, Translation, self_matrix
+from attnviz.core.decoding import TOP_K, Decoded
+from attnviz.core.seq2seq import Seq2Seq, Seq2SeqConfig
+from attnviz.core.translation import Pieces, Shortlist, Translation
 
 __all__ = ["Seq2SeqModel", "Translation", "Decoded", "Pieces", "Shortlist", "MAX_BEAM", "TOP_K"]
 
 MAX_BEAM = 5
-TOP_K = 10                  # next-token candidates kept per step (the page's step-through)
 LENGTH_FACTOR = 2.5         # decoding stops at 2.5 x source + 5 tokens (Marian's max-length-factor)
 LENGTH_SLACK = 5
-LENGTH_NORMALISE = 1.0      # beam: score / length^1.0, as Marian's --normalize 1.0 (eos counted)
-
-
-@dataclass
-class Decoded:
-    """One decoding's target and what was read choosing it (greedy, beam or teacher-forced)."""
-    ids: torch.Tensor                  # [n_tgt] the target, the end of sentence included
-    logprobs: torch.Tensor             # [n_tgt] log-probability of each token when chosen
-    top_logprobs: torch.Tensor         # [n_tgt, TOP_K] the best candidates at each step
-    top_ids: torch.Tensor              # [n_tgt, TOP_K]
-    cross: torch.Tensor | None         # [L_dec, H, n_tgt, n_src]
-    self_att: torch.Tensor | None      # [L_dec, H, n_tgt, n_tgt] (attention decoders)
-    stopped: str = "eos"               # eos | max_tokens | deadline | given
 
 
 class Seq2SeqModel(BaseModel):
@@ -113,12 +101,52 @@ class Seq2SeqModel(BaseModel):
         return min(LIMITS.max_target_tokens, int(LENGTH_FACTOR * n_src) + LENGTH_SLACK)
 
     # ---------------------------------------------------------------- running
-    def _encode(self, src: torch.Tensor, masks: dict, attentions: bool):
-        c, S = self.cfg, len(src)
+    def _encode(self, src: torch.Tensor, masks: dict, attentions: bool, check=None):
+        """src: ids [S] (a speech model: log-mel frames [n_mels, 2 S]) -> (memory (1, S, d), the
+        encoder's weights [L_enc, H, S, S] or None); `check()` runs before every encoder block."""
+        c = self.cfg
+        S = len(src) if src.dim() == 1 else src.shape[-1] // 2
         buf = torch.empty(c.n_enc_layers, c.n_heads, S, S) if attentions else None
-        memory, _ = self.net.encode(src[None], head_mask=masks["encoder"],
-                                    weights_out=None if buf is None else {i: buf[i:i + 1] for i in range(len(buf))})
+        memory, _ = self.net.encode(src[None], head_mask=masks["encoder"], head_fill=masks.get("encoder_fill"),
+                                    variants=masks.get("variant"), check=check,
+                                    weights_out=None if buf is None else buf[:, None])
         return memory, buf
+
+    def check_fill(self, fill, n_layers: int, what: str) -> torch.Tensor | None:
+        """A mean ablation's fill [n_layers, H, d_head] (added to the heads' outputs after the mask),
+        or ValueError."""
+        if fill is None:
+            return None
+        c = self.cfg
+        f = torch.as_tensor(fill, dtype=torch.float32)
+        if tuple(f.shape) != (n_layers, c.n_heads, c.d_head):
+            raise ValueError(f"{what} must have shape [{n_layers}, {c.n_heads}, {c.d_head}] (layers x heads x "
+                             f"head width); got {list(f.shape)}")
+        if not torch.isfinite(f).all():
+            raise ValueError(f"{what} must hold finite numbers")
+        return f
+
+    def _fills(self, head_fill, encoder_head_fill) -> dict:
+        c = self.cfg
+        return dict(cross_fill=self.check_fill(head_fill, c.n_dec_layers, "head_fill (cross-attention)"),
+                    encoder_fill=self.check_fill(encoder_head_fill, c.n_enc_layers, "encoder_head_fill"))
+
+    def head_means(self, source: torch.Tensor, target) -> dict[str, torch.Tensor]:
+        """Every head's mean output over one input's positions, every head on: {"encoder": [L_enc,
+        H, d_head], "cross": [L_dec, H, d_head]}: what mean ablation fills a switched-off head with
+        (`head_fill = (1 - mask) x mean`). `source`: the source ids (a `Translation.source_ids`; a
+        speech model: its log-mel frames); `target`: the target ids, the end included
+        (teacher-forced after the start)."""
+        target = torch.as_tensor(list(target), dtype=torch.long)
+        if target.numel() == 0:
+            raise ValueError("head means need a non-empty target")
+        enc, cross = {}, {}
+        with torch.inference_mode():
+            memory, _ = self.net.encode(torch.as_tensor(source)[None], heads_out=enc)
+            feed = torch.cat([self._start_ids(), target[None, :-1]], dim=1)
+            self.net.step(feed, self.net.start(memory), heads_out=cross, logits=False)
+        return {name: torch.stack([heads[i][0].float().mean(1) for i in range(len(heads))])   # (h, n, dh) -> (h, dh)
+                for name, heads in (("encoder", enc), ("cross", cross))}
 
     def _start_ids(self, n: int = 1) -> torch.Tensor:
         return torch.full((n, 1), self.cfg.decoder_start_id, dtype=torch.long)
@@ -129,9 +157,12 @@ class Seq2SeqModel(BaseModel):
 
     def translate(self, text, beam: int = 1, max_tokens: int | None = None, head_mask=None,
                   encoder_head_mask=None, self_head_mask=None, *, attentions: bool = True,
-                  cache: bool = True, shortlist: bool = False) -> Translation:
+                  cache: bool = True, shortlist: bool = False, head_fill=None,
+                  encoder_head_fill=None) -> Translation:
         """Translate `text` (or source token ids). `head_mask` [L_dec, H] masks cross-attention heads;
-        `encoder_head_mask` [L_enc, H] the encoder's; `cache=False` recomputes every prefix (tests).
+        `encoder_head_mask` [L_enc, H] the encoder's; `head_fill` [L_dec, H, d_head] and
+        `encoder_head_fill` [L_enc, H, d_head] are added to those heads' outputs after the mask (mean
+        ablation: (1 - mask) x `head_means`); `cache=False` recomputes every prefix (tests).
         `shortlist=True` scores only the lexical shortlist's pieces, as the native engine does
         (log-probabilities and top candidates are then over the shortlist)."""
         if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
@@ -139,6 +170,7 @@ class Seq2SeqModel(BaseModel):
         if shortlist and self.shortlist is None:
             raise ValueError(f"model {self.info.key!r} has no lexical shortlist; translate with shortlist=False")
         masks = self._masks(head_mask, encoder_head_mask, self_head_mask)
+        masks.update(self._fills(head_fill, encoder_head_fill))
         src, labels, cut = self.source(text)
         masks["shortlist"] = self._vocabulary(src) if self.shortlist is not None else None
         masks["vocab"] = masks["shortlist"] if shortlist else None
@@ -146,7 +178,7 @@ class Seq2SeqModel(BaseModel):
         heavy = beam > 1 and len(src) > LIMITS.heavy_beam_tokens
         deadline = Deadline(LIMITS.max_translate_seconds, "the translation")
         with heavy_job("a long beam search") if heavy else contextlib.nullcontext(), torch.inference_mode():
-            memory, enc_att = self._encode(src, masks, attentions)
+            memory, enc_att = self._encode(src, masks, attentions)  # short: the deadline stops decoding
             if beam == 1:
                 out = self._greedy(memory, masks, n_max, deadline, attentions, cache)
             else:
@@ -155,14 +187,16 @@ class Seq2SeqModel(BaseModel):
         return self._result(src, labels, cut, out, enc_att, n_max, beam)
 
     def trace(self, source, head_mask=None, *, target=None, encoder_head_mask=None,
-              self_head_mask=None) -> Translation:
+              self_head_mask=None, head_fill=None, encoder_head_fill=None) -> Translation:
         """The same tensors, teacher-forced on `target` (text or ids; the end of sentence is added
         when missing). Without a target, the greedy translation is traced. The common entry of
         every model: `trace(input, head_mask)`."""
         if target is None:
             target = self.translate(source, head_mask=head_mask, encoder_head_mask=encoder_head_mask,
-                                    self_head_mask=self_head_mask, attentions=False).target_ids.tolist()
+                                    self_head_mask=self_head_mask, attentions=False, head_fill=head_fill,
+                                    encoder_head_fill=encoder_head_fill).target_ids.tolist()
         masks = self._masks(head_mask, encoder_head_mask, self_head_mask)
+        masks.update(self._fills(head_fill, encoder_head_fill))
         src, labels, cut = self.source(source)
         if isinstance(target, str):
             ids = self.pieces.encode(self.check_text(target))[0]
@@ -196,153 +230,9 @@ class Seq2SeqModel(BaseModel):
         """Full-vocabulary logits, or the shortlist's (the step ran with logits=False)."""
         return out.logits if vocab is None else F.linear(out.logits, vocab[1], vocab[2])
 
-    def _greedy(self, memory, masks, n_max, deadline, attentions, cache):
-        """Greedy decoding. Per step only the product and the argmax; log-probabilities and top
-        candidates come from every step's logits at once after the loop."""
-        net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
-        state = net.start(memory)
-        layout = net.row_layout(state) if cache and self._start_ids().shape[1] == 1 else None
-        if layout is not None:
-            return self._greedy_rows(masks, n_max, deadline, attentions, layout, state.carry, memory.shape[1])
-        L, feed = len(net.decoder), self._start_ids()
-        ids, cols, logit_rows, rows, self_rows = [], [], [], [], []
-        stopped = "max_tokens"
-        for _ in range(n_max):
-            if not cache:  # recompute every position from a fresh state: the reference for the cache
-                state = net.start(memory)
-                feed = torch.cat([self._start_ids(), torch.tensor([ids], dtype=torch.long)], 1) if ids \
-                    else self._start_ids()
-            out = net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
-                           need_weights=attentions, need_self=attentions, logits=vocab is None)
-            logits = self._logits(out, vocab)[0, -1].float()
-            if vocab is None:
-                logits = self.adjust_logits(logits, len(ids))
-            logit_rows.append(logits)
-            best = logits.argmax()
-            cols.append(best)
-            nxt = int(best if vocab is None else vocab[0][best])
-            ids.append(nxt)
-            if attentions:
-                rows.append(torch.stack([out.cross[j][0, :, -1] for j in range(L)]))
-                if out.self_att:
-                    self_rows.append([out.self_att[j][0, :, -1] for j in range(L)])
-            if nxt == eos:
-                stopped = "eos"
-                break
-            if deadline.expired():
-                stopped = "deadline"
-                break
-            feed = torch.tensor([[nxt]])
-        cross = torch.stack(rows, dim=2) if rows else None            # [L, H, n_tgt, S]
-        return self._scored(ids, torch.stack(logit_rows), torch.stack(cols), vocab,
-                            cross, self_matrix(self_rows), stopped)
-
-    def _greedy_rows(self, masks, n_max, deadline, attentions, layout, carry, S):
-        """Greedy decoding of an SSRU decoder, one row a step (`Seq2Seq.step_row`), its cross-
-        attention written straight into [L, H, n_max, S]. For the whole vocabulary with a shortlist
-        at hand, each step scores only the shortlist (~250 pieces, as the native engine) and one
-        product over the whole vocabulary after the loop checks every step (the hidden rows do not
-        depend on what was scored): where the whole vocabulary's choice differs, decoding resumes
-        from that step with it (only the steps after it are checked again). The tokens are exactly
-        whole-vocabulary greedy, and the 32,000 x 256 output matrix is read once per pass rather
-        than once per token."""
-        net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
-        check = vocab is None and masks.get("shortlist") is not None
-        scored = masks["shortlist"] if check else vocab
-        buf = torch.empty(len(net.decoder), self.cfg.n_heads, n_max, S) if attentions else None
-        ids, cols, hidden, logit_rows, carries = [], [], [], [], []
-        t, done, stopped = 0, 0, "max_tokens"   # done: steps checked against the whole vocabulary
-        while True:
-            while t < n_max:
-                feed = self._start_ids() if t == 0 else torch.tensor([[ids[t - 1]]])
-                x = net.step_row(net.embed(feed, t, "dec")[0], carry, layout, head_mask=masks["cross"],
-                                 into=None if buf is None else buf[:, :, t:t + 1])     # x (1, d)
-                hidden.append(x)
-                carries.append(list(carry))  # the state after step t: where a check resumes
-                logits = (net.lm_head(x) if scored is None else F.linear(x, scored[1], scored[2]))[0].float()
-                logit_rows.append(logits)
-                best = logits.argmax()
-                cols.append(best)
-                ids.append(int(best if scored is None else scored[0][best]))
-                t += 1
-                if ids[-1] == eos or deadline.expired():
-                    stopped = "eos" if ids[-1] == eos else "deadline"
-                    break
-            if not check:
-                logits, cols = torch.stack(logit_rows), torch.stack(cols)
-                break
-            # the steps not yet checked, in one product over the whole vocabulary: (n - done, vocab)
-            new = net.lm_head(torch.cat(hidden[done:])).float()
-            full = new if done == 0 else torch.cat([full[:done], new])
-            picks = full.argmax(-1).tolist()
-            k = next((i for i in range(done, len(ids)) if picks[i] != ids[i]), None)
-            if k is None:
-                logits, cols = full, torch.tensor(picks)
-                break
-            # step k's whole-vocabulary choice is outside the shortlist: take it, go on from there
-            ids, hidden, carries = ids[:k] + [picks[k]], hidden[:k + 1], carries[:k + 1]
-            carry[:], t, done = carries[k], k + 1, k + 1
-            stopped = "eos" if ids[-1] == eos else "max_tokens"
-            if ids[-1] == eos or t >= n_max:
-                logits, cols = full[:t], torch.tensor(picks[:t])
-                break
-        cross = None if buf is None else buf[:, :, :len(ids)].contiguous()   # [L, H, n_tgt, S]
-        return self._scored(ids, logits, cols, vocab, cross, None, stopped)
-
-    def _scored(self, ids: list[int], logits, cols, vocab, cross, self_att, stopped: str) -> Decoded:
-        """Each step's logits (n, vocab or shortlist) and chosen columns -> the decoding, scored."""
-        logp = torch.log_softmax(logits, dim=-1)
-        top_v, top_i = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
-        return Decoded(torch.tensor(ids), logp.gather(1, cols[:, None])[:, 0], top_v,
-                       top_i if vocab is None else vocab[0][top_i], cross, self_att, stopped)
-
-    def _beam(self, memory, masks, beam: int, n_max: int, deadline) -> tuple[list[int], str]:
-        """Marian's beam search: the beam shrinks by one for every hypothesis that ends; the best
-        finished hypothesis by score / length^LENGTH_NORMALISE wins."""
-        net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
-        V = self.cfg.vocab_size if vocab is None else len(vocab[0])
-        state: DecoderState = net.start(memory)
-        hyps, scores, feed = [[]], torch.zeros(1), self._start_ids()
-        finished, live, stopped = [], beam, "eos"
-        for t in range(n_max):
-            logits = self._logits(net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
-                                           logits=vocab is None), vocab)
-            total = (scores[:, None] + torch.log_softmax(logits[:, -1].float(), dim=-1)).flatten()  # (B*V,)
-            best = total.topk(live)
-            last = t == n_max - 1 or deadline.expired()
-            keep = []
-            for score, flat in zip(best.values.tolist(), best.indices.tolist()):
-                row, tok = divmod(flat, V)
-                tok = tok if vocab is None else int(vocab[0][tok])
-                seq = hyps[row] + [tok]
-                if tok == eos or last:
-                    finished.append((score / len(seq) ** LENGTH_NORMALISE, seq))
-                    if tok != eos:
-                        stopped = "deadline" if t < n_max - 1 else "max_tokens"
-                else:
-                    keep.append((row, tok, score, seq))
-            live = beam - len(finished)
-            if live <= 0 or not keep:
-                break
-            keep = keep[:live]
-            state = state.select(torch.tensor([k[0] for k in keep]))
-            hyps = [k[3] for k in keep]
-            scores = torch.tensor([k[2] for k in keep])
-            feed = torch.tensor([[k[1]] for k in keep])
-        return max(finished, key=lambda f: f[0])[1], stopped
-
-    def _teacher(self, memory, masks, ids: list[int], attentions: bool):
-        """Feed [start] + ids[:-1] at once; score ids (stopped: "given")."""
-        target = torch.tensor(ids, dtype=torch.long)
-        feed = torch.cat([self._start_ids(), target[None, :-1]], dim=1)
-        vocab = masks.get("vocab")
-        out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"], self_head_mask=masks["self"],
-                            need_weights=attentions, need_self=attentions, logits=vocab is None)
-        logp = torch.log_softmax(self._logits(out, vocab)[0].float(), dim=-1)   # (n_tgt, vocab or shortlist)
-        tops = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
-        # a beam over the shortlist only ever picks shortlisted pieces: their column in it
-        column = target if vocab is None else torch.searchsorted(vocab[0], target)
-        top_ids = tops.indices if vocab is None else vocab[0][tops.indices]
-        cross = torch.cat([out.cross[j] for j in range(len(self.net.decoder))]) if attentions else None
-        self_att = torch.cat([out.self_att[j] for j in range(len(self.net.decoder))]) if out.self_att else None
-        return Decoded(target, logp.gather(1, column[:, None])[:, 0], tops.values, top_ids, cross, self_att, "given")
+    # the decoding loops (attnviz.core.decoding), as methods: a speech model's hooks apply
+    _greedy = decoding.greedy
+    _greedy_rows = decoding.greedy_rows
+    _scored = decoding.scored
+    _beam = decoding.beam
+    _teacher = decoding.teacher

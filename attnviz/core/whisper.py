@@ -4,10 +4,11 @@ Only what differs from the translation models lives here: the audio front-end (t
 convolutions with GELU, the second halving time: 3,000 log-mel frames of 10 ms -> 1,500 encoder
 frames of 20 ms), sinusoid positions on the audio frames (a table: checkpoints store them rounded), a learned position table of 448 rows on
 the text side, and the token prompt. Everything else is `Seq2Seq` with `pre_norm=True`: core
-pre-norm `Block`s for the encoder, decoder layers with causal self-attention (K/V cached in the
-per-call `DecoderState`) and cross-attention over the audio frames, a final LayerNorm on each side,
-the output projection tied to the token embeddings. Every attention goes through
-`attnviz.core.attention.attend`.
+pre-norm `Block`s for the encoder, `CrossBlock`s with causal self-attention (K/V cached in the
+per-call `DecoderState`) and cross-attention over the audio frames for the decoder, both run by the
+one block runner (`attnviz.core.blocks.iter_layers`: head masks, mean ablation, variants and the
+per-block check included), a final LayerNorm on each side, the output projection tied to the token
+embeddings.
 
 Cross-attention row t, [n_frames], says which 20 ms audio frames the decoder read while choosing
 text token t.

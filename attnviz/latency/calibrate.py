@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from attnviz.base.limits import LIMITS
 from attnviz.base.timing import CLOCKS, measure
 from attnviz.core.attention import parse_variant
-from attnviz.core.transformer import Linear
+from attnviz.core.blocks import Linear
 from attnviz.latency.child import CALIBRATE_TIMEOUT_S, run_child, tail
 from attnviz.latency.costmodel import F32, DeviceProfile, model_ops, op_counts, op_seconds
 from attnviz.latency.results import MAX_MS, MIN_MS, parse_synthetic

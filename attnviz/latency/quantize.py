@@ -22,7 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnviz.base.timing import measure
-from attnviz.core.transformer import ACTIVATIONS, sentence_embedding
+from attnviz.core.blocks import ACTIVATIONS
+from attnviz.core.transformer import sentence_embedding
 from attnviz.weights.catalogue import load_model
 
 MODES = ("int8", "bf16")

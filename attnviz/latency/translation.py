@@ -16,7 +16,7 @@ import torch
 from attnviz.base.exports import csv_text
 from attnviz.base.timing import measure
 from attnviz.core.attention import SOFTMAX
-from attnviz.core.seq2seq import DecoderState, Seq2SeqConfig
+from attnviz.core.seq2seq import Seq2SeqConfig
 from attnviz.core.translate import Seq2SeqModel
 from attnviz.latency.costmodel import F32, PROFILES, Op, gemm_op, layer_ops, op_seconds
 from attnviz.latency.sweep import parse_int_list
@@ -97,10 +97,10 @@ def time_encode_decode(net, src: torch.Tensor, feed: torch.Tensor, repeats: int 
         memory, _ = net.encode(src)
         # encoding includes the cross K/V (once per sentence), as `encode_ops` counts it
         encode = measure(lambda: net.start(net.encode(src, need_weights=True)[0]), repeats, warmup)
-        kv = net.start(memory).memory_kv
+        begun = net.start(memory)
 
         def decode():
-            state = DecoderState(kv, None, [None] * len(kv))
+            state = begun.fresh()
             for ids in feed:
                 net.step(ids, state, need_weights=True)
         steps = measure(decode, repeats, warmup)

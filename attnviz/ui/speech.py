@@ -12,6 +12,7 @@ import numpy as np
 import streamlit as st
 import torch
 
+from attnviz.analysis import ablation
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS, sizes
 from attnviz.figures import speech as sfig
@@ -71,21 +72,27 @@ def inputs():
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _transcribed(model_key: str, digest: str, mask_key: bytes, _model, _data: bytes, _mask):
-    # cache_resource: one transcript per audio and mask, shared, never changed by a view
+def _transcribed(model_key: str, digest: str, mask_key: bytes, _model, _data: bytes, _mask, _fill=None):
+    # cache_resource: one transcript per audio, mask and fill (mask_key holds both), shared, never changed
     c = _model.cfg  # priced before it runs: every decoder position's cross-attention over the 30 s window
     memory.plan_capture("this transcription", layers=c.n_dec_layers, heads=c.n_heads, n=c.n_audio_ctx,
                         rows=c.n_text_ctx, shorten="the audio")
-    return _model.transcribe(_data, head_mask=_mask, cut=True)
+    return _model.transcribe(_data, head_mask=_mask, head_fill=_fill, cut=True)
 
 
-def transcript(model, data: bytes, mask=None):
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _means(model_key: str, digest: str, _model, _tr):
+    # the cross heads' mean outputs over this clip and its transcript (mean ablation's fill)
+    return _model.head_means(_tr.features, _tr.ids)["cross"]
+
+
+def transcript(model, data: bytes, mask=None, fill=None):
     """The (cached) transcript, or None after showing the error."""
     digest = hashlib.sha256(data).hexdigest()
-    mask_key = b"" if mask is None else mask.numpy().tobytes()
+    mask_key = (b"" if mask is None else mask.numpy().tobytes()) + (b"" if fill is None else fill.numpy().tobytes())
     try:
         with st.spinner("Transcribing…"):
-            return _transcribed(model.info.key, digest, mask_key, model, data, mask)
+            return _transcribed(model.info.key, digest, mask_key, model, data, mask, fill)
     except ValueError as err:
         st.error(plain(str(err)))
         return None
@@ -181,14 +188,22 @@ def heads_off(model, data: bytes, tr):
     marked = torch.zeros(c.n_dec_layers, c.n_heads)
     for l, h in model.alignment_heads:
         marked[l, h] = 1.0
-    st.caption("Cross-attention heads of the decoder (their output is zeroed before the output "
-               "projection). Coloured: the alignment heads (1) and the rest (0).")
+    st.caption("Cross-attention heads of the decoder. Coloured: the alignment heads (1) and the rest (0).")
+    mode = st.radio("Heads switched off are removed by", ablation.MODES, key=key("ablation"), horizontal=True,
+                    format_func=lambda m: f"{m} ablation",
+                    help="zero: the head's output is zeroed before the output projection; mean: it is "
+                         "replaced by its mean over this clip's transcript with every head on.")
 
     def effect(keep):
         if bool(keep.all()):
             st.info("Switch heads off in the grid, then Apply: the clip is transcribed again without them.")
             return None
-        masked = transcript(model, data, keep)
+        try:
+            means = None if mode == "zero" else _means(model.info.key, hashlib.sha256(data).hexdigest(), model, tr)
+        except ValueError as err:
+            st.error(plain(str(err)))
+            return None
+        masked = transcript(model, data, keep, None if means is None else ablation.fill(keep, mode, means))
         if masked is None:
             return None
 

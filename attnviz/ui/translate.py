@@ -10,7 +10,7 @@ import numpy as np
 import streamlit as st
 import torch
 
-from attnviz.analysis import alignment
+from attnviz.analysis import ablation, alignment
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention as viz
@@ -75,21 +75,27 @@ def inputs():
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
-def _translated(model_key: str, text: str, beam: int, mask_key: bytes, _model, _mask):
-    # cache_resource: one result per input and mask, shared, never changed by a view
+def _translated(model_key: str, text: str, beam: int, mask_key: bytes, _model, _mask, _fill=None):
+    # cache_resource: one result per input, mask and fill (mask_key holds both), shared, never changed by a view
     n_src, c = len(_model.source(text)[0]), _model.cfg  # priced before it runs: every layer at the longer side
     memory.plan_capture("this translation", layers=c.n_enc_layers + 2 * c.n_dec_layers, heads=c.n_heads,
                         n=max(n_src, _model.target_limit(n_src)), shorten="the text")
-    return _model.translate(text, beam=beam, head_mask=_mask)
+    return _model.translate(text, beam=beam, head_mask=_mask, head_fill=_fill)
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
-def _traced(model_key: str, text: str, target: tuple, mask_key: bytes, _model, _mask):
-    return _model.trace(text, target=list(target), head_mask=_mask)
+def _traced(model_key: str, text: str, target: tuple, mask_key: bytes, _model, _mask, _fill=None):
+    return _model.trace(text, target=list(target), head_mask=_mask, head_fill=_fill)
 
 
-def _mask_key(mask) -> bytes:
-    return b"" if mask is None else mask.numpy().tobytes()
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _means(model_key: str, text: str, beam: int, _model, _tr):
+    # the heads' mean outputs over this sentence and its translation (mean ablation's fill)
+    return _model.head_means(_tr.source_ids, _tr.target_ids)["cross"]
+
+
+def _mask_key(mask, fill=None) -> bytes:
+    return (b"" if mask is None else mask.numpy().tobytes()) + (b"" if fill is None else fill.numpy().tobytes())
 
 
 def translation(model, text: str, beam: int, mask=None):
@@ -226,19 +232,26 @@ class CrossShape:
 def heads_off(model, text: str, beam: int, tr):
     """Switch cross-attention heads off with the shared head editor; show what changes."""
     c = model.cfg
-    st.caption("Switch cross-attention heads off (their output is zeroed before the output projection; "
-               "a layer box switches the whole layer), then Apply: the sentence is translated again.")
+    st.caption("Switch cross-attention heads off (a layer box switches the whole layer), then Apply: the "
+               "sentence is translated again.")
+    mode = st.radio("Heads switched off are removed by", ablation.MODES, key=key("ablation"), horizontal=True,
+                    format_func=lambda m: f"{m} ablation",
+                    help="zero: the head's output is zeroed before the output projection; mean: it is "
+                         "replaced by its mean over this sentence's translation with every head on, which "
+                         "keeps the head's average signal and removes only what depends on the position.")
     head_editor(CrossShape(c.n_dec_layers, c.n_heads), PAGE, model_key=model.info.key,
-                effect=lambda keep: masked_effect(model, text, beam, tr, keep))
+                effect=lambda keep: masked_effect(model, text, beam, tr, keep, mode))
 
 
-def masked_effect(model, text: str, beam: int, tr, keep: torch.Tensor):
+def masked_effect(model, text: str, beam: int, tr, keep: torch.Tensor, mode: str = "zero"):
     """The editor's effect: the masked translation's work first, then a callable that draws it."""
     if bool(keep.all()):
         return lambda: st.info("Every head is on: switch some off in the grid (e.g. the layer 1 box), then Apply.")
     try:
-        masked = _translated(model.info.key, text, beam, _mask_key(keep), model, keep)
-        same_text = _traced(model.info.key, text, tuple(tr.target_ids.tolist()), _mask_key(keep), model, keep)
+        fill = None if mode == "zero" else ablation.fill(keep, mode, _means(model.info.key, text, beam, model, tr))
+        mk = _mask_key(keep, fill)
+        masked = _translated(model.info.key, text, beam, mk, model, keep, fill)
+        same_text = _traced(model.info.key, text, tuple(tr.target_ids.tolist()), mk, model, keep, fill)
     except ValueError as err:
         message = plain(str(err))
         return lambda: st.error(message)

@@ -1,0 +1,156 @@
+"""The encoder-decoder's decoder block kind, `CrossBlock`, and its SSRU.
+
+A `CrossBlock` takes the arguments every block of `attnviz.core.blocks.iter_layers` takes, so the
+decoders of the translators and Whisper run through the same loop as every other model; its fused
+one-row `step_row` is that loop's `row=True` path (greedy decoding of the Bergamot students).
+
+Cross-attention: queries from the decoder's current position, keys and values from the encoder's
+output, so row t of a cross-attention map [T, S] says which source tokens the decoder read while
+choosing target token t.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attnviz.core.attention import SOFTMAX, Variant
+from attnviz.core.blocks import MLP, Attention, Linear, make_norm
+from attnviz.core.config import Config
+
+
+class SSRU(nn.Module):
+    """Simpler Simple Recurrent Unit (Kim et al. 2019), the Bergamot decoder's replacement for
+    self-attention: f_t = sigmoid(x_t W_f + b_f), c_t = f_t * c_{t-1} + (1 - f_t) * (x_t W),
+    out_t = relu(c_t). Only c carries the past (`past["c"]`): a step costs the same at every position."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.W = Linear(d, d, bias=False)
+        self.Wf = Linear(d, d)
+        self._fused, self._fused_version = None, None
+
+    def plain(self) -> bool:  # plain linear layers: weights fused (a quantized copy's layers are called)
+        return isinstance(self.W, nn.Linear) and isinstance(self.Wf, nn.Linear)
+
+    def fused(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[W; W_f] (2d, d) and [0; b_f]: both products in one matmul (one dispatch a step).
+        Rebuilt when either weight changes (training, a loaded state)."""
+        version = (self.W.weight._version, self.Wf.weight._version, self.Wf.bias._version,
+                   self.W.weight.data_ptr(), self.Wf.weight.data_ptr())
+        if self._fused_version != version:
+            w = torch.cat([self.W.weight, self.Wf.weight]).detach()
+            self._fused = (w, torch.cat([torch.zeros_like(self.Wf.bias), self.Wf.bias]).detach())
+            self._fused_version = version
+        return self._fused
+
+    def forward(self, x, past: dict):
+        """x (B, T, d) -> out (B, T, d); past["c"] (B, d), absent at the start (zeros), is advanced."""
+        if torch.is_grad_enabled() or not self.plain():  # training (gradients reach W and W_f) or replaced layers
+            wx, f = self.W(x), torch.sigmoid(self.Wf(x))
+        else:
+            wx, f = F.linear(x, *self.fused()).chunk(2, dim=-1)   # (B, T, d) each
+            f = torch.sigmoid(f)
+        z = (1 - f) * wx                           # (B, T, d): the input's share of each step
+        c = past.get("c")
+        if x.shape[1] == 1:                        # one decoding step: no loop
+            c = z[:, 0] if c is None else torch.addcmul(z[:, 0], f[:, 0], c)
+            past["c"] = c
+            return torch.relu(c)[:, None]
+        out = torch.empty_like(z)
+        for t in range(x.shape[1]):
+            c = z[:, t] if c is None else torch.addcmul(z[:, t], f[:, t], c)
+            out[:, t] = c
+        past["c"] = c
+        return torch.relu(out)
+
+
+class CrossBlock(nn.Module):
+    """The encoder-decoder's decoder block: the target positions' own mixing (`mixer` "attention":
+    causal self-attention, its K/V in the per-call cache; "ssru": an SSRU, its cell in the cache),
+    then cross-attention over the encoder's output (its K/V computed once per decoding, in the cache
+    as "memory"), then the MLP. Post-norm (residual, then LayerNorm) or pre-norm (Whisper). The head
+    mask, fill, variant and captured weights are the cross-attention's; `self_head_mask` and
+    `self_weights_out` the self-attention's."""
+
+    def __init__(self, cfg: Config, mixer: str):
+        super().__init__()
+        self.pre_norm, self.relu = cfg.pre_norm, cfg.activation == "relu"
+        # built in this order (cross-attention and MLP first): a seeded model starts from the same
+        # random weights as before the decoders shared the block runner
+        self.cross = Attention(cfg, fused=False)
+        self.norm_cross = make_norm(cfg)
+        self.mlp = MLP(cfg)
+        self.norm_ffn = make_norm(cfg)
+        if mixer == "ssru":
+            self.ssru = SSRU(cfg.d_model)
+            self.norm_ssru = make_norm(cfg)
+        else:
+            self.self_attn = Attention(cfg, fused=False)
+            self.norm_self = make_norm(cfg)
+
+    @property
+    def has_ssru(self) -> bool:
+        return hasattr(self, "ssru")
+
+    def forward(self, x, *, past: dict, allowed=None, head_mask=None, need_weights=False,
+                variant: Variant = SOFTMAX, heads_out=None, head_fill=None, self_head_mask=None,
+                self_weights_out=None, rope=None, causal=False):
+        if self.has_ssru:  # the Bergamot students: post-norm
+            x = self.norm_ssru(x + self.ssru(x, past))
+        else:
+            h = self.norm_self(x) if self.pre_norm else x
+            a, s_att = self.self_attn(h, causal=True, head_mask=self_head_mask, past=past,
+                                      need_weights=self_weights_out is not None)
+            if self_weights_out is not None:
+                self_weights_out.append(s_att)
+            x = x + a if self.pre_norm else self.norm_self(x + a)
+        cross = dict(kv=past["memory"], allowed=allowed, head_mask=head_mask, need_weights=need_weights,
+                     variant=variant, heads_out=heads_out, head_fill=head_fill)
+        if self.pre_norm:  # Whisper: x + sublayer(norm(x))
+            a, att = self.cross(self.norm_cross(x), **cross)
+            x = x + a
+            return x + self.mlp(self.norm_ffn(x)), att
+        a, att = self.cross(x, **cross)
+        x = self.norm_cross(x + a)
+        return self.norm_ffn(x + self.mlp(x)), att
+
+    def row_ready(self) -> bool:
+        """Whether `step_row` applies: a post-norm ReLU SSRU block of plain linear layers (it reads
+        every weight directly, so a quantized copy's replaced layers take `forward`)."""
+        return (self.has_ssru and not self.pre_norm and self.relu and
+                not any(hasattr(m, "in_features") and not isinstance(m, nn.Linear) for m in self.modules()))
+
+    def lay_out(self, past: dict):
+        """Lays this block's encoder K/V out once for `step_row`: K^T (h, dh, S), V (h, S, dh)."""
+        k, v = past["memory"]
+        past["kT"], past["vr"] = k[0].transpose(-2, -1).contiguous(), v[0].contiguous()
+
+    def step_row(self, x, past: dict, into=None, head_mask=None, head_fill=None):
+        """`forward` for one row without module dispatch (greedy decoding's fast path): x (1, d),
+        past["c"] the SSRU cell (advanced), past["kT"] / past["vr"] the encoder K/V (`lay_out`); the
+        cross-attention weights (h, 1, S) are written into `into` when given. -> x (1, d)."""
+        lin, norm = F.linear, F.layer_norm
+        wx, f = lin(x, *self.ssru.fused()).chunk(2, dim=-1)                   # (1, d) each
+        f = torch.sigmoid(f)
+        z = (1 - f) * wx
+        c = past.get("c")
+        c = past["c"] = z if c is None else torch.addcmul(z, f, c)
+        d, eps, cross = x.shape[-1], self.norm_ssru.eps, self.cross
+        x = norm(x + torch.relu(c), (d,), self.norm_ssru.weight, self.norm_ssru.bias, eps)
+        q = lin(x, cross.q.weight, cross.q.bias).view(cross.n_heads, 1, cross.d_head)   # (h, 1, dh)
+        att = torch.matmul(q, past["kT"]).mul_(1.0 / math.sqrt(cross.d_head))          # (h, 1, S)
+        att = torch.softmax(att, dim=-1) if into is None else torch.softmax(att, dim=-1, out=into)
+        y = torch.matmul(att, past["vr"])                                              # (h, 1, dh)
+        if head_mask is not None:
+            y = y * head_mask.to(y.dtype)[:, None, None]
+        if head_fill is not None:
+            y = y + head_fill.to(y.dtype)[:, None, :]
+        x = norm(x + lin(y.view(1, d), cross.out.weight, cross.out.bias), (d,),
+                 self.norm_cross.weight, self.norm_cross.bias, eps)
+        h = lin(torch.relu(lin(x, self.mlp.fc_in.weight, self.mlp.fc_in.bias)), self.mlp.fc_out.weight,
+                self.mlp.fc_out.bias)
+        return norm(x + h, (d,), self.norm_ffn.weight, self.norm_ffn.bias, eps)
+

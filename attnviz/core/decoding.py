@@ -1,0 +1,189 @@
+"""The encoder-decoders' decoding loops, methods of `attnviz.core.translate.Seq2SeqModel` (`self`
+is the model; a speech model's hooks, `_start_ids` and `adjust_logits`, apply): greedy (the block
+runner's step, or its fused one-row path with the lexical shortlist's check), Marian's beam search,
+and teacher forcing. Each step goes through `Seq2Seq.step` / `step_row`, i.e. the one forward loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attnviz.core.seq2seq import DecoderState
+from attnviz.core.translation import self_matrix
+
+TOP_K = 10                  # next-token candidates kept per step (the page's step-through)
+LENGTH_NORMALISE = 1.0      # beam: score / length^1.0, as Marian's --normalize 1.0 (eos counted)
+
+
+@dataclass
+class Decoded:
+    """One decoding's target and what was read choosing it (greedy, beam or teacher-forced)."""
+    ids: torch.Tensor                  # [n_tgt] the target, the end of sentence included
+    logprobs: torch.Tensor             # [n_tgt] log-probability of each token when chosen
+    top_logprobs: torch.Tensor         # [n_tgt, TOP_K] the best candidates at each step
+    top_ids: torch.Tensor              # [n_tgt, TOP_K]
+    cross: torch.Tensor | None         # [L_dec, H, n_tgt, n_src]
+    self_att: torch.Tensor | None      # [L_dec, H, n_tgt, n_tgt] (attention decoders)
+    stopped: str = "eos"               # eos | max_tokens | deadline | given
+
+
+def greedy(self, memory, masks, n_max, deadline, attentions, cache):
+    """Greedy decoding. Per step only the product and the argmax; log-probabilities and top
+    candidates come from every step's logits at once after the loop."""
+    net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
+    state = net.start(memory)
+    if cache and self._start_ids().shape[1] == 1 and net.row_layout(state) is not None:
+        return self._greedy_rows(masks, n_max, deadline, attentions, state, memory.shape[1])
+    L, feed = len(net.decoder), self._start_ids()
+    ids, cols, logit_rows, rows, self_rows = [], [], [], [], []
+    stopped = "max_tokens"
+    for _ in range(n_max):
+        if not cache:  # recompute every position from a fresh state: the reference for the cache
+            state = net.start(memory)
+            feed = torch.cat([self._start_ids(), torch.tensor([ids], dtype=torch.long)], 1) if ids \
+                else self._start_ids()
+        out = net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
+                       head_fill=masks.get("cross_fill"), need_weights=attentions, need_self=attentions,
+                       logits=vocab is None)
+        logits = self._logits(out, vocab)[0, -1].float()
+        if vocab is None:
+            logits = self.adjust_logits(logits, len(ids))
+        logit_rows.append(logits)
+        best = logits.argmax()
+        cols.append(best)
+        nxt = int(best if vocab is None else vocab[0][best])
+        ids.append(nxt)
+        if attentions:
+            rows.append(torch.stack([out.cross[j][0, :, -1] for j in range(L)]))
+            if out.self_att:
+                self_rows.append([out.self_att[j][0, :, -1] for j in range(L)])
+        if nxt == eos:
+            stopped = "eos"
+            break
+        if deadline.expired():
+            stopped = "deadline"
+            break
+        feed = torch.tensor([[nxt]])
+    cross = torch.stack(rows, dim=2) if rows else None            # [L, H, n_tgt, S]
+    return self._scored(ids, torch.stack(logit_rows), torch.stack(cols), vocab,
+                        cross, self_matrix(self_rows), stopped)
+
+
+def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
+    """Greedy decoding of an SSRU decoder, one row a step (`Seq2Seq.step_row`), its cross-
+    attention written straight into [L, H, n_max, S]. For the whole vocabulary with a shortlist
+    at hand, each step scores only the shortlist (~250 pieces, as the native engine) and one
+    product over the whole vocabulary after the loop checks every step (the hidden rows do not
+    depend on what was scored): where the whole vocabulary's choice differs, decoding resumes
+    from that step with it (only the steps after it are checked again). The tokens are exactly
+    whole-vocabulary greedy, and the 32,000 x 256 output matrix is read once per pass rather
+    than once per token."""
+    net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
+    check = vocab is None and masks.get("shortlist") is not None
+    scored = masks["shortlist"] if check else vocab
+    buf = torch.empty(len(net.decoder), self.cfg.n_heads, n_max, S) if attentions else None
+    ids, cols, hidden, logit_rows, carries = [], [], [], [], []
+    t, done, stopped = 0, 0, "max_tokens"   # done: steps checked against the whole vocabulary
+    while True:
+        while t < n_max:
+            feed = self._start_ids() if t == 0 else torch.tensor([[ids[t - 1]]])
+            x = net.step_row(net.embed(feed, t, "dec")[0], state, head_mask=masks["cross"],
+                             head_fill=masks.get("cross_fill"),
+                             into=None if buf is None else buf[:, :, t:t + 1])     # x (1, d)
+            hidden.append(x)
+            carries.append([layer["c"] for layer in state.layers])  # the state after step t: where a check resumes
+            logits = (net.lm_head(x) if scored is None else F.linear(x, scored[1], scored[2]))[0].float()
+            logit_rows.append(logits)
+            best = logits.argmax()
+            cols.append(best)
+            ids.append(int(best if scored is None else scored[0][best]))
+            t += 1
+            if ids[-1] == eos or deadline.expired():
+                stopped = "eos" if ids[-1] == eos else "deadline"
+                break
+        if not check:
+            logits, cols = torch.stack(logit_rows), torch.stack(cols)
+            break
+        # the steps not yet checked, in one product over the whole vocabulary: (n - done, vocab)
+        new = net.lm_head(torch.cat(hidden[done:])).float()
+        full = new if done == 0 else torch.cat([full[:done], new])
+        picks = full.argmax(-1).tolist()
+        k = next((i for i in range(done, len(ids)) if picks[i] != ids[i]), None)
+        if k is None:
+            logits, cols = full, torch.tensor(picks)
+            break
+        # step k's whole-vocabulary choice is outside the shortlist: take it, go on from there
+        ids, hidden, carries = ids[:k] + [picks[k]], hidden[:k + 1], carries[:k + 1]
+        for layer, c in zip(state.layers, carries[k]):
+            layer["c"] = c
+        t, done = k + 1, k + 1
+        stopped = "eos" if ids[-1] == eos else "max_tokens"
+        if ids[-1] == eos or t >= n_max:
+            logits, cols = full[:t], torch.tensor(picks[:t])
+            break
+    cross = None if buf is None else buf[:, :, :len(ids)].contiguous()   # [L, H, n_tgt, S]
+    return self._scored(ids, logits, cols, vocab, cross, None, stopped)
+
+
+def scored(self, ids: list[int], logits, cols, vocab, cross, self_att, stopped: str) -> Decoded:
+    """Each step's logits (n, vocab or shortlist) and chosen columns -> the decoding, scored."""
+    logp = torch.log_softmax(logits, dim=-1)
+    top_v, top_i = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
+    return Decoded(torch.tensor(ids), logp.gather(1, cols[:, None])[:, 0], top_v,
+                   top_i if vocab is None else vocab[0][top_i], cross, self_att, stopped)
+
+
+def beam(self, memory, masks, beam: int, n_max: int, deadline) -> tuple[list[int], str]:
+    """Marian's beam search: the beam shrinks by one for every hypothesis that ends; the best
+    finished hypothesis by score / length^LENGTH_NORMALISE wins."""
+    net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
+    V = self.cfg.vocab_size if vocab is None else len(vocab[0])
+    state: DecoderState = net.start(memory)
+    hyps, scores, feed = [[]], torch.zeros(1), self._start_ids()
+    finished, live, stopped = [], beam, "eos"
+    for t in range(n_max):
+        logits = self._logits(net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
+                                       head_fill=masks.get("cross_fill"), logits=vocab is None), vocab)
+        total = (scores[:, None] + torch.log_softmax(logits[:, -1].float(), dim=-1)).flatten()  # (B*V,)
+        best = total.topk(live)
+        last = t == n_max - 1 or deadline.expired()
+        keep = []
+        for score, flat in zip(best.values.tolist(), best.indices.tolist()):
+            row, tok = divmod(flat, V)
+            tok = tok if vocab is None else int(vocab[0][tok])
+            seq = hyps[row] + [tok]
+            if tok == eos or last:
+                finished.append((score / len(seq) ** LENGTH_NORMALISE, seq))
+                if tok != eos:
+                    stopped = "deadline" if t < n_max - 1 else "max_tokens"
+            else:
+                keep.append((row, tok, score, seq))
+        live = beam - len(finished)
+        if live <= 0 or not keep:
+            break
+        keep = keep[:live]
+        state = state.select(torch.tensor([k[0] for k in keep]))
+        hyps = [k[3] for k in keep]
+        scores = torch.tensor([k[2] for k in keep])
+        feed = torch.tensor([[k[1]] for k in keep])
+    return max(finished, key=lambda f: f[0])[1], stopped
+
+
+def teacher(self, memory, masks, ids: list[int], attentions: bool) -> Decoded:
+    """Feed [start] + ids[:-1] at once; score ids (stopped: "given")."""
+    target = torch.tensor(ids, dtype=torch.long)
+    feed = torch.cat([self._start_ids(), target[None, :-1]], dim=1)
+    vocab = masks.get("vocab")
+    out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"], self_head_mask=masks["self"],
+                        head_fill=masks.get("cross_fill"), need_weights=attentions, need_self=attentions,
+                        logits=vocab is None)
+    logp = torch.log_softmax(self._logits(out, vocab)[0].float(), dim=-1)   # (n_tgt, vocab or shortlist)
+    tops = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
+    # a beam over the shortlist only ever picks shortlisted pieces: their column in it
+    column = target if vocab is None else torch.searchsorted(vocab[0], target)
+    top_ids = tops.indices if vocab is None else vocab[0][tops.indices]
+    cross = torch.cat([out.cross[j] for j in range(len(self.net.decoder))]) if attentions else None
+    self_att = torch.cat([out.self_att[j] for j in range(len(self.net.decoder))]) if out.self_att else None
+    return Decoded(target, logp.gather(1, column[:, None])[:, 0], tops.values, top_ids, cross, self_att, "given")
