@@ -81,7 +81,7 @@ def test_translator_mean_ablation_same_on_the_fused_row_path_and_the_step_path(t
     torch.testing.assert_close(rows.logprobs, steps.logprobs, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(rows.cross_attentions, steps.cross_attentions, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(rows.logprobs[:3], zero.logprobs[:3])   # the fill reaches the output
-    traced = translator.trace(SENTENCE, rows.target_ids.tolist(), head_mask=mask, head_fill=fill)
+    traced = translator.trace(SENTENCE, target=rows.target_ids.tolist(), head_mask=mask, head_fill=fill)
     torch.testing.assert_close(traced.logprobs, rows.logprobs, atol=1e-4, rtol=1e-4)
 
 
@@ -92,7 +92,7 @@ def test_translator_encoder_mean_ablation_changes_the_encoder_only_where_asked(t
     keep = torch.ones(c.n_enc_layers, c.n_heads)
     keep[c.n_enc_layers - 1] = 0                                     # the last encoder layer's heads
     fill = (1 - keep)[..., None] * means
-    out = translator.trace(SENTENCE, tr.target_ids.tolist(), encoder_head_mask=keep, encoder_head_fill=fill)
+    out = translator.trace(SENTENCE, target=tr.target_ids.tolist(), encoder_head_mask=keep, encoder_head_fill=fill)
     # the layers before the ablated one see the same input: their attention is unchanged
     torch.testing.assert_close(out.encoder_attentions[:-1], tr.encoder_attentions[:-1], atol=1e-6, rtol=0)
     assert not torch.allclose(out.logprobs, tr.logprobs)
