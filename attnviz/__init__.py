@@ -10,9 +10,9 @@ a `Seq2SeqModel` (translation; `translate` / `trace` -> `Translation`) or a `Spe
 """
 from attnviz.core.base_model import BaseModel, ModelInfo
 from attnviz.core.model import Model, Trace
-from attnviz.core.speech import SpeechModel, Transcript
-from attnviz.core.translate import Seq2SeqModel
-from attnviz.core.translation import Translation
+from attnviz.core.speech_model import SpeechModel, Transcript
+from attnviz.core.translator import Seq2SeqModel
+from attnviz.core.translation_parts import Translation
 from attnviz.uploads.images import open_image
 from attnviz.weights.catalogue import DEFAULT_MODEL, from_hf, list_models, load_model
 

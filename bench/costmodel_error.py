@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from attnviz.core.attention import parse_variant  # noqa: E402
 from attnviz.latency import calibrate, measure  # noqa: E402
-from attnviz.latency import costmodel as cm  # noqa: E402
+from attnviz.latency import costmodel  # noqa: E402
 
 NS = [16, 32, 64, 128, 256, 512, 1024]
 MODELS = {"minilm": 512, "synthetic:layers=6,d=384,heads=12,ff=1536,vocab=30522,positions=1024": 1024,
@@ -64,11 +64,11 @@ def main() -> int:
             model = models[key]
             # short points get more runs (about MIN_POINT_MS of runs each round): an 8-ms pass on this shared
             # VM varies by 15-25% from run to run, so 3 runs would leave the smallest lengths to chance
-            expect = cm.predict(model.cfg, n, profile, v).total_ms
+            expect = costmodel.predict(model.cfg, n, profile, v).total_ms
             repeats = min(MAX_REPEATS, max(args.repeats, round(MIN_POINT_MS / max(expect, 1e-3))))
             point = measure.measure_point(model, n, v, warmup=1, repeats=repeats, clock=args.clock, memory=False)
             measured[(key, v, n)].append(point.timing.median_ms)
-            predicted[(key, v, n)].append(cm.predict(model.cfg, point.tokens, profile, v).total_ms)
+            predicted[(key, v, n)].append(costmodel.predict(model.cfg, point.tokens, profile, v).total_ms)
     worst = {}
     for key in models:
         name = "minilm-shape (random)" if key.startswith("synthetic:") else key

@@ -1,7 +1,7 @@
 """Images page latency: one 224-px DINOv2 trace plus all 72 per-head CLS->patch overlays; and a
 head-editor Apply on the Images page until the new picture is painted, in a real browser.
 
-Target (issue 5): <= 1.5 s warm. Target (issue 16): Apply -> painted <= 1 s plus the masked run. Prints the median over several warm runs and its parts (trace,
+Target: <= 1.5 s warm. Target: Apply -> painted <= 1 s plus the masked run. Prints the median over several warm runs and its parts (trace,
 maps, overlays). Timings on shared cores are noisy, so each run alternates with transformers'
 Dinov2Model (eager, output_attentions) on the same weights and pixels, and the ratio
 ours / transformers is printed too: a busy machine slows both alike. It runs at torch's default
@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 import attnviz  # noqa: E402
 from attnviz.analysis import vision  # noqa: E402
-from attnviz.figures import images  # noqa: E402
+from attnviz.figures import image_figures  # noqa: E402
 from attnviz.uploads.images import load_sample  # noqa: E402
 
 TARGET_S = 1.5
@@ -49,7 +49,7 @@ def one_run(model, photo, size: int) -> dict[str, float]:
     t1 = time.perf_counter()
     maps = vision.cls_maps(trace)                                     # (12, 6, 16, 16)
     t2 = time.perf_counter()
-    grid = images.head_overlays(photo, maps, trace.layers)            # 72 labelled tiles
+    grid = image_figures.head_overlays(photo, maps, trace.layers)            # 72 labelled tiles
     t3 = time.perf_counter()
     assert grid.size[0] > 0
     return {"trace": t1 - t0, "maps": t2 - t1, "overlays": t3 - t2, "total": t3 - t0}
@@ -80,7 +80,7 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     model = attnviz.load_model("dinov2")
     if not args.only_browser:
-        photo = images.display_image(load_sample("cat"))                 # what the page overlays on
+        photo = image_figures.display_image(load_sample("cat"))                 # what the page overlays on
         reference = reference_model()
         default_threads = torch.get_num_threads()
         for threads in [int(t) for t in args.threads.split(",")]:

@@ -51,15 +51,15 @@ def long_text(model, tokens: int) -> str:
 
 
 def one_view(view: str, tokens: int) -> dict:
-    from attnviz.analysis import generate, prompt_pair, readouts
+    from attnviz.analysis import generation, prompt_pair, readouts
     from attnviz.weights import catalogue
     model = catalogue.load_model("smollm2")
     readouts.logit_lens(model, "A short warm-up.")
     text = long_text(model, tokens)
     calls = {"lens": lambda: readouts.logit_lens(model, text),
              "attribution": lambda: readouts.attribution(model, text, 5),
-             "generation": lambda: generate.generate(model, text, 8),
-             "pair": lambda: prompt_pair.compare(model, "A short prompt.", text)}
+             "generation": lambda: generation.generate(model, text, 8),
+             "pair": lambda: prompt_pair.compare_prompts(model, "A short prompt.", text)}
     if view == "pages":  # the page loads its own copy of the model: opened once before idle is measured
         from streamlit.testing.v1 import AppTest
         at = AppTest.from_file(os.path.join(ROOT, "pages", "8_Readouts.py"), default_timeout=600).run()

@@ -21,11 +21,11 @@ from attnviz.base.timing import measure  # noqa: E402
 
 def reference(key: str, model: attnviz.Model, impl: str):
     import transformers as tf
-    from attnviz.weights import catalogue as loading
+    from attnviz.weights import catalogue
     from attnviz.weights.gguf import read_gguf
     if key == "minilm":
-        return tf.AutoModel.from_pretrained(str(loading.bundled_path("minilm")), attn_implementation=impl).eval()
-    cfg, state = read_gguf(loading.bundled_path("smollm2"))
+        return tf.AutoModel.from_pretrained(str(catalogue.bundled_path("minilm")), attn_implementation=impl).eval()
+    cfg, state = read_gguf(catalogue.bundled_path("smollm2"))
     ref = tf.LlamaForCausalLM(tf.LlamaConfig(**cfg, attn_implementation=impl)).eval()
     ref.load_state_dict(state, strict=False)
     ref.tie_weights()

@@ -73,7 +73,7 @@ def library_path(model, ids, heads):
             t0 = time.perf_counter()
             masked = effects.outputs(model, ids, mask.clone(), layer,
                                      base=[full, previous] if reuse else None)
-            effects.compare(full, masked)
+            effects.output_change(full, masked)
             times.append(time.perf_counter() - t0)
             previous = masked
         results[reuse] = times

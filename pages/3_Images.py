@@ -4,5 +4,5 @@ import streamlit as st
 st.set_page_config(page_title="attnviz · Images", layout="wide")
 st.title("Images — what each head looks at")
 with st.spinner("Starting: PyTorch, transformers and attnviz load once per server (a few seconds)…"):
-    from attnviz.ui import images  # noqa: E402  (the title is painted first)
-images.page()
+    from attnviz.ui import images_page  # noqa: E402  (the title is painted first)
+images_page.page()

@@ -4,16 +4,5 @@ import streamlit as st
 st.set_page_config(page_title="attnviz · Speech", layout="wide")
 st.title("Speech — where the text listens")
 with st.spinner("Starting: PyTorch, transformers and attnviz load once per server (a few seconds)…"):
-    from attnviz.ui import speech as view  # noqa: E402  (the title is painted first)
-
-picked = view.inputs()
-if picked is None:
-    st.stop()
-model, data = picked
-view.explain(model)
-tr = view.transcript(model, data)
-if tr is None:
-    st.stop()
-view.summary(model, tr)
-
-view.views(model, data, tr)
+    from attnviz.ui import speech_page  # noqa: E402  (the title is painted first)
+speech_page.page()

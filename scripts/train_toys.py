@@ -18,22 +18,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnviz.toys import tasks as toys  # noqa: E402
+from attnviz.toys import tasks  # noqa: E402
 from attnviz.toys.training import TrainSettings, estimate_seconds, train  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "attnviz" / "data" / "toys"
 
 # key -> (settings, description). Each fits the lab's 60 s budget by the cost model.
 SHIPPED = {
-    "toy-copy": (TrainSettings(task=toys.Task("copy"), steps=400),
+    "toy-copy": (TrainSettings(task=tasks.Task("copy"), steps=400),
                  "copies 8 digits; learned positions"),
-    "toy-reverse": (TrainSettings(task=toys.Task("reverse"), steps=600),
+    "toy-reverse": (TrainSettings(task=tasks.Task("reverse"), steps=600),
                     "reverses 8 digits; learned positions"),
-    "toy-sort": (TrainSettings(task=toys.Task("sort"), steps=1500),
+    "toy-sort": (TrainSettings(task=tasks.Task("sort"), steps=1500),
                  "sorts 8 digits; learned positions"),
-    "toy-recall": (TrainSettings(task=toys.Task("recall"), steps=1200),
+    "toy-recall": (TrainSettings(task=tasks.Task("recall"), steps=1200),
                    "8 key-value pairs, then all 8 keys: write each value; learned positions, 4 heads"),
-    "toy-recall-8h": (TrainSettings(task=toys.Task("recall"), n_heads=8, steps=1200),
+    "toy-recall-8h": (TrainSettings(task=tasks.Task("recall"), n_heads=8, steps=1200),
                       "the same recall task with the same width split into 8 heads"),
 }
 COMPARE = ("toy-recall", "toy-recall-8h")  # the lab's 4 vs 8 heads comparison
@@ -47,11 +47,11 @@ def build(key: str) -> dict:
     meta = dict(description=description, settings=settings_dict, compare=key in COMPARE,
                 train_seconds=round(result.seconds, 1), final_loss=result.losses[-1],
                 estimated_seconds=round(estimate_seconds(settings), 1),
-                eval=dict(n=toys.EVAL_SIZE, seed=toys.EVAL_SEED), accuracy={})
-    meta = toys.save_toy(result.model, key, OUT, meta)
-    toys.TOYS[key] = meta
-    toys._load_toy_state.cache_clear()
-    score = toys.evaluate(toys.load_toy(key))  # measured after the float16 round trip
+                eval=dict(n=tasks.EVAL_SIZE, seed=tasks.EVAL_SEED), accuracy={})
+    meta = tasks.save_toy(result.model, key, OUT, meta)
+    tasks.TOYS[key] = meta
+    tasks._load_toy_state.cache_clear()
+    score = tasks.evaluate(tasks.load_toy(key))  # measured after the float16 round trip
     meta["accuracy"] = dict(exact=score.exact, token=score.token)
     (OUT / f"{key}.json").write_text(json.dumps(meta, indent=1))
     return meta

@@ -151,4 +151,4 @@ def expected_cosine(model, text: str, keep) -> float:
     last = model.cfg.n_layers - 1
     full = effects.outputs(model, ids, None, last, sentences)
     masked = effects.outputs(model, ids, keep.float(), last, sentences)
-    return effects.compare(full, masked, sentences)["cosine"]
+    return effects.output_change(full, masked, sentences)["cosine"]

@@ -14,11 +14,11 @@ import contextlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-from attnviz.base import limits as _limits  # noqa: E402
+from attnviz.base import limits  # noqa: E402
 
 
 @pytest.fixture
 def set_limits():
     """`set_limits(max_text_chars=10)`: those limits, for every module, until the test ends."""
     with contextlib.ExitStack() as stack:
-        yield lambda **changes: stack.enter_context(_limits.override(**changes))
+        yield lambda **changes: stack.enter_context(limits.override(**changes))

@@ -16,9 +16,9 @@ from hypothesis import strategies as hst
 
 from attnviz.base import jobs, timing
 from attnviz.latency import calibrate, child, compare, decode, measure, quantize, results, sweep, tradeoff
-from attnviz.figures import latency as lf
-from attnviz.latency import cli as bench_cli
-from attnviz.latency import costmodel as cm
+from attnviz.figures import latency_figures
+from attnviz.latency.cli import main
+from attnviz.latency import costmodel
 from attnviz.weights.catalogue import load_model
 from attnviz.core.attention import EAGER, attend, parse_variant
 from attnviz.latency.results import config_spec, parse_synthetic, read_results
@@ -72,7 +72,7 @@ def test_config_spec_round_trips_what_the_cost_model_needs(spec):
     cfg = parse_synthetic(spec)
     again = parse_synthetic(config_spec(cfg))
     assert again == cfg
-    assert cm.predict(again, 64, cm.PI4).total_ms == cm.predict(cfg, 64, cm.PI4).total_ms
+    assert costmodel.predict(again, 64, costmodel.PI4).total_ms == costmodel.predict(cfg, 64, costmodel.PI4).total_ms
 
 
 def test_minilm_shape_in_the_csv_reproduces_its_config():
@@ -82,7 +82,7 @@ def test_minilm_shape_in_the_csv_reproduces_its_config():
     for field in ("family", "n_layers", "n_heads", "d_model", "d_head", "d_ff", "vocab_size", "norm",
                   "positional", "pre_norm", "causal", "final_norm", "type_vocab_size"):
         assert getattr(again, field) == getattr(cfg, field), field
-    assert cm.predict(again, 128, cm.PI4).total_ms == pytest.approx(cm.predict(cfg, 128, cm.PI4).total_ms)
+    assert costmodel.predict(again, 128, costmodel.PI4).total_ms == pytest.approx(costmodel.predict(cfg, 128, costmodel.PI4).total_ms)
 
 
 # ---------------------------------------------------------------- timing and memory
@@ -162,7 +162,7 @@ def test_budget_refuses_sweeps_that_do_not_fit():
     plan = sweep.SweepPlan(models=["big"], seq_lens=[512, 4096], variants=["eager"], repeats=5)
     configs = {"big": parse_synthetic("synthetic:layers=12,d=768,heads=12,positions=8192")}
     est = sweep.estimate(plan, configs)
-    assert est.points == 2 and est.seconds > 0 and est.peak_mb > cm.weights_mb(configs["big"])
+    assert est.points == 2 and est.seconds > 0 and est.peak_mb > costmodel.weights_mb(configs["big"])
     with pytest.raises(ValueError, match="budget 1 s"):
         est.check(max_seconds=1, max_mb=None)
     with pytest.raises(ValueError, match="MB of memory"):
@@ -190,7 +190,7 @@ def test_sweep_rows_and_columns(tiny_results):
     assert (measured["median_ms"] > 0).all() and (measured["peak_mem_mb"] >= 0).all()
     assert ((measured["p10_ms"] <= measured["median_ms"]) & (measured["median_ms"] <= measured["p90_ms"])).all()
     modelled = df[~df["measured"]]
-    groups = modelled[[f"{g}_ms" for g in cm.GROUPS]].sum(axis=1)
+    groups = modelled[[f"{g}_ms" for g in costmodel.GROUPS]].sum(axis=1)
     assert (groups - modelled["median_ms"]).abs().max() < 1e-9
     assert set(df["n_heads"]) == {2, 4} and set(df["variant"]) == {"fused", "eager"}
     assert df["tokens_per_s"].tolist() == pytest.approx((df["seq_len"] / df["median_ms"] * 1e3).tolist())
@@ -218,13 +218,13 @@ def test_csv_round_trip(tiny_results, tmp_path):
 def test_modelled_like_and_model_error(tiny_results):
     _, df, _ = tiny_results
     measured = df[df["measured"]]
-    modelled = compare.modelled_like(measured, cm.PI4)
+    modelled = compare.modelled_like(measured, costmodel.PI4)
     assert len(modelled) == len(measured) and not modelled["measured"].any()
-    err = compare.model_error(df, cm.PI4)
+    err = compare.model_error(df, costmodel.PI4)
     assert len(err) == len(measured)
     assert (err["modelled_ms"] / err["measured_ms"] - 1).mul(100).sub(err["error_pct"]).abs().max() < 1e-9
     pi = df[df["backend"] == "pi4"].assign(measured=True)  # the model against itself: no error
-    assert compare.model_error(pi, cm.PI4)["error_pct"].abs().max() < 1e-9
+    assert compare.model_error(pi, costmodel.PI4)["error_pct"].abs().max() < 1e-9
 
 
 def test_recalibration_from_a_device_csv(tiny_results):
@@ -233,24 +233,24 @@ def test_recalibration_from_a_device_csv(tiny_results):
     device = df[df["backend"] == "pi4"].assign(measured=True, backend="cpu")
     device["median_ms"] = device["p10_ms"] = device["p90_ms"] = device["median_ms"] * 3
     back = read_results(results.to_csv(device).encode())
-    fitted = compare.recalibrate_from(back, cm.PI4)
+    fitted = compare.recalibrate_from(back, costmodel.PI4)
     assert compare.model_error(back, fitted)["error_pct"].abs().max() < 1.0
-    assert compare.model_error(back, cm.PI4)["error_pct"].abs().max() > 60
+    assert compare.model_error(back, costmodel.PI4)["error_pct"].abs().max() > 60
 
 
 def test_host_model_error_and_split_table(tiny_results):
     _, df, _ = tiny_results
     err = compare.host_model_error(df)
     assert len(err) == int(df["measured"].sum()) and err["modelled_ms"].gt(0).all()
-    split = compare.split_table(parse_synthetic(TINY), [8, 16], cm.PI5, "eager")
-    assert list(split.columns) == ["seq_len"] + [f"{g}_ms" for g in cm.GROUPS]
+    split = compare.split_table(parse_synthetic(TINY), [8, 16], costmodel.PI5, "eager")
+    assert list(split.columns) == ["seq_len"] + [f"{g}_ms" for g in costmodel.GROUPS]
     assert split.drop(columns="seq_len").sum(axis=1).tolist() == pytest.approx(
-        [cm.predict(parse_synthetic(TINY), n, cm.PI5, "eager").total_ms for n in (8, 16)])
+        [costmodel.predict(parse_synthetic(TINY), n, costmodel.PI5, "eager").total_ms for n in (8, 16)])
 
 
 def test_comparisons(tiny_results):
     _, df, _ = tiny_results
-    cmp = compare.compare(df)
+    cmp = compare.seed_claims(df)
     assert {"n 16 → 8", "4 → 2 heads", "fused → eager"} <= set(cmp["comparison"])
     row = cmp[(cmp["comparison"] == "n 16 → 8") & (cmp["backend"] == "pi4") & (cmp["model"] == TINY)
               & (cmp["variant"] == "fused") & (cmp["n_heads"] == 4)]
@@ -304,12 +304,12 @@ def test_cli_help():
     for flag in ("--model", "--seq-lens", "--variants", "--heads", "--threads", "--repeats", "--warmup",
                  "--backend", "--out", "--engine", "--dtype", "--pi-threads", "--decode-depths"):
         assert flag in out.stdout
-    for word in ("ncnn", "ggml", "int8", "fp16", "q4_0", "pp", "tg"):  # issue 19: engines and dtypes documented
+    for word in ("ncnn", "ggml", "int8", "fp16", "q4_0", "pp", "tg"):  # engines and dtypes documented
         assert word in out.stdout
 
 
 def test_cli_writes_the_published_runs_with_their_predictions(tmp_path):
-    """Issue 19.2: `--published` writes every published Pi run, the model's prediction and error."""
+    """`--published` writes every published Pi run, the model's prediction and error."""
     out_file = tmp_path / "runs.csv"
     out = cli("--published", "--out", str(out_file))
     assert out.returncode == 0, out.stderr
@@ -328,7 +328,7 @@ def test_cli_tiny_sweep_writes_a_csv_the_page_reads(tmp_path):
     df = read_results(out_file)
     assert len(df) == 2 * 3 * 2 * 2 and set(df["backend"]) == {"cpu", "pi5"}
     assert set(df["variant"]) == {"fused", "chunked:4", "linear"} and (df[df["measured"]]["threads"] == 1).all()
-    assert (df[~df["measured"]]["threads"] == sweep.PI_CORES).all()  # issue 19: Pi rows at the Pi's 4 cores
+    assert (df[~df["measured"]]["threads"] == sweep.PI_CORES).all()  # Pi rows at the Pi's 4 cores
     assert "wrote 24 rows" in out.stderr and "profiler_start" not in out.stderr
 
 
@@ -340,19 +340,19 @@ def test_cli_prices_every_shape_the_cost_model_prices(tmp_path, capsys):
     explicit-FLOP network (gflops, mparams, calls) is priced, too. Both are modelled, never measured."""
     from attnviz.latency import engines, shapes
     out_file = tmp_path / "mobilebert.csv"
-    assert bench_cli.main(["--model", MOBILEBERT, "--backend", "pi4", "--seq-lens", "128", "--out", str(out_file)]) == 0
+    assert main(["--model", MOBILEBERT, "--backend", "pi4", "--seq-lens", "128", "--out", str(out_file)]) == 0
     row = pd.read_csv(out_file).iloc[0]
     assert (row["backend"], row["model"], row["seq_len"], row["measured"]) == ("pi4", MOBILEBERT, 128, False)
-    pi4 = engines.engine_profile(cm.PI4, "torch", "fp32")
-    assert row["median_ms"] == pytest.approx(cm.predict(shapes.parse_shape(MOBILEBERT), 128, pi4, "fused",
+    pi4 = engines.engine_profile(costmodel.PI4, "torch", "fp32")
+    assert row["median_ms"] == pytest.approx(costmodel.predict(shapes.parse_shape(MOBILEBERT), 128, pi4, "fused",
                                                         threads=4).total_ms)
     flop = "synthetic:gflops=8.2,mparams=25.6,calls=200"
-    assert bench_cli.main(["--model", flop, "--model", MOBILEBERT, "--backend", "pi4,pi5", "--engine", "torch,ncnn",
+    assert main(["--model", flop, "--model", MOBILEBERT, "--backend", "pi4,pi5", "--engine", "torch,ncnn",
                            "--seq-lens", "1,64", "--out", str(out_file)]) == 0
     df = pd.read_csv(out_file)
     assert len(df) == 2 * 2 * 2 * 2 and set(df["model"]) == {flop, MOBILEBERT} and not df["measured"].any()
     with pytest.raises(SystemExit) as exit_:                       # nothing to measure: said, not a traceback
-        bench_cli.main(["--model", MOBILEBERT, "--seq-lens", "8"])
+        main(["--model", MOBILEBERT, "--seq-lens", "8"])
     assert exit_.value.code == 2 and "priced by the cost model only" in capsys.readouterr().err
 
 
@@ -365,11 +365,11 @@ def test_cli_prices_every_shape_the_cost_model_prices(tmp_path, capsys):
 ])
 def test_cli_refuses_bad_input(args, words, capsys):
     with pytest.raises(SystemExit) as exit_:  # in process: the subprocess start-up is tested above
-        bench_cli.main(list(args))
+        main(list(args))
     assert exit_.value.code == 2 and words in capsys.readouterr().err
 
 
-# ---------------------------------------------------------------- bounds (issue 11: synthetic shapes, CSV rows)
+# ---------------------------------------------------------------- bounds (: synthetic shapes, CSV rows)
 @pytest.mark.parametrize("spec,words", [
     ("synthetic:layers=1000000000,d=8,heads=1", "layers must be between 1 and 256"),
     ("synthetic:layers=2,d=1000000,heads=1", "d must be between 1 and 16,384"),
@@ -398,14 +398,14 @@ def test_cost_model_does_not_loop_over_identical_layers():
     one, and adds up to 200 of its blocks."""
     def shape(layers):
         return parse_synthetic(f"synthetic:layers={layers},d=64,heads=4,ff=128,vocab=50,positions=64")
-    one, deep = cm.predict(shape(1), 32, cm.PI4, "eager"), cm.predict(shape(200), 32, cm.PI4, "eager")
+    one, deep = costmodel.predict(shape(1), 32, costmodel.PI4, "eager"), costmodel.predict(shape(200), 32, costmodel.PI4, "eager")
     assert len(deep.ops) == len(one.ops)
-    block = cm.predict(shape(2), 32, cm.PI4, "eager").total_ms - one.total_ms
+    block = costmodel.predict(shape(2), 32, costmodel.PI4, "eager").total_ms - one.total_ms
     assert deep.total_ms == pytest.approx(one.total_ms + 199 * block)
-    assert sum(op.flops for op in cm.model_ops(shape(200), 32)) == pytest.approx(
-        cm.predict(shape(200), 32, cm.PI4).flops)
+    assert sum(op.flops for op in costmodel.model_ops(shape(200), 32)) == pytest.approx(
+        costmodel.predict(shape(200), 32, costmodel.PI4).flops)
     pruned = shape(4).replace(head_dims=(4, 4, 2, 2), kv_dims=(4, 4, 2, 2))  # two runs of two layers
-    assert [count for _, count in cm.op_counts(pruned, 8) if _.name == "QKV projection"] == [2, 2]
+    assert [count for _, count in costmodel.op_counts(pruned, 8) if _.name == "QKV projection"] == [2, 2]
 
 
 @pytest.mark.parametrize("change,words", [
@@ -420,7 +420,7 @@ def test_plan_bounds_are_checked_before_any_work(change, words):
 
 def test_a_row_with_an_extra_field_is_a_row_and_column_error(tiny_results):
     lines = good_csv(tiny_results).splitlines()
-    last = results.COLUMNS[-1]  # the schema grew compatibly (issue 19): its last column is the decode field
+    last = results.COLUMNS[-1]  # the schema grew compatibly: its last column is the decode field
     with pytest.raises(ValueError, match=rf"row 4, column {len(results.COLUMNS) + 1} \(past the header's last "
                                          rf"column '{last}'\)"):
         read_results("\n".join(lines[:3] + [lines[3] + ",surplus"] + lines[4:]).encode())
@@ -521,7 +521,7 @@ def test_other_thread_counts_are_measured_in_a_child_process(no_thread_changes):
     measured = df[df["measured"]]
     assert sorted(measured["threads"]) == sorted([before, before, other, other])
     assert (measured["model"] == TINY).all() and (measured["shape"] == config_spec(parse_synthetic(TINY))).all()
-    # issue 19: the Pi rows once per point at the Pi's own 4 threads, whatever this host runs
+    # the Pi rows once per point at the Pi's own 4 threads, whatever this host runs
     assert len(df[~df["measured"]]) == 2 and (df[~df["measured"]]["threads"] == sweep.PI_CORES).all()
     with pytest.raises(ValueError, match="thread"):
         measure.measure_point(bench_model(), 8, parse_variant("fused"), threads=other)
@@ -555,7 +555,7 @@ def test_sweep_stops_at_its_deadline_and_keeps_what_it_measured():
     assert df["measured"].sum() == 2 and list(df["seq_len"][df["measured"]]) == [8, 16]
     assert len(read_results(results.to_csv(df).encode())) == len(df)
     nothing = sweep.run_sweep(plan, {TINY: measure.load(TINY)}, deadline=jobs.Deadline(0, "the sweep"))
-    # issue 19: every modelled row comes first and is kept; nothing is measured, and what was not is said
+    # every modelled row comes first and is kept; nothing is measured, and what was not is said
     assert not nothing["measured"].any() and len(nothing) == 3 and "kept the 0 measured points" in nothing.attrs["stopped"]
     assert "not measured:" in nothing.attrs["stopped"] and "n=8" in nothing.attrs["stopped"]
 
@@ -567,28 +567,28 @@ def test_cli_deadline_writes_what_it_measured_and_says_it_stopped(tmp_path):
     assert out_file.read_text().startswith("schema,backend")
 
 
-# ---------------------------------------------------------------- issue 17.3: one model name per row
+# ---------------------------------------------------------------- one model name per row
 def test_figures_of_a_csv_with_a_model_per_row_draw_a_bounded_number_of_traces(tiny_results):
     device = tiny_results[1]
     device = device[device["backend"] == "pi4"].assign(measured=True, backend="cpu")
     many = pd.concat([device.assign(model=[f"{m}#{i}" for m in device["model"]]) for i in range(100)],
                      ignore_index=True)  # 1,600 rows, 200 distinct model names
     back = read_results(results.to_csv(many).encode())
-    twins = compare.modelled_like(back, cm.PI4)
-    fig = lf.overlay_figure(back, twins, "overlay")
-    assert lf.series_count(back) == 200 * 2 * 2     # models x heads x variants
-    assert len(fig.data) == 2 * (lf.MAX_SERIES + 1)
+    twins = compare.modelled_like(back, costmodel.PI4)
+    fig = latency_figures.overlay_figure(back, twins, "overlay")
+    assert latency_figures.series_count(back) == 200 * 2 * 2     # models x heads x variants
+    assert len(fig.data) == 2 * (latency_figures.MAX_SERIES + 1)
     shown = [t for t in fig.data if t.name.endswith("measured")]
     assert sum(int(np.isfinite(np.asarray(t.y, dtype=float)).sum()) for t in shown) == len(back)
-    assert f"{lf.MAX_SERIES} of 800 series drawn" in fig.layout.title.text
-    for figure in (lf.latency_figure(back), lf.memory_figure(back), lf.throughput_figure(back),
-                   lf.error_figure(compare.model_error(back, cm.PI4, twins))):
-        assert len(figure.data) <= lf.MAX_SERIES + 2 and "series drawn" in figure.layout.title.text
+    assert f"{latency_figures.MAX_SERIES} of 800 series drawn" in fig.layout.title.text
+    for figure in (latency_figures.latency_figure(back), latency_figures.memory_figure(back), latency_figures.throughput_figure(back),
+                   latency_figures.error_figure(compare.model_error(back, costmodel.PI4, twins))):
+        assert len(figure.data) <= latency_figures.MAX_SERIES + 2 and "series drawn" in figure.layout.title.text
     small = back[back["model"].isin(back["model"].unique()[:2])]
-    assert "series drawn" not in lf.latency_figure(small).layout.title.text  # 8 series: drawn one by one
+    assert "series drawn" not in latency_figures.latency_figure(small).layout.title.text  # 8 series: drawn one by one
 
 
-# ---------------------------------------------------------------- issue 17.8: absurd numbers
+# ---------------------------------------------------------------- absurd numbers
 @pytest.mark.parametrize("ms", ["1e308", "1e-308", "0", "nan", "inf"])
 def test_absurd_times_in_a_csv_are_a_row_and_column_error(tiny_results, ms):
     df = tiny_results[1].copy()
@@ -602,16 +602,16 @@ def test_recalibration_refuses_absurd_times_without_lapack_noise(ms, capfd):
     cfg = parse_synthetic(TINY)
     points = [(cfg, 8, "fused", 4, 5.0), (cfg, 16, "fused", 4, ms), (cfg, 32, "fused", 4, 12.0)]
     with pytest.raises(ValueError, match="not a forward pass's"):
-        calibrate.recalibrate(cm.PI4, points)
+        calibrate.recalibrate(costmodel.PI4, points)
     assert capfd.readouterr().err == ""
 
 
 def test_recalibration_refuses_a_fit_beyond_any_device():
     cfg = parse_synthetic(TINY)
-    points = [(cfg, n, "fused", 4, cm.predict(cfg, n, cm.PI4, threads=4).total_ms * 1e6) for n in (8, 16, 32)]
+    points = [(cfg, n, "fused", 4, costmodel.predict(cfg, n, costmodel.PI4, threads=4).total_ms * 1e6) for n in (8, 16, 32)]
     with pytest.raises(ValueError, match="beyond any real device"):
-        calibrate.recalibrate(cm.PI4, points)
-    slower = calibrate.recalibrate(cm.PI4, [(c, n, v, t, ms / 1e4 * 3) for c, n, v, t, ms in points])
+        calibrate.recalibrate(costmodel.PI4, points)
+    slower = calibrate.recalibrate(costmodel.PI4, [(c, n, v, t, ms / 1e4 * 3) for c, n, v, t, ms in points])
     assert slower.overhead_us < 1e6 and all(math.isfinite(x) for x in (slower.gemm_gflops, slower.overhead_us))
 
 
@@ -619,14 +619,14 @@ def test_recalibration_refuses_a_fit_beyond_any_device():
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 0.0, -1.0, 1e300])
 def test_a_profile_with_an_absurd_figure_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
-        cm.DeviceProfile(**{**cm.PI4.__dict__, field: value})
+        costmodel.DeviceProfile(**{**costmodel.PI4.__dict__, field: value})
 
 
 @pytest.mark.parametrize("flag", ["--max-seconds", "--max-mem-mb", "--deadline"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 def test_cli_refuses_non_finite_budgets(flag, value, capsys):
     with pytest.raises(SystemExit) as exit_:
-        bench_cli.main(["--model", TINY, "--seq-lens", "8", flag, value])
+        main(["--model", TINY, "--seq-lens", "8", flag, value])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and flag in err and repr(value) in err
 
@@ -646,7 +646,7 @@ def test_library_budgets_must_be_finite_and_positive(budget):
             sweep.run_sweep(plan, {TINY: bench_model()}, deadline=jobs.Deadline(budget))
 
 
-# ---------------------------------------------------------------- issue 19: quantization, decode
+# ---------------------------------------------------------------- quantization, decode
 def test_int8_and_bf16_copies_are_new_models_the_shared_one_untouched():
     model = measure.load("synthetic:layers=2,d=32,heads=4,ff=64,vocab=50,positions=64,causal=1")
     before = model.fingerprint()
@@ -752,7 +752,7 @@ def test_decode_sweep_rows_and_figure():
     back = read_results(results.to_csv(df).encode())
     assert list(back["depth"].dropna().astype(int)) == list(df["depth"].astype(int))
     assert (back["tg_tps"].notna() == (back["test"] == "tg")).all()
-    fig = lf.decode_figure(back)
+    fig = latency_figures.decode_figure(back)
     assert len(fig.data) == 3 and list(fig.data[0].x) == [0, 16]
 
 
@@ -768,7 +768,7 @@ def test_old_csv_without_engine_columns_still_imports():
 
 def test_growth_figure_shows_the_law_and_fit_uses_scientific_notation(tiny_results):
     _, df, _ = tiny_results
-    fig = lf.growth_figure(df)
+    fig = latency_figures.growth_figure(df)
     ns = sorted(df["seq_len"].unique())
     assert list(fig.layout.xaxis.tickvals) == ns  # ticks at the swept lengths
     refs = [t for t in fig.data if t.name in ("slope 1", "slope 2")]
@@ -779,14 +779,14 @@ def test_growth_figure_shows_the_law_and_fit_uses_scientific_notation(tiny_resul
     assert one.y[1] / one.y[0] == pytest.approx(ratio) and two.y[1] / two.y[0] == pytest.approx(ratio ** 2)
     assert len(fig.layout.annotations) == df["backend"].nunique()  # one panel per backend
     ns_fit = [16, 32, 64, 128]
-    fit = lf.fit_figure(ns_fit, [1 + 0.01 * n + 2e-6 * n * n for n in ns_fit], attention_n=5000)
+    fit = latency_figures.fit_figure(ns_fit, [1 + 0.01 * n + 2e-6 * n * n for n in ns_fit], attention_n=5000)
     assert "e-06·n²" in fit.data[1].name and "beyond the swept lengths" in fit.layout.title.text
     assert fit.layout.xaxis.range[1] < 200  # cropped to the data, not stretched to the crossover
 
 
 def test_attention_only_rows_are_quadratic_in_the_model():
     cfg = parse_synthetic(TINY)
-    att = compare.attention_only(cfg, [64, 128, 256], cm.PI4, "eager", measure_fn=measure.measure_attention)
+    att = compare.attention_only(cfg, [64, 128, 256], costmodel.PI4, "eager", measure_fn=measure.measure_attention)
     model = att[~att["measured"]].set_index("seq_len")["median_ms"]
     assert model[256] / model[128] > 3  # n^2 dominates one layer's attention
     assert att["measured"].sum() == 3 and (att["median_ms"] > 0).all()

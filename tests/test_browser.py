@@ -65,7 +65,7 @@ def test_attention_paste_run_heatmap(page, server):
 
 
 def test_attention_view_choice_outlives_downloads_and_buttons(page, server):
-    """Issue 16.4: a first download (and "Compute head scores") jumped back to the Detail tab and
+    """A first download (and "Compute head scores") jumped back to the Detail tab and
     hid the result. The chosen view is remembered; a download does not even rerun the page."""
     open_page(page, server, "Attention")
     views = page.get_by_role("radiogroup", name="View")
@@ -177,7 +177,7 @@ def test_latency_tiny_sweep(page, server):
 
 
 def test_sidebar_links_start_with_home_and_lead_to_every_page(page, server):
-    """Issue 22.13: Streamlit's own list named the home page "app"; ours (attnviz.ui.common.sidebar_nav)
+    """Streamlit's own list named the home page "app"; ours (attnviz.ui.common.sidebar_nav)
     says Home, then each page, and its links navigate."""
     open_page(page, server)
     sidebar = page.locator('[data-testid="stSidebar"]')

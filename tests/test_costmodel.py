@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from attnviz.latency import calibrate, compare, decode, engines, published, shapes, sweep
-from attnviz.figures.calibration import BAND, calibration_figure
-from attnviz.latency import costmodel as cm
+from attnviz.figures.calibration_figures import BAND, calibration_figure
+from attnviz.latency import costmodel
 from attnviz.weights.catalogue import random_model
 from attnviz.latency.results import parse_synthetic, with_heads
 
 MINILM = parse_synthetic("synthetic:layers=6,d=384,heads=12,ff=1536,vocab=30522,positions=512")
 SMOLLM2 = parse_synthetic("synthetic:family=llama,layers=30,d=576,heads=9,kv=3,dh=64,ff=1536,vocab=49152")
-PROFILES = [cm.PI4, cm.PI5, cm.HOST_GUESS]
+PROFILES = [costmodel.PI4, costmodel.PI5, costmodel.HOST_GUESS]
 NS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 
 
@@ -23,7 +23,7 @@ NS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 @pytest.mark.parametrize("variant", ["fused", "eager", "chunked:128", "local:64", "linear", "relu"])
 @pytest.mark.parametrize("cfg", [MINILM, SMOLLM2], ids=["minilm", "smollm2"])
 def test_latency_grows_with_n(profile, variant, cfg):
-    times = [cm.predict(cfg, n, profile, variant).total_ms for n in NS]
+    times = [costmodel.predict(cfg, n, profile, variant).total_ms for n in NS]
     assert all(b > a for a, b in zip(times, times[1:]))
 
 
@@ -31,75 +31,75 @@ def test_latency_grows_with_n(profile, variant, cfg):
 @pytest.mark.parametrize("variant", ["fused", "eager", "linear"])
 def test_latency_grows_with_heads(profile, variant):
     cfg = parse_synthetic("synthetic:layers=4,d=256,heads=8,dh=32,ff=1024")
-    times = [cm.predict(with_heads(cfg, k), 512, profile, variant).total_ms for k in (1, 2, 4, 8)]
+    times = [costmodel.predict(with_heads(cfg, k), 512, profile, variant).total_ms for k in (1, 2, 4, 8)]
     assert all(b > a for a, b in zip(times, times[1:]))
     # heads of their own width (fixed d_head) add work; more heads in the same d_model do not shrink it
-    wide = [cm.predict(parse_synthetic(f"synthetic:layers=4,d=256,heads={h},dh=32,ff=1024"), 512, profile,
+    wide = [costmodel.predict(parse_synthetic(f"synthetic:layers=4,d=256,heads={h},dh=32,ff=1024"), 512, profile,
                        variant).total_ms for h in (4, 8)]
     assert wide[1] > wide[0]
 
 
 def test_attention_work_is_quadratic_unless_linear():
     def attention_flops(variant, n):
-        return sum(op.flops for op in cm.model_ops(MINILM, n, variant) if op.group == "attention")
+        return sum(op.flops for op in costmodel.model_ops(MINILM, n, variant) if op.group == "attention")
     for variant in ("eager", "fused", "chunked:64", "relu"):
         assert attention_flops(variant, 2048) / attention_flops(variant, 1024) == pytest.approx(4, rel=0.01)
     assert attention_flops("linear", 2048) / attention_flops("linear", 1024) == pytest.approx(2, rel=0.01)
     assert attention_flops("local:64", 4096) / attention_flops("local:64", 2048) == pytest.approx(2, rel=0.05)
-    mlp = [sum(op.flops for op in cm.model_ops(MINILM, n) if op.group == "mlp") for n in (1024, 2048)]
+    mlp = [sum(op.flops for op in costmodel.model_ops(MINILM, n) if op.group == "mlp") for n in (1024, 2048)]
     assert mlp[1] / mlp[0] == pytest.approx(2, rel=0.01)
 
 
 def test_groups_add_up_to_the_total_and_every_op_costs_something():
-    pred = cm.predict(SMOLLM2, 256, cm.PI4, "eager")
+    pred = costmodel.predict(SMOLLM2, 256, costmodel.PI4, "eager")
     assert sum(pred.by_group.values()) == pytest.approx(pred.total_ms)
-    assert set(pred.by_group) == set(cm.GROUPS) and all(ms > 0 for _, ms in pred.ops)
+    assert set(pred.by_group) == set(costmodel.GROUPS) and all(ms > 0 for _, ms in pred.ops)
     assert 0 < pred.attention_share < 1
 
 
 def test_fused_causal_skips_blocks_only_past_the_kernel_block():
-    assert cm._flash_keys(256, causal=False) == 256 and cm._flash_keys(256, causal=True) == 256
-    assert cm._flash_keys(4096, causal=True) < 0.6 * 4096
+    assert costmodel._flash_keys(256, causal=False) == 256 and costmodel._flash_keys(256, causal=True) == 256
+    assert costmodel._flash_keys(4096, causal=True) < 0.6 * 4096
 
 
 def test_pi5_is_faster_than_pi4_and_threads_help():
     for n in (64, 1024):
-        assert cm.predict(MINILM, n, cm.PI5).total_ms < cm.predict(MINILM, n, cm.PI4).total_ms
-    one, four = (cm.predict(MINILM, 512, cm.PI4, threads=t).total_ms for t in (1, 4))
+        assert costmodel.predict(MINILM, n, costmodel.PI5).total_ms < costmodel.predict(MINILM, n, costmodel.PI4).total_ms
+    one, four = (costmodel.predict(MINILM, 512, costmodel.PI4, threads=t).total_ms for t in (1, 4))
     assert four < one
     with pytest.raises(ValueError, match="threads"):
-        cm.PI4.at_threads(0)
+        costmodel.PI4.at_threads(0)
 
 
 def test_published_figures_are_in_the_profiles():
-    assert cm.PI4.gemm_gflops == pytest.approx(1.5 * 11.9) and cm.PI4.dram_gbs == 5.5
-    assert "11.9" in cm.PI4.source and "30.2" in cm.PI5.source and cm.PI5.cores == 4
+    assert costmodel.PI4.gemm_gflops == pytest.approx(1.5 * 11.9) and costmodel.PI4.dram_gbs == 5.5
+    assert "11.9" in costmodel.PI4.source and "30.2" in costmodel.PI5.source and costmodel.PI5.cores == 4
 
 
 def test_bad_sequence_length_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
-        cm.model_ops(MINILM, 0)
+        costmodel.model_ops(MINILM, 0)
 
 
 def test_speedup_bound_from_the_per_head_share():
-    assert cm.speedup_bound(MINILM, 256, 1.0, cm.PI4) == pytest.approx(1.0)
-    half = cm.speedup_bound(MINILM, 256, 0.5, cm.PI4)
-    none = cm.speedup_bound(MINILM, 256, 0.0, cm.PI4)
+    assert costmodel.speedup_bound(MINILM, 256, 1.0, costmodel.PI4) == pytest.approx(1.0)
+    half = costmodel.speedup_bound(MINILM, 256, 0.5, costmodel.PI4)
+    none = costmodel.speedup_bound(MINILM, 256, 0.0, costmodel.PI4)
     assert 1 < half < none < 10
     # the bound is what pruning achieves in the model itself, MLP untouched
-    pruned = cm.predict(with_heads(MINILM, 6), 256, cm.PI4).total_ms
-    assert cm.predict(MINILM, 256, cm.PI4).total_ms / pruned <= half * 1.01
-    assert cm.speedup_bound(MINILM, 4096, 0.5, cm.PI4) > half  # attention weighs more at long n
+    pruned = costmodel.predict(with_heads(MINILM, 6), 256, costmodel.PI4).total_ms
+    assert costmodel.predict(MINILM, 256, costmodel.PI4).total_ms / pruned <= half * 1.01
+    assert costmodel.speedup_bound(MINILM, 4096, 0.5, costmodel.PI4) > half  # attention weighs more at long n
     with pytest.raises(ValueError):
-        cm.speedup_bound(MINILM, 256, 1.5, cm.PI4)
+        costmodel.speedup_bound(MINILM, 256, 1.5, costmodel.PI4)
 
 
 def test_attention_crossover():
-    n = cm.attention_crossover(MINILM, cm.PI4, "eager")
-    assert n is not None and cm.predict(MINILM, n, cm.PI4, "eager").attention_share >= 0.5
-    assert cm.predict(MINILM, int(n * 0.9), cm.PI4, "eager").attention_share < 0.5
-    assert cm.attention_crossover(MINILM, cm.PI4, "fused") > n  # the fused kernel pushes it out
-    assert cm.attention_crossover(MINILM, cm.PI4, "linear") is None
+    n = costmodel.attention_crossover(MINILM, costmodel.PI4, "eager")
+    assert n is not None and costmodel.predict(MINILM, n, costmodel.PI4, "eager").attention_share >= 0.5
+    assert costmodel.predict(MINILM, int(n * 0.9), costmodel.PI4, "eager").attention_share < 0.5
+    assert costmodel.attention_crossover(MINILM, costmodel.PI4, "fused") > n  # the fused kernel pushes it out
+    assert costmodel.attention_crossover(MINILM, costmodel.PI4, "linear") is None
 
 
 @pytest.mark.parametrize("spec", ["synthetic:layers=2,d=48,heads=4,ff=96,vocab=77,positions=40",
@@ -107,30 +107,30 @@ def test_attention_crossover():
 def test_weights_mb_matches_the_modules(spec):
     cfg = parse_synthetic(spec)
     params = sum(p.numel() for p in random_model(cfg).net.parameters())
-    assert cm.weights_mb(cfg) == pytest.approx(4 * params / 2**20, rel=0.05)
+    assert costmodel.weights_mb(cfg) == pytest.approx(4 * params / 2**20, rel=0.05)
 
 
 def test_activation_memory_quadratic_for_eager_linear_for_chunked():
-    eager = [cm.activation_mb(MINILM, n, "eager") for n in (2048, 4096)]
-    chunked = [cm.activation_mb(MINILM, n, "chunked:256") for n in (2048, 4096)]
+    eager = [costmodel.activation_mb(MINILM, n, "eager") for n in (2048, 4096)]
+    chunked = [costmodel.activation_mb(MINILM, n, "chunked:256") for n in (2048, 4096)]
     assert eager[1] / eager[0] > 3.5 and chunked[1] / chunked[0] < 2.5
     assert chunked[1] < eager[1] / 8
 
 
 def test_recalibrate_recovers_a_slower_device():
-    true = cm.DeviceProfile(**{**cm.PI4.__dict__, "gemm_gflops": cm.PI4.gemm_gflops / 2,
-                               "bmm_gflops": cm.PI4.bmm_gflops / 2, "sdpa_gflops": cm.PI4.sdpa_gflops / 2,
-                               "vector_gflops": cm.PI4.vector_gflops / 2, "dram_gbs": cm.PI4.dram_gbs / 2,
-                               "cache_gbs": cm.PI4.cache_gbs / 2, "fault_gbs": cm.PI4.fault_gbs / 2,
-                               "overhead_us": cm.PI4.overhead_us * 3})
-    points = [(MINILM, n, "fused", 4, cm.predict(MINILM, n, true, threads=4).total_ms) for n in (8, 16, 64, 256, 512)]
-    fitted = calibrate.recalibrate(cm.PI4, points)
+    true = costmodel.DeviceProfile(**{**costmodel.PI4.__dict__, "gemm_gflops": costmodel.PI4.gemm_gflops / 2,
+                               "bmm_gflops": costmodel.PI4.bmm_gflops / 2, "sdpa_gflops": costmodel.PI4.sdpa_gflops / 2,
+                               "vector_gflops": costmodel.PI4.vector_gflops / 2, "dram_gbs": costmodel.PI4.dram_gbs / 2,
+                               "cache_gbs": costmodel.PI4.cache_gbs / 2, "fault_gbs": costmodel.PI4.fault_gbs / 2,
+                               "overhead_us": costmodel.PI4.overhead_us * 3})
+    points = [(MINILM, n, "fused", 4, costmodel.predict(MINILM, n, true, threads=4).total_ms) for n in (8, 16, 64, 256, 512)]
+    fitted = calibrate.recalibrate(costmodel.PI4, points)
     for cfg, n, v, t, ms in points:
-        assert cm.predict(cfg, n, fitted, v, threads=t).total_ms == pytest.approx(ms, rel=0.01)
-    assert fitted.overhead_us == pytest.approx(3 * cm.PI4.overhead_us, rel=0.05)
+        assert costmodel.predict(cfg, n, fitted, v, threads=t).total_ms == pytest.approx(ms, rel=0.01)
+    assert fitted.overhead_us == pytest.approx(3 * costmodel.PI4.overhead_us, rel=0.05)
     assert "recalibrated" in fitted.name
     with pytest.raises(ValueError, match="at least two"):
-        calibrate.recalibrate(cm.PI4, points[:1])
+        calibrate.recalibrate(costmodel.PI4, points[:1])
 
 
 def test_host_calibration_gives_a_usable_profile():
@@ -138,7 +138,7 @@ def test_host_calibration_gives_a_usable_profile():
     values = [p.gemm_gflops, p.bmm_gflops, p.sdpa_gflops, p.vector_gflops, p.dram_gbs, p.cache_gbs,
               p.fault_gbs, p.overhead_us, p.half_rows]
     assert all(math.isfinite(x) and x > 0 for x in values) and p.threads == torch.get_num_threads()
-    assert cm.predict(MINILM, 64, p).total_ms > 0
+    assert costmodel.predict(MINILM, 64, p).total_ms > 0
     with pytest.raises(ValueError, match="clock"):
         calibrate.calibrate_host(clock="sundial")
 
@@ -156,7 +156,7 @@ def test_quadratic_fit_recovers_coefficients_and_crossover():
         compare.fit_quadratic([16, 32], [1.0, 2.0])
 
 
-# ---------------------------------------------------------------- issue 19: engines, dtypes, published runs
+# ---------------------------------------------------------------- engines, dtypes, published runs
 
 
 @pytest.mark.parametrize("run", published.RUNS, ids=lambda r: r.label)
@@ -177,7 +177,7 @@ def test_thread_curve_saturates_per_device_and_engine():
     assert p5.speedup(4) == pytest.approx(2.04, rel=0.03) and p4.speedup(4) == pytest.approx(3.46, rel=0.03)
     assert p5.speedup(8) == p5.speedup(4) and p5.speedup(1) == 1.0
     vit = shapes.parse_shape(published.VIT_B32)
-    one, four = (cm.predict(vit, 145, p5, "eager", threads=t).total_ms for t in (1, 4))
+    one, four = (costmodel.predict(vit, 145, p5, "eager", threads=t).total_ms for t in (1, 4))
     assert 1.8 < one / four < 2.3
 
 
@@ -185,10 +185,10 @@ def test_engines_differ_and_dtypes_change_bytes():
     cfg = shapes.parse_shape(published.TINYLLAMA)
     tg = {d: decode.predict_tg(cfg, engines.engine_profile("pi5", "ggml", d)) for d in ("fp16", "q8_0", "q4_0")}
     assert tg["fp16"] < tg["q8_0"] < tg["q4_0"]   # decode streams the weights: fewer bytes, more tokens/s
-    torch_ms = cm.predict(MINILM, 32, engines.engine_profile("pi4", "torch", "fp32")).total_ms
-    ncnn_ms = cm.predict(MINILM, 32, engines.engine_profile("pi4", "ncnn", "fp32")).total_ms
+    torch_ms = costmodel.predict(MINILM, 32, engines.engine_profile("pi4", "torch", "fp32")).total_ms
+    ncnn_ms = costmodel.predict(MINILM, 32, engines.engine_profile("pi4", "ncnn", "fp32")).total_ms
     assert torch_ms > 2 * ncnn_ms  # PyTorch's per-call overhead dominates a small model on a Pi
-    assert cm.predict(MINILM, 32, engines.engine_profile("pi4", "torch", "int8")).total_ms < torch_ms
+    assert costmodel.predict(MINILM, 32, engines.engine_profile("pi4", "torch", "int8")).total_ms < torch_ms
     with pytest.raises(ValueError, match="runs"):
         engines.engine_profile("pi4", "torch", "q4_0")
     with pytest.raises(ValueError, match="unknown engine"):
@@ -200,7 +200,7 @@ def test_shapes_explicit_flops_and_bottleneck():
     assert shapes.shape_flops(flop, 1) == pytest.approx(8.2e9)
     p = engines.engine_profile("pi4", "ncnn", "fp32")
     double = shapes.parse_shape("synthetic:gflops=16.4,mparams=25.6,calls=50")
-    assert 1.8 < cm.predict(double, 1, p).total_ms / cm.predict(flop, 1, p).total_ms <= 2.0
+    assert 1.8 < costmodel.predict(double, 1, p).total_ms / costmodel.predict(flop, 1, p).total_ms <= 2.0
     mobilebert = shapes.parse_shape("synthetic:layers=24,d=512,bottleneck=128,heads=4,ff=512,ffns=4")
     plain = shapes.parse_shape("synthetic:layers=24,d=512,heads=4,ff=2048")
     assert isinstance(mobilebert, shapes.Bottleneck) and mobilebert.inner.d_model == 128
@@ -219,7 +219,7 @@ def test_decode_ops_grow_with_depth_and_refuse_encoders():
 
 
 def test_ggml_q8_0_is_fitted_to_published_runs_not_derived():
-    """Issue 19(c): llama.cpp's q8_0 TinyLlama runs on a Pi 4 and a Pi 5 fit their own factors, and a
+    """Llama.cpp's q8_0 TinyLlama runs on a Pi 4 and a Pi 5 fit their own factors, and a
     Llama 2 7B Q4_0 prompt on a Pi 5 fits pi5's q4_0; pi4's q4_0 (no usable run) is derived from q8_0."""
     for device in ("pi4", "pi5"):
         assert (device, "ggml", "q8_0") in engines.FITS
@@ -241,7 +241,7 @@ def test_pi5_torch_is_the_hat_fit_times_the_published_pytorch_speed_up():
     modelled = published.predicted(runs["pi4"]) / published.predicted(runs["pi5"])
     assert published_speedup == pytest.approx(3.30, rel=0.01) and modelled == pytest.approx(published_speedup, rel=0.02)
     hat = shapes.parse_shape(published.hat_shape(512, 1536))
-    pi4, pi5 = (cm.predict(hat, 30, engines.engine_profile(d, "torch", "fp32"), threads=4).total_ms for d in ("pi4", "pi5"))
+    pi4, pi5 = (costmodel.predict(hat, 30, engines.engine_profile(d, "torch", "fp32"), threads=4).total_ms for d in ("pi4", "pi5"))
     assert pi4 / pi5 == pytest.approx(published_speedup, rel=0.05)
     assert "Ultralytics" in engines.engine_profile("pi5", "torch", "fp32").source
     with pytest.raises(ValueError, match="same kernel count"):

@@ -1,4 +1,4 @@
-"""Issue 19.5: the attention = rest crossover of ONE block, measured and modelled, in the sweep, the
+"""The attention = rest crossover of ONE block, measured and modelled, in the sweep, the
 CSV, the CLI and the figure; and (19.3) int8 / bf16 as measured rows of the sweep."""
 import math
 
@@ -9,10 +9,10 @@ import torch
 
 from attnviz.base import jobs
 from attnviz.core.attention import parse_variant
-from attnviz.figures.crossover import crossover_figure
-from attnviz.latency import cli as bench_cli
-from attnviz.latency import costmodel as cm
-from attnviz.latency import crossover as xo
+from attnviz.figures.crossover_figures import crossover_figure
+from attnviz.latency import cli
+from attnviz.latency import costmodel
+from attnviz.latency import crossover
 from attnviz.latency import measure, results, sweep
 from attnviz.latency.results import parse_synthetic, read_results
 
@@ -22,31 +22,31 @@ MINILM = parse_synthetic("synthetic:layers=6,d=384,heads=12,ff=1536,vocab=30522,
 
 
 def test_block_crossover_is_where_attention_equals_the_rest_of_one_block():
-    n = xo.block_crossover(MINILM, cm.PI4, "eager")
-    split = xo.block_split(MINILM, n, cm.PI4, "eager")
-    before = xo.block_split(MINILM, int(n * 0.97), cm.PI4, "eager")
+    n = crossover.block_crossover(MINILM, costmodel.PI4, "eager")
+    split = crossover.block_split(MINILM, n, costmodel.PI4, "eager")
+    before = crossover.block_split(MINILM, int(n * 0.97), costmodel.PI4, "eager")
     assert split["attention"] >= sum(split.values()) - split["attention"]
     assert before["attention"] < sum(before.values()) - before["attention"]
     # the whole model adds per-token rest (embeddings, norms): it crosses no earlier than one block
-    assert cm.attention_crossover(MINILM, cm.PI4, "eager") >= n * 0.98
-    assert xo.block_crossover(MINILM, cm.PI4, "linear") is None
-    ns = xo.lengths(n)
+    assert costmodel.attention_crossover(MINILM, costmodel.PI4, "eager") >= n * 0.98
+    assert crossover.block_crossover(MINILM, costmodel.PI4, "linear") is None
+    ns = crossover.lengths(n)
     assert min(ns) < n < max(ns) and max(ns) == pytest.approx(1.5 * n, rel=0.02) and ns == sorted(set(ns))
 
 
 def test_block_split_sums_to_one_layer_of_the_forward_pass():
     """One block's groups are exactly the per-layer part of `predict` (no embedding, no head)."""
-    whole = cm.predict(MINILM, 256, cm.PI5, "fused").by_group
-    block = xo.block_split(MINILM, 256, cm.PI5, "fused")
+    whole = costmodel.predict(MINILM, 256, costmodel.PI5, "fused").by_group
+    block = crossover.block_split(MINILM, 256, costmodel.PI5, "fused")
     assert block["attention"] == pytest.approx(whole["attention"] / MINILM.n_layers, rel=1e-9)
     assert block["mlp"] == pytest.approx(whole["mlp"] / MINILM.n_layers, rel=1e-9)
 
 
 def test_crossing_of_known_ratios_is_exact():
     ns = [250, 500, 1000, 2000, 4000]
-    assert xo.crossing(ns, [n / 1000 for n in ns]) == pytest.approx(1000)
-    assert xo.crossing(ns, [(n / 1500) ** 2 for n in ns]) == pytest.approx(1500)
-    assert xo.crossing(ns, [0.1] * 5) is None and xo.crossing(ns[:2], [0.3, 0.6]) is None  # never straddled
+    assert crossover.crossing(ns, [n / 1000 for n in ns]) == pytest.approx(1000)
+    assert crossover.crossing(ns, [(n / 1500) ** 2 for n in ns]) == pytest.approx(1500)
+    assert crossover.crossing(ns, [0.1] * 5) is None and crossover.crossing(ns[:2], [0.3, 0.6]) is None  # never straddled
 
 
 def test_a_block_reads_no_positions_and_rope_angles_are_made_for_n():
@@ -54,7 +54,7 @@ def test_a_block_reads_no_positions_and_rope_angles_are_made_for_n():
     block gets its angles for n from iter_blocks, beyond its 64 positions."""
     for spec in (TINY, ROPE):
         model = measure.load(spec)
-        block, att = xo.measure_block(model, 200, parse_variant("fused"), repeats=2, warmup=1, clock="cpu")
+        block, att = crossover.measure_block(model, 200, parse_variant("fused"), repeats=2, warmup=1, clock="cpu")
         assert block.runs == att.runs == 2 and block.median > 0 and att.median > 0
     model = measure.load(ROPE)
     x = torch.randn(1, 100, 32)
@@ -71,13 +71,13 @@ def test_sweep_times_one_block_across_the_crossover_and_the_csv_says_so():
     df = sweep.run_sweep(plan, models)
     blocks = df[df["test"] == "block"]
     measured, modelled = blocks[blocks["measured"]], blocks[~blocks["measured"]]
-    assert len(measured) == len(modelled) == len(xo.FACTORS) and set(modelled["backend"]) == {"cpu-model"}
+    assert len(measured) == len(modelled) == len(crossover.FACTORS) and set(modelled["backend"]) == {"cpu-model"}
     assert sorted(measured["seq_len"]) == sorted(modelled["seq_len"])
     assert (measured["attention_ms"] > 0).all() and (measured["median_ms"] > 0).all()  # timed apart: no order
     assert len(df[df["test"].isna()]) == 2  # the forward passes are there as before
     back = read_results(results.to_csv(df).encode())
-    assert (back["test"] == "block").sum() == 2 * len(xo.FACTORS)
-    table = xo.crossover_table(back)
+    assert (back["test"] == "block").sum() == 2 * len(crossover.FACTORS)
+    table = crossover.crossover_table(back)
     assert len(table) == 1 and table["modelled_n"].iloc[0] > 0
     assert math.isnan(table["error_pct"].iloc[0]) or table["measured_n"].iloc[0] > 0
 
@@ -86,7 +86,7 @@ def test_crossover_figure_marks_both_and_says_it_is_one_block():
     ns = [200, 400, 800, 1600]
     rows = pd.DataFrame([dict(seq_len=n, measured=m, median_ms=n / 10 + n * n / (10 * c), attention_ms=n * n / (10 * c))
                          for n in ns for m, c in ((True, 800), (False, 700))])  # attention / rest = n / c
-    table = xo.crossover_table(rows.assign(test="block", model="minilm", variant="fused", threads=1))
+    table = crossover.crossover_table(rows.assign(test="block", model="minilm", variant="fused", threads=1))
     m, p = table["measured_n"].iloc[0], table["modelled_n"].iloc[0]
     assert m == pytest.approx(800) and p == pytest.approx(700) and table["error_pct"].iloc[0] == pytest.approx(-12.5)
     fig = crossover_figure(rows, m, p, "minilm", positions=512)
@@ -103,16 +103,16 @@ def test_cli_crossover_only_with_its_flag_and_said(tmp_path, capsys):
     on, off = tmp_path / "on.csv", tmp_path / "off.csv"
     common = ["--model", TINY, "--seq-lens", "8,16", "--threads", str(torch.get_num_threads()), "--repeats", "1",
               "--warmup", "0", "--no-memory", "--clock", "cpu"]
-    assert bench_cli.main(common + ["--out", str(off)]) == 0
+    assert cli.main(common + ["--out", str(off)]) == 0
     plain = read_results(off)
     assert len(plain) == 2 and sorted(plain["seq_len"]) == [8, 16] and set(plain["backend"]) == {"cpu"}
     assert "--crossover" not in capsys.readouterr().err
-    assert bench_cli.main(common + ["--crossover", "--out", str(on)]) == 0
-    assert (read_results(on)["test"] == "block").sum() == 2 * len(xo.FACTORS)
-    assert "--crossover: added" in capsys.readouterr().err and "test=block" in bench_cli.parser().format_help()
+    assert cli.main(common + ["--crossover", "--out", str(on)]) == 0
+    assert (read_results(on)["test"] == "block").sum() == 2 * len(crossover.FACTORS)
+    assert "--crossover: added" in capsys.readouterr().err and "test=block" in cli.parser().format_help()
 
 
-# ---------------------------------------------------------------- issue 19.3: int8 / bf16 measured rows
+# ---------------------------------------------------------------- int8 / bf16 measured rows
 def test_int8_and_bf16_are_measured_rows_of_the_sweep_the_shared_model_untouched():
     model = measure.load(TINY)
     before = {k: v.clone() for k, v in model.net.state_dict().items()}
@@ -161,5 +161,5 @@ def test_a_deadline_in_the_block_rounds_keeps_the_lengths_measured_and_names_the
     # the forward point: 1 + 2 checks; each block run: 1 + 1 (block) + 1 (attention alone)
     df = sweep.run_sweep(plan, {TINY: measure.load(TINY)}, deadline=StopsAfter(3 + 2 * 3))
     blocks = df[(df["test"] == "block") & df["measured"]]
-    assert len(blocks) == 2 and (df[(df["test"] == "block") & ~df["measured"]]).shape[0] == len(xo.FACTORS)
+    assert len(blocks) == 2 and (df[(df["test"] == "block") & ~df["measured"]]).shape[0] == len(crossover.FACTORS)
     assert "stopped at its time limit" in df.attrs["stopped"] and df.attrs["stopped"].count("one block n=") == 3

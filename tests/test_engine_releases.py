@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attnviz.latency import cli as bench_cli
+from attnviz.latency import cli
 from attnviz.latency import engines, sweep
 from attnviz.latency.results import read_results
 
@@ -46,11 +46,11 @@ def test_a_release_no_published_run_covers_is_refused_saying_what_the_profile_mo
 
 def test_cli_engine_at_a_year(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        bench_cli.main(["--model", TINY, "--seq-lens", "8", "--backend", "pi4", "--engine", "ggml@2025",
+        cli.main(["--model", TINY, "--seq-lens", "8", "--backend", "pi4", "--engine", "ggml@2025",
                         "--dtype", "fp16", "--no-crossover"])
     assert exit_.value.code == 2 and "that profile models whisper.cpp aa6adda (2022)" in capsys.readouterr().err
     out = tmp_path / "r.csv"
-    assert bench_cli.main(["--model", TINY, "--seq-lens", "8,16", "--backend", "pi4,pi5", "--engine", "ggml,ggml@2024",
+    assert cli.main(["--model", TINY, "--seq-lens", "8,16", "--backend", "pi4,pi5", "--engine", "ggml,ggml@2024",
                            "--dtype", "q8_0", "--no-crossover", "--out", str(out)]) == 0
     df = read_results(out)
     plain, dated = (df[df["engine"] == e].sort_values(["backend", "seq_len"])["median_ms"].tolist()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attnviz
-from attnviz.analysis import head_scores as hs
+from attnviz.analysis import head_scores
 from attnviz.core.config import Config
 from attnviz.weights.catalogue import random_model
 
@@ -42,7 +42,7 @@ def test_perfect_heads_score_one_on_their_own_score(prefix):
     prev = _pattern(n, lambda q: max(q - 1, 0))
     induction = _pattern(n, lambda q: q - T + 1 if q in copy else 0)
     duplicate = _pattern(n, lambda q: q - T if q in copy else 0)
-    s = hs.scores_from_attention(torch.stack([prev, induction, duplicate]), T, prefix)
+    s = head_scores.scores_from_attention(torch.stack([prev, induction, duplicate]), T, prefix)
     assert s["previous_token"][0] == 1 and s["induction"][0] == 0 and s["duplicate_token"][0] == 0
     assert s["induction"][1] == 1 and s["duplicate_token"][1] == 0
     assert s["duplicate_token"][2] == 1 and s["induction"][2] == 0
@@ -57,7 +57,7 @@ def test_uniform_causal_attention_matches_closed_form(prefix):
     n = prefix + 2 * T
     a = torch.tril(torch.ones(n, n))
     a = a / a.sum(-1, keepdim=True)          # row q: 1 / (q + 1) on every visible key
-    s = hs.scores_from_attention(a[None, None], T, prefix)
+    s = head_scores.scores_from_attention(a[None, None], T, prefix)
     want_prev = np.mean([1 / (q + 1) for q in range(1, n)])
     want_copy = np.mean([1 / (q + 1) for q in range(prefix + T, n)])
     assert s["previous_token"].shape == (1, 1)
@@ -68,39 +68,39 @@ def test_uniform_causal_attention_matches_closed_form(prefix):
 
 def test_scores_from_attention_refuses_a_wrong_size():
     with pytest.raises(ValueError, match="cannot hold"):
-        hs.scores_from_attention(torch.zeros(2, 11, 11), 5, prefix=0)
+        head_scores.scores_from_attention(torch.zeros(2, 11, 11), 5, prefix=0)
 
 
 # ---------------------------------------------------------------- real traces of a tiny model
 def test_table_shape_ranges_and_determinism(tiny):
-    df = hs.head_scores(tiny, seq_len=10, n_seqs=2, seed=1)
+    df = head_scores.head_scores(tiny, seq_len=10, n_seqs=2, seed=1)
     assert list(df.columns) == ["layer", "head", "previous_token", "induction", "duplicate_token"]
     assert len(df) == LLAMA.n_layers * LLAMA.n_heads
     assert list(zip(df.layer, df["head"])) == [(l, h) for l in range(3) for h in range(4)]
-    scores = df[list(hs.SCORES)].to_numpy()
+    scores = df[list(head_scores.SCORES)].to_numpy()
     assert np.isfinite(scores).all() and (scores >= 0).all() and (scores <= 1).all()
-    pd.testing.assert_frame_equal(df, hs.head_scores(tiny, seq_len=10, n_seqs=2, seed=1))
-    assert not df.equals(hs.head_scores(tiny, seq_len=10, n_seqs=2, seed=2))
+    pd.testing.assert_frame_equal(df, head_scores.head_scores(tiny, seq_len=10, n_seqs=2, seed=1))
+    assert not df.equals(head_scores.head_scores(tiny, seq_len=10, n_seqs=2, seed=2))
     assert df.attrs["prefix"] == 0 and df.attrs["bos_id"] is None  # no tokenizer: no BOS
 
 
 def test_sequences_are_a_distinct_block_repeated(tiny):
-    ids, prefix = hs.repeated_tokens(tiny, seq_len=20, n_seqs=3, seed=4)
+    ids, prefix = head_scores.repeated_tokens(tiny, seq_len=20, n_seqs=3, seed=4)
     assert prefix == 0 and ids.shape == (3, 40)
     for row in ids:
         first, second = row[:20], row[20:]
         assert torch.equal(first, second) and len(set(first.tolist())) == 20
     assert not torch.equal(ids[0], ids[1])
-    again, _ = hs.repeated_tokens(tiny, seq_len=20, n_seqs=3, seed=4)
+    again, _ = head_scores.repeated_tokens(tiny, seq_len=20, n_seqs=3, seed=4)
     assert torch.equal(ids, again)
 
 
 def test_table_equals_the_written_out_formula_on_each_trace(tiny):
     T, S = 9, 3
-    df = hs.head_scores(tiny, seq_len=T, n_seqs=S, seed=5)
-    ids, p = hs.repeated_tokens(tiny, seq_len=T, n_seqs=S, seed=5)
+    df = head_scores.head_scores(tiny, seq_len=T, n_seqs=S, seed=5)
+    ids, p = head_scores.repeated_tokens(tiny, seq_len=T, n_seqs=S, seed=5)
     n = p + 2 * T
-    want = {k: np.zeros((LLAMA.n_layers, LLAMA.n_heads)) for k in hs.SCORES}
+    want = {k: np.zeros((LLAMA.n_layers, LLAMA.n_heads)) for k in head_scores.SCORES}
     for row in ids:
         a = tiny.trace(row).attentions.double().numpy()
         for l in range(LLAMA.n_layers):
@@ -108,25 +108,25 @@ def test_table_equals_the_written_out_formula_on_each_trace(tiny):
                 want["previous_token"][l, h] += sum(a[l, h, q, q - 1] for q in range(1, n)) / (n - 1) / S
                 want["duplicate_token"][l, h] += sum(a[l, h, q, q - T] for q in range(p + T, n)) / T / S
                 want["induction"][l, h] += sum(a[l, h, q, q - T + 1] for q in range(p + T, n)) / T / S
-    for k in hs.SCORES:
+    for k in head_scores.SCORES:
         np.testing.assert_allclose(df[k].to_numpy(), want[k].flatten(), atol=1e-6)
 
 
 def test_batches_for_bounded_memory_give_the_same_table(tiny, monkeypatch, set_limits):
-    whole = hs.head_scores(tiny, seq_len=12, n_seqs=3, seed=0)
+    whole = head_scores.head_scores(tiny, seq_len=12, n_seqs=3, seed=0)
     batches = []
-    layer_weights = hs._layer_weights
+    layer_weights = head_scores._layer_weights
 
     def counting(model, ids, *args):
         batches.append(len(ids))
         yield from layer_weights(model, ids, *args)
 
-    monkeypatch.setattr(hs, "_layer_weights", counting)
-    hs.head_scores(tiny, seq_len=12, n_seqs=3, seed=0)
+    monkeypatch.setattr(head_scores, "_layer_weights", counting)
+    head_scores.head_scores(tiny, seq_len=12, n_seqs=3, seed=0)
     assert batches == [3]                       # 3 x 4 x 24 x 24 floats: one batch
     batches.clear()
     set_limits(attention_capture_mb=0)
-    one_by_one = hs.head_scores(tiny, seq_len=12, n_seqs=3, seed=0)
+    one_by_one = head_scores.head_scores(tiny, seq_len=12, n_seqs=3, seed=0)
     assert batches == [1, 1, 1]                 # below the budget: one sequence at a time
     pd.testing.assert_frame_equal(whole, one_by_one, check_exact=False, atol=1e-6)
 
@@ -134,8 +134,8 @@ def test_batches_for_bounded_memory_give_the_same_table(tiny, monkeypatch, set_l
 def test_head_mask_changes_later_layers_only(tiny):
     mask = torch.ones(LLAMA.n_layers, LLAMA.n_heads)
     mask[0] = 0
-    plain = hs.head_scores(tiny, seq_len=8, n_seqs=1)
-    masked = hs.head_scores(tiny, seq_len=8, n_seqs=1, head_mask=mask)
+    plain = head_scores.head_scores(tiny, seq_len=8, n_seqs=1)
+    masked = head_scores.head_scores(tiny, seq_len=8, n_seqs=1, head_mask=mask)
     first = plain.layer == 0
     pd.testing.assert_frame_equal(plain[first], masked[first])
     assert not np.allclose(plain[~first].induction, masked[~first].induction)
@@ -144,20 +144,20 @@ def test_head_mask_changes_later_layers_only(tiny):
 def test_pruned_heads_read_nan_and_the_rest_match_the_mask(tiny):
     keep = torch.ones(LLAMA.n_layers, LLAMA.n_heads, dtype=torch.bool)
     keep[1, 2] = False
-    pruned = hs.head_scores(tiny.prune(keep), seq_len=8, n_seqs=2)
-    masked = hs.head_scores(tiny, seq_len=8, n_seqs=2, head_mask=keep.float())
+    pruned = head_scores.head_scores(tiny.prune(keep), seq_len=8, n_seqs=2)
+    masked = head_scores.head_scores(tiny, seq_len=8, n_seqs=2, head_mask=keep.float())
     gone = (pruned.layer == 1) & (pruned["head"] == 2)
-    assert pruned[gone][list(hs.SCORES)].isna().all(axis=None)
-    np.testing.assert_allclose(pruned[~gone][list(hs.SCORES)].to_numpy(),
-                               masked[~gone][list(hs.SCORES)].to_numpy(), atol=1e-5)
+    assert pruned[gone][list(head_scores.SCORES)].isna().all(axis=None)
+    np.testing.assert_allclose(pruned[~gone][list(head_scores.SCORES)].to_numpy(),
+                               masked[~gone][list(head_scores.SCORES)].to_numpy(), atol=1e-5)
 
 
 def test_top_heads_sorts_by_score(tiny):
-    df = hs.head_scores(tiny, seq_len=8, n_seqs=1)
-    top = hs.top_heads(df, "induction", k=3)
+    df = head_scores.head_scores(tiny, seq_len=8, n_seqs=1)
+    top = head_scores.top_heads(df, "induction", k=3)
     assert len(top) == 3 and list(top.induction) == sorted(df.induction, reverse=True)[:3]
     with pytest.raises(ValueError, match="score must be one of"):
-        hs.top_heads(df, "layer")
+        head_scores.top_heads(df, "layer")
 
 
 class _BosTokenizer:
@@ -174,24 +174,24 @@ class _BosTokenizer:
 
 def test_bos_follows_the_tokenizer_and_special_tokens_are_never_drawn():
     model = random_model(LLAMA, seed=0, tokenizer=_BosTokenizer())
-    ids, prefix = hs.repeated_tokens(model, seq_len=30, n_seqs=4, seed=0)
+    ids, prefix = head_scores.repeated_tokens(model, seq_len=30, n_seqs=4, seed=0)
     assert prefix == 1 and (ids[:, 0] == 0).all()
     assert not torch.isin(ids[:, 1:], torch.tensor([0, 1])).any()
-    ids, prefix = hs.repeated_tokens(model, seq_len=30, n_seqs=4, seed=0, prepend_bos=False)
+    ids, prefix = head_scores.repeated_tokens(model, seq_len=30, n_seqs=4, seed=0, prepend_bos=False)
     assert prefix == 0 and ids.shape == (4, 60)
-    df = hs.head_scores(model, seq_len=30, n_seqs=1)
+    df = head_scores.head_scores(model, seq_len=30, n_seqs=1)
     assert df.attrs["prefix"] == 1 and df.attrs["bos_id"] == 0
     # max_positions 64: with a BOS, 2T + 1 <= 64 allows T = 31 at most
-    assert hs.max_seq_len(model, prefix=1) == 31
+    assert head_scores.max_seq_len(model, prefix=1) == 31
     with pytest.raises(ValueError, match="seq_len must lie in 4..31"):
-        hs.repeated_tokens(model, seq_len=32)
+        head_scores.repeated_tokens(model, seq_len=32)
 
 
 # ---------------------------------------------------------------- refusals
 @pytest.mark.parametrize("cfg,what", [(BERT, "bidirectional encoder"), (VIT, "vision model")])
 def test_encoders_and_vision_models_are_refused(cfg, what):
     with pytest.raises(ValueError, match=what):
-        hs.head_scores(random_model(cfg))
+        head_scores.head_scores(random_model(cfg))
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -208,27 +208,27 @@ def test_encoders_and_vision_models_are_refused(cfg, what):
 ])
 def test_bad_arguments_are_refused(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        hs.head_scores(tiny, **kwargs)
+        head_scores.head_scores(tiny, **kwargs)
 
 
 def test_sequence_length_is_capped_at_1024_tokens():
     big = random_model(dataclasses.replace(LLAMA, n_layers=1, vocab_size=2000, max_positions=4096))
-    assert hs.max_seq_len(big, prefix=0) == 512 and hs.max_seq_len(big, prefix=1) == 511
+    assert head_scores.max_seq_len(big, prefix=0) == 512 and head_scores.max_seq_len(big, prefix=1) == 511
     with pytest.raises(ValueError, match="seq_len must lie in 4..512"):
-        hs.repeated_tokens(big, seq_len=513)
+        head_scores.repeated_tokens(big, seq_len=513)
 
 
 def test_a_deadline_stops_between_forward_passes(tiny):
     from attnviz.base.jobs import Deadline, JobTimeout
     with pytest.raises(JobTimeout):
-        hs.head_scores(tiny, seq_len=8, deadline=Deadline(0))
+        head_scores.head_scores(tiny, seq_len=8, deadline=Deadline(0))
 
 
 # ---------------------------------------------------------------- the bundled SmolLM2
 @pytest.fixture(scope="module")
 def smollm2_scores():
     model = attnviz.load_model("smollm2")
-    return model, hs.head_scores(model)   # T = 50, 4 sequences, seed 0
+    return model, head_scores.head_scores(model)   # T = 50, 4 sequences, seed 0
 
 
 def test_smollm2_has_real_induction_and_previous_token_heads(smollm2_scores):
@@ -241,7 +241,7 @@ def test_smollm2_has_real_induction_and_previous_token_heads(smollm2_scores):
     assert df.previous_token.max() > 0.7
     assert df.duplicate_token.max() > 0.5
     # induction composes with an earlier previous-token head
-    best = hs.top_heads(df, "induction", 1).iloc[0]
+    best = head_scores.top_heads(df, "induction", 1).iloc[0]
     prev_layers = df[df.previous_token > 0.5].layer
     assert prev_layers.min() < best.layer
     # the score picks heads: the best induction head is no previous-token or duplicate head
@@ -252,21 +252,21 @@ def test_smollm2_has_real_induction_and_previous_token_heads(smollm2_scores):
 def test_smollm2_sequences_use_ordinary_tokens_without_bos(smollm2_scores):
     model, df = smollm2_scores
     assert df.attrs["prefix"] == 0          # SmolLM2's tokenizer adds no BOS to text
-    ids, prefix = hs.repeated_tokens(model, seq_len=50, n_seqs=4, seed=0)
+    ids, prefix = head_scores.repeated_tokens(model, seq_len=50, n_seqs=4, seed=0)
     assert prefix == 0
     special = torch.tensor(sorted(model.tokenizer.added_tokens_decoder))
     assert not torch.isin(ids, special).any()
     texts = model.tokenizer.batch_decode([[i] for i in ids[0].tolist()])
     assert all(t.strip() and t.isprintable() and "\ufffd" not in t for t in texts)
-    forced, prefix = hs.repeated_tokens(model, seq_len=50, n_seqs=1, seed=0, prepend_bos=True)
+    forced, prefix = head_scores.repeated_tokens(model, seq_len=50, n_seqs=1, seed=0, prepend_bos=True)
     assert prefix == 1 and int(forced[0, 0]) == model.tokenizer.bos_token_id
 
 
 def test_smollm2_batched_pass_equals_scores_of_its_traces(smollm2_scores):
     model, _ = smollm2_scores
-    df = hs.head_scores(model, seq_len=20, n_seqs=2, seed=3)
-    ids, prefix = hs.repeated_tokens(model, seq_len=20, n_seqs=2, seed=3)
-    parts = [hs.scores_from_attention(model.trace(row).attentions, 20, prefix) for row in ids]
-    for k in hs.SCORES:
+    df = head_scores.head_scores(model, seq_len=20, n_seqs=2, seed=3)
+    ids, prefix = head_scores.repeated_tokens(model, seq_len=20, n_seqs=2, seed=3)
+    parts = [head_scores.scores_from_attention(model.trace(row).attentions, 20, prefix) for row in ids]
+    for k in head_scores.SCORES:
         want = ((parts[0][k] + parts[1][k]) / 2).flatten().numpy()
         np.testing.assert_allclose(df[k].to_numpy(), want, atol=1e-5)

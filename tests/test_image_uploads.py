@@ -350,7 +350,7 @@ def test_unknown_sample_is_refused():
         load_sample("dog")
 
 
-# Failures remembered, decodes bounded, large images shrunk before converting (issue 17.4, 17.5)
+# Failures remembered, decodes bounded, large images shrunk before converting
 # --------------------------------------------------------------------------------------------
 from attnviz.uploads import colour, images  # noqa: E402
 
@@ -498,7 +498,7 @@ def test_peak_memory_of_a_40_mpx_float_tiff(tmp_path):
     assert int(extra) < 6 * 40_000_000, f"{int(extra) / 2**20:.0f} MB"
 
 
-# Decoded a band at a time: PNG and TIFF never exist whole (issue 17.5)
+# Decoded a band at a time: PNG and TIFF never exist whole
 # --------------------------------------------------------------------------------------------
 import tifffile  # noqa: E402  (scikit-image's dependency: the TIFF layouts Pillow does not write)
 
@@ -740,7 +740,7 @@ def test_8_bit_images_within_the_budget_open_as_before():
 
 
 def issue_file(kind: str, path) -> tuple[int, int]:
-    """The files of issue 17.5: 40 Mpx (8000 x 5000), compressed to well under a megabyte; and two
+    """The hostile files: 40 Mpx (8000 x 5000), compressed to well under a megabyte; and two
     8-bit ones that must stay as lean: a 40 Mpx JPEG and a 16 Mpx RGB PNG (not shrunk at all).
     Returns the size open_image gives."""
     blocks = np.random.default_rng(0).random((10, 16))

@@ -238,7 +238,7 @@ def test_speedup_warms_up_and_alternates_the_models(monkeypatch):
 
 def test_latency_figure_shows_the_spread():
     import pandas as pd
-    from attnviz.figures.heads import latency_figure
+    from attnviz.figures.head_figures import latency_figure
     table = pd.DataFrame(dict(tokens=[8, 16], full_ms=[2.0, 4.0], full_ms_q1=[1.5, 3.0], full_ms_q3=[3.0, 4.5],
                               pruned_ms=[1.0, 2.0], pruned_ms_q1=[0.9, 1.9], pruned_ms_q3=[1.2, 2.5]))
     fig = latency_figure(table)
@@ -266,9 +266,9 @@ def test_live_outputs_match_single_runs(minilm):
         alone = torch.nn.functional.normalize(minilm.trace(s, head_mask=mask).hidden.mean(0), dim=0)
         assert torch.allclose(e, alone, atol=1e-5)
     full = effects.outputs(minilm, "The cat sits on the mat.", None, 4, sentences)
-    cmp = effects.compare(full, out, sentences)
+    cmp = effects.output_change(full, out, sentences)
     assert cmp["cosine"] < 1 and list(cmp["ranking"]["rank_full"]) == [1, 2]
-    assert effects.compare(full, full, sentences)["cosine"] == pytest.approx(1.0)
+    assert effects.output_change(full, full, sentences)["cosine"] == pytest.approx(1.0)
 
 
 def test_live_outputs_language_model():
@@ -277,11 +277,11 @@ def test_live_outputs_language_model():
     model = one_head_model(cfg)
     ids = list(range(10))
     full = effects.outputs(model, ids)
-    same = effects.compare(full, effects.outputs(model, ids, torch.ones(2, 4)))
+    same = effects.output_change(full, effects.outputs(model, ids, torch.ones(2, 4)))
     assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["top1"] == 1.0
     off = torch.ones(2, 4)
     off[SIGNAL] = 0
-    changed = effects.compare(full, effects.outputs(model, ids, off))
+    changed = effects.output_change(full, effects.outputs(model, ids, off))
     assert changed["kl"] > 0 and full.token_loss.shape == (9,)
     assert changed["perplexity_full"] == pytest.approx(math.exp(float(full.token_loss.mean())), rel=1e-5)
 
@@ -301,22 +301,22 @@ def test_mask_link_encoding_round_trip():
 
 def test_heads_figures():
     import numpy as np
-    from attnviz.figures import heads as heads_viz
+    from attnviz.figures import head_figures
     before, after = torch.rand(4, 4), torch.rand(4, 4)
-    fig = heads_viz.difference_heatmap(before, after, list("abcd"))
+    fig = head_figures.difference_heatmap(before, after, list("abcd"))
     z = np.asarray(fig.data[0].z, dtype=np.float32)
     assert np.allclose(z, (after - before).numpy()) and fig.data[0].zmid == 0
     assert fig.data[0].zmin == -fig.data[0].zmax
     cfg = lm_config()
     curve = pruning_curve(random_model(cfg), data(cfg, windows=1), step=0.5, max_fraction=0.5, seeds=(0, 1))
-    fig = heads_viz.curve_figure(curve.summary(), "perplexity")
+    fig = head_figures.curve_figure(curve.summary(), "perplexity")
     lines = [t for t in fig.data if t.mode == "lines+markers"]
     assert len(lines) == 2 and list(lines[0].x) == [0.0, 50.0]
     with pytest.raises(ValueError, match="one loss per predicted token"):
-        heads_viz.token_loss_figure(["a", "b", "c"], [1.0], [1.0, 2.0])
+        head_figures.token_loss_figure(["a", "b", "c"], [1.0], [1.0, 2.0])
 
 
-# ---------------------------------------------------------------- the live view (issue 12)
+# ---------------------------------------------------------------- the live view
 def gpt2_config():
     return Config(family="gpt2", task="lm", n_layers=3, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, d_ff=64,
                   vocab_size=40, max_positions=64, norm="layernorm", positional="learned", causal=True,
@@ -421,7 +421,7 @@ def test_attention_note_says_why_a_map_is_empty():
 
 
 def test_topk_pair_draws_both_panels_on_one_scale():
-    from attnviz.figures.heads import topk_pair
+    from attnviz.figures.head_figures import topk_pair
     fig = topk_pair((["a", "b"], torch.tensor([0.92, 0.05])), (["c", "d"], [0.11, 0.02]))
     assert fig.layout.xaxis.range == fig.layout.xaxis2.range == (0, 1.0)
     fig = topk_pair((["a", "b"], [0.4, 0.05]), (["c", "d"], [0.11, 0.02]))
@@ -431,7 +431,7 @@ def test_topk_pair_draws_both_panels_on_one_scale():
         topk_pair((["a", "b"], [0.4]), (["c"], [0.1]))
 
 
-# ---------------------------------------------------------------- bounds on long runs (issue 11)
+# ---------------------------------------------------------------- bounds on long runs
 def test_time_budget_is_capped_in_the_library(monkeypatch, set_limits):
     import dataclasses
 
@@ -461,10 +461,10 @@ def test_live_figures_skip_plotly_overflow_pass_on_every_axis():
     """plotly.js measures every tick label once more to hide overflowing ones unless told to allow
     them; in the Heads page that was about a third of a live redraw (bench/toggle_latency.py)."""
     import numpy as np
-    from attnviz.figures import heads as heads_viz
-    figures = [heads_viz.topk_pair((["a", "b"], [0.4, 0.05]), (["c", "d"], [0.11, 0.02])),
-               heads_viz.token_loss_figure(["a", "b", "c"], [1.0, 2.0], [1.5, 2.5]),
-               heads_viz.difference_heatmap(np.eye(3), np.eye(3) * 0.5, list("abc"), causal=True)]
+    from attnviz.figures import head_figures
+    figures = [head_figures.topk_pair((["a", "b"], [0.4, 0.05]), (["c", "d"], [0.11, 0.02])),
+               head_figures.token_loss_figure(["a", "b", "c"], [1.0, 2.0], [1.5, 2.5]),
+               head_figures.difference_heatmap(np.eye(3), np.eye(3) * 0.5, list("abc"), causal=True)]
     for figure in figures:
         axes = [k for k in figure.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
         assert axes and all(figure.layout[k].ticklabeloverflow == "allow" for k in axes)

@@ -22,7 +22,7 @@ def test_heavy_job_refuses_one_more_than_the_limit_and_frees_slots():
 
 
 def test_the_busy_message_says_only_that_the_server_is_busy():
-    """Issue 17.9: it named what other users were running."""
+    """It named what other users were running."""
     with jobs.heavy_job("someone's private-document sweep", limit=1):
         with pytest.raises(jobs.ServerBusy) as err:
             with jobs.heavy_job("head scores", limit=1):
@@ -140,12 +140,12 @@ def test_measure_quantiles_agree_with_torch_and_stop_at_a_check():
     assert len(calls) == 2
 
 
-# ---------------------------------------------------------------- the shared cache (attnviz.base.cache)
+# ---------------------------------------------------------------- the shared cache (attnviz.base.lru)
 def test_lru_is_bounded_in_entries_and_in_bytes():
     import numpy as np
     import torch
 
-    from attnviz.base.cache import LRU, nbytes
+    from attnviz.base.lru import LRU, nbytes
     assert nbytes(torch.zeros(1000)) == 4000 and nbytes(np.zeros(10, dtype=np.int64)) == 80
     frame = pd.DataFrame({"x": np.zeros(1000)})
     assert nbytes(frame) >= 8000
@@ -174,7 +174,7 @@ def test_lru_is_bounded_in_entries_and_in_bytes():
 
 
 def test_lru_holds_its_bounds_across_threads():
-    from attnviz.base.cache import LRU
+    from attnviz.base.lru import LRU
     store = LRU(max_entries=1000, max_bytes=50 * 4096)
 
     def worker(i):
@@ -192,17 +192,17 @@ def test_lru_holds_its_bounds_across_threads():
 
 # ---------------------------------------------------------------- a job whose session goes away (17.2)
 def _session_goes_away_after_three_steps():
-    """An AppTest script: a heavy job through attnviz.ui.jobs; the browser session goes away during
+    """An AppTest script: a heavy job through attnviz.ui.job_controls; the browser session goes away during
     step 3 (the runtime stops listing it), so the check before step 4 cancels the job."""
     import streamlit as st
     from streamlit import runtime
 
     from attnviz.base import jobs
-    from attnviz.ui import jobs as ui_jobs
+    from attnviz.ui import job_controls
 
     steps = []
     try:
-        with ui_jobs.heavy_job("a long job", limit=1) as cancel:
+        with job_controls.heavy_job("a long job", limit=1) as cancel:
             assert jobs.running_jobs() == ["a long job"]
             for step in range(1000):
                 cancel.check()
@@ -227,19 +227,19 @@ def test_a_heavy_job_whose_session_goes_away_frees_its_slot_within_one_step():
 def _session_stays():
     import streamlit as st
 
-    from attnviz.ui import jobs as ui_jobs
-    with ui_jobs.heavy_job("a job") as cancel:
-        st.write(f"session known: {ui_jobs.current_session_id() is not None}, cancelled: {cancel()}")
+    from attnviz.ui import job_controls
+    with job_controls.heavy_job("a job") as cancel:
+        st.write(f"session known: {job_controls.current_session_id() is not None}, cancelled: {cancel()}")
 
 
 def test_a_session_bound_cancel_reads_a_live_session_as_live_and_plain_python_as_nothing_to_watch():
     from streamlit.testing.v1 import AppTest
 
-    from attnviz.ui import jobs as ui_jobs
+    from attnviz.ui import job_controls
     at = AppTest.from_function(_session_stays).run(timeout=60)
     assert [m.value for m in at.markdown] == ["session known: True, cancelled: False"]
-    assert ui_jobs.current_session_id() is None      # no script run here: nothing to watch
-    with ui_jobs.heavy_job("plain", limit=1) as cancel:
+    assert job_controls.current_session_id() is None      # no script run here: nothing to watch
+    with job_controls.heavy_job("plain", limit=1) as cancel:
         assert not cancel() and jobs.running_jobs() == ["plain"]
     assert jobs.running_jobs() == []
 
@@ -252,7 +252,7 @@ def _gone_after(k: int) -> jobs.Cancel:
 
 
 def test_head_scores_stop_within_one_layer_of_the_session_going_away():
-    from attnviz.analysis import head_scores as hs
+    from attnviz.analysis import head_scores
     from attnviz.weights.catalogue import random_model
     from tests.tiny import LLAMA
     model = random_model(LLAMA, seed=3)
@@ -262,7 +262,7 @@ def test_head_scores_stop_within_one_layer_of_the_session_going_away():
         with jobs.heavy_job("head scores", limit=1):
             for block in model.net.blocks:
                 block.forward = (lambda x, _b=block, **kw: blocks.append(1) or real(_b, x, **kw))
-            hs.head_scores(model, seq_len=8, n_seqs=2, cancel=_gone_after(2))
+            head_scores.head_scores(model, seq_len=8, n_seqs=2, cancel=_gone_after(2))
     assert len(blocks) == 2 and jobs.running_jobs() == []     # two blocks ran, the third was never started
 
 
@@ -294,9 +294,9 @@ def test_importance_curves_and_speedup_stop_within_one_step(monkeypatch):
 
 
 def test_training_and_its_memory_measurement_stop_within_one_step():
-    from attnviz.toys import tasks as toys
+    from attnviz.toys import tasks
     from attnviz.toys.training import TrainSettings, train, training_memory
-    s = TrainSettings(task=toys.Task("copy", length=3), n_layers=2, d_model=32, steps=50, batch_size=8)
+    s = TrainSettings(task=tasks.Task("copy", length=3), n_layers=2, d_model=32, steps=50, batch_size=8)
     result = train(s, should_stop=_gone_after(4))
     assert result.stopped_early and result.steps_done == 4
     polls = []

@@ -214,9 +214,9 @@ def test_variant_fidelity_encoder_cosine(minilm):
 
 
 def test_loss_figure_gives_loss_and_accuracy_their_own_axes():
-    """Issue 12.6: the accuracy axis was titled cross-entropy and log-scaled (update_yaxes hit both)."""
-    from attnviz.figures import lab as lf
-    fig = lf.loss_figure([2.0, 1.0, 0.5, 0.1], [(2, 0.25), (4, 0.9)])
+    """The accuracy axis was titled cross-entropy and log-scaled (update_yaxes hit both)."""
+    from attnviz.figures import lab_figures
+    fig = lab_figures.loss_figure([2.0, 1.0, 0.5, 0.1], [(2, 0.25), (4, 0.9)])
     loss_axis, acc_axis = fig.layout.yaxis, fig.layout.yaxis2
     assert loss_axis.type == "log" and "cross-entropy" in loss_axis.title.text
     assert acc_axis.type != "log" and acc_axis.title.text.startswith("exact accuracy")
@@ -225,5 +225,5 @@ def test_loss_figure_gives_loss_and_accuracy_their_own_axes():
     assert acc_axis.overlaying == "y" and acc_axis.side == "right"
     assert [t.yaxis or "y" for t in fig.data] == ["y", "y2"]
     # without held-out measurements there is one log-scaled loss axis and no second one
-    only_loss = lf.loss_figure([2.0, 1.0])
+    only_loss = lab_figures.loss_figure([2.0, 1.0])
     assert only_loss.layout.yaxis.type == "log" and "yaxis2" not in only_loss.layout.to_plotly_json()

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-from attnviz.core.speech import SpeechModel
-from attnviz.core.whisper import Whisper, whisper_config
-from attnviz.latency import speech, translation
+from attnviz.core.speech_model import SpeechModel
+from attnviz.core.whisper_net import Whisper, whisper_config
+from attnviz.latency import speech_latency, translation_latency
 from attnviz.latency.cli import main
 from attnviz.latency.published import RUNS, WHISPER_SHAPES
 
@@ -37,28 +37,28 @@ def test_the_modelled_encoder_matches_the_published_whisper_cpp_runs():
         "synthetic:family=gpt2,layers=4,d=384,heads=6,")]
     assert {r.device for r in anchors} == {"pi4", "pi5"}
     for r in anchors:
-        got = speech.predict(cfg, r.device, r.engine, r.dtype, r.threads)["encode_ms"]
+        got = speech_latency.predict(cfg, r.device, r.engine, r.dtype, r.threads)["encode_ms"]
         assert got == pytest.approx(r.published, rel=0.25), r.label
-        assert speech.published_encode(cfg, r.device, r.engine, r.dtype, r.threads) == r.published
-    pi4, pi5 = (speech.predict(cfg, d, "ggml", "fp16") for d in ("pi4", "pi5"))
+        assert speech_latency.published_encode(cfg, r.device, r.engine, r.dtype, r.threads) == r.published
+    pi4, pi5 = (speech_latency.predict(cfg, d, "ggml", "fp16") for d in ("pi4", "pi5"))
     assert pi5["encode_ms"] < pi4["encode_ms"] and pi5["decode_ms_per_token"] < pi4["decode_ms_per_token"]
     # a step is far cheaper than the window's encoding, yet reads all 1,500 frames in cross-attention
     assert 50 * pi5["decode_ms_per_token"] < pi5["encode_ms"]
-    assert speech.published_encode(cfg, "pi5", "torch", "fp32", 4) is None
+    assert speech_latency.published_encode(cfg, "pi5", "torch", "fp32", 4) is None
 
 
 def test_the_sweep_measures_here_and_models_each_engine_at_its_dtypes():
     model = tiny_whisper()
-    df = speech.sweep({"tiny": model}, ["cpu", "pi4", "pi5"], ["torch", "ggml"], ["fp32", "fp16"], [4],
+    df = speech_latency.sweep({"tiny": model}, ["cpu", "pi4", "pi5"], ["torch", "ggml"], ["fp32", "fp16"], [4],
                       repeats=1, warmup=0)
-    assert list(df.columns) == speech.COLUMNS
+    assert list(df.columns) == speech_latency.COLUMNS
     # cpu: torch fp32 measured; each Pi: torch fp32 and ggml fp16 (ggml runs no fp32, torch no fp16)
     runs = df.groupby(["backend", "engine", "dtype"]).size()
     assert runs.to_dict() == {("cpu", "torch", "fp32"): 2, ("pi4", "ggml", "fp16"): 2, ("pi4", "torch", "fp32"): 2,
                               ("pi5", "ggml", "fp16"): 2, ("pi5", "torch", "fp32"): 2}
     assert set(df["phase"]) == {"encode", "decode"} and (df["ms"] > 0).all()
     assert (df["frames"] == 40).all()
-    assert set(df[df["phase"] == "decode"]["tokens"]) == {translation.DECODE_STEPS}
+    assert set(df[df["phase"] == "decode"]["tokens"]) == {translation_latency.DECODE_STEPS}
     assert (df[df["backend"] != "cpu"]["threads"] == 4).all()
     assert df["published_ms"].isna().all()  # no published run of a random shape
 
@@ -67,7 +67,7 @@ def test_the_cli_writes_encode_and_decode_rows_per_engine(capsys):
     assert main(["--model", "whisper-tiny-en", "--backend", "pi4,pi5", "--engine", "torch,ggml",
                  "--dtype", "fp32,fp16,q8_0"]) == 0
     df = pd.read_csv(io.StringIO(capsys.readouterr().out))
-    assert list(df.columns) == speech.COLUMNS
+    assert list(df.columns) == speech_latency.COLUMNS
     assert len(df) == 2 * 2 * 3 and set(df["phase"]) == {"encode", "decode"}
     assert set(zip(df["engine"], df["dtype"])) == {("torch", "fp32"), ("ggml", "fp16"), ("ggml", "q8_0")}
     assert (df["frames"] == 1500).all() and (df["threads"] == 4).all()

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import attnviz
-from attnviz.latency import translation
+from attnviz.latency import translation_latency
 from attnviz.latency.cli import main
 
 
@@ -16,15 +16,15 @@ def en_pt():
 
 
 def test_modelled_encoding_grows_with_the_source_and_decoding_is_per_token(en_pt):
-    short, long = (translation.predict(en_pt.cfg, n, "pi4") for n in (8, 128))
+    short, long = (translation_latency.predict(en_pt.cfg, n, "pi4") for n in (8, 128))
     assert long["encode_ms"] > 5 * short["encode_ms"]
     # an SSRU decoder's step reads only the cross-attention's keys, so it barely grows
     assert short["decode_ms_per_token"] <= long["decode_ms_per_token"] < 1.5 * short["decode_ms_per_token"]
-    assert translation.predict(en_pt.cfg, 32, "pi5")["decode_ms_per_token"] < \
-        translation.predict(en_pt.cfg, 32, "pi4")["decode_ms_per_token"]
+    assert translation_latency.predict(en_pt.cfg, 32, "pi5")["decode_ms_per_token"] < \
+        translation_latency.predict(en_pt.cfg, 32, "pi4")["decode_ms_per_token"]
     # the output product over 32,000 pieces is about three quarters of a step's arithmetic
-    full = sum(k * op.flops for op, k in translation.step_ops(en_pt.cfg, 16, 3))
-    small = sum(k * op.flops for op, k in translation.step_ops(en_pt.cfg, 16, 3, vocab=256))
+    full = sum(k * op.flops for op, k in translation_latency.step_ops(en_pt.cfg, 16, 3))
+    small = sum(k * op.flops for op, k in translation_latency.step_ops(en_pt.cfg, 16, 3, vocab=256))
     assert small < full / 4
 
 

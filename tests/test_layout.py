@@ -151,6 +151,70 @@ def test_pages_are_a_title_and_calls():
                 f"{rel(path)}:{node.lineno} imports {mod}: pages call attnviz and attnviz.ui only"
 
 
+def test_a_page_is_a_title_and_one_call():
+    """After its title and the import of its one `attnviz.ui` module, a page makes one call: the
+    module's `page()`; the layout lives in the ui layer."""
+    bad = []
+    for path in page_files():
+        tree = parse(path)
+        uses = {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name) and n.value.id != "st"}
+        calls = [n for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+                 and not (isinstance(n.value.func, ast.Attribute) and getattr(n.value.func.value, "id", "") == "st")]
+        if len(uses) != 1 or len(calls) != 1 or getattr(calls[0].value.func, "attr", "") != "page":
+            bad.append(rel(path))
+    assert not bad, f"pages that are more than a title and one ui call: {bad}"
+
+
+def all_python_files() -> list[Path]:
+    return library_files() + page_files() + sorted(
+        p for folder in ("tests", "bench", "scripts") for p in (ROOT / folder).rglob("*.py"))
+
+
+def is_attnviz_module(dotted: str) -> bool:
+    parts = dotted.split(".")[1:]
+    return bool(parts) and ((LIB / Path(*parts)).with_suffix(".py").exists() or (LIB / Path(*parts)).is_dir())
+
+
+def test_attnviz_modules_are_imported_under_their_own_names():
+    """`from attnviz.figures import attention_figures`, never `... import attention as viz`: a
+    module reads the same in every file that uses it."""
+    bad = []
+    for path in all_python_files():
+        for node, mod, names in imports(parse(path)):
+            if isinstance(node, ast.Import):
+                bad += [f"{rel(path)}:{node.lineno} {a.name} as {a.asname}" for a in node.names
+                        if a.asname and a.name.startswith("attnviz")]
+            elif mod == "attnviz" or mod.startswith("attnviz."):
+                bad += [f"{rel(path)}:{node.lineno} {mod}.{a.name} as {a.asname}" for a in node.names
+                        if a.asname and is_attnviz_module(f"{mod}.{a.name}")]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_re_export_shims():
+    """A name is imported from the module that defines it: no module re-exports another's names
+    (`import *`, or imports kept only to be re-exported)."""
+    bad = []
+    for path in library_files():
+        for node in ast.walk(parse(path)):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                bad.append(f"{rel(path)}:{node.lineno} import *")
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if "re-export" in line and line.lstrip().startswith(("from ", "import ")):
+                bad.append(f"{rel(path)}:{i}")
+    assert not bad, bad
+
+
+def test_every_module_name_says_which_module_it_is():
+    """No two library modules share a name (`figures/attention.py` beside `core/attention.py` made
+    every reader ask which one): a module's name alone finds its file."""
+    seen: dict[str, list[str]] = {}
+    for path in library_files():
+        if path.stem != "__init__":
+            seen.setdefault(path.stem, []).append(rel(path))
+    assert not {k: v for k, v in seen.items() if len(v) > 1}
+
+
 def test_library_files_stay_readable():
     long = {rel(p): n for p in library_files() if (n := len(p.read_text().splitlines())) > LIBRARY_MAX}
     assert not long, long
@@ -162,8 +226,8 @@ def test_library_files_stay_readable():
 SPEECH_ONLY = ("scipy.signal", "scipy.ndimage", "transformers.models.whisper")
 
 
-@pytest.mark.parametrize("module", ["attention", "heads", "images", "lab", "latency", "translate",
-                                    "readouts"])
+@pytest.mark.parametrize("module", ["home_page", "attention_page", "heads_page", "images_page", "lab_page",
+                                    "latency_page", "translate_page", "readouts_page"])
 def test_a_page_imports_only_what_its_first_view_needs(module):
     import subprocess
     import sys

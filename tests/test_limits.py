@@ -27,7 +27,7 @@ def test_allow_list(tmp_path):
 
 
 def test_allow_list_applies_to_load_model(tmp_path, monkeypatch, set_limits):
-    from attnviz.weights import catalogue as loading
+    from attnviz.weights import catalogue
     set_limits(allowed_model_dirs=str(tmp_path / "ok"))
     with pytest.raises(ValueError, match="only loads model folders"):
         attnviz.load_model(str(tmp_path))

@@ -141,10 +141,10 @@ def test_list_models_has_bundled_keys():
     assert {"minilm", "smollm2", "dinov2"} <= keys
 
 
-# ---------------------------------------------------------------- hostile folders (issue 11.3)
+# ---------------------------------------------------------------- hostile folders
 # Every failure is a ValueError, nothing is read before its size and kind are checked, nothing is
 # allocated before the config's sizes are bounded, and no message shows where a path resolves.
-from attnviz.weights import folders as loading  # noqa: E402
+from attnviz.weights import folders  # noqa: E402
 from attnviz.base.limits import Limits  # noqa: E402
 
 
@@ -322,13 +322,13 @@ def test_app_offers_no_local_folders_without_an_allow_list(tmp_path):
     at = home(**{PICK: "local folder…", "model_custom_dir": str(tmp_path)})
     assert not at.exception and at.sidebar.selectbox(key=PICK).value == "minilm"
     assert not any(str(tmp_path) in c.value for c in at.caption)
-    from attnviz import ui
+    from attnviz import common
     with pytest.raises(ValueError, match="unknown model"):
-        ui.load_model(str(tmp_path))                  # the app's cached loader takes no paths
+        common.shared_model(str(tmp_path))                  # the app's cached loader takes no paths
 
 
 def test_app_refusals_say_the_same_for_missing_outside_and_unreadable(tmp_path, monkeypatch, set_limits):
-    from attnviz import ui
+    from attnviz import common
     models, secret = tmp_path / "models", tmp_path / "secret_place"
     bert_folder(models / "big")
     secret.mkdir()
@@ -343,30 +343,30 @@ def test_app_refusals_say_the_same_for_missing_outside_and_unreadable(tmp_path, 
         at = home(**{PICK: "local folder…", "model_custom_dir": typed})
         assert not at.exception, typed
         [message] = errors(at)
-        assert ui.plain(repr(typed)) in message
-        seen.add(message.replace(ui.plain(repr(typed)), "<typed>"))
-        assert ui.plain(str(secret)) not in message.replace(ui.plain(repr(typed)), "")
+        assert common.plain(repr(typed)) in message
+        seen.add(message.replace(common.plain(repr(typed)), "<typed>"))
+        assert common.plain(str(secret)) not in message.replace(common.plain(repr(typed)), "")
     assert len(seen) == 1, seen                        # indistinguishable
     assert "only loads model folders under" in seen.pop()
     at = home(**{PICK: "local folder…", "model_custom_dir": "big"})   # relative to the allowed folder
     assert not at.exception and not errors(at)
-    assert "Loaded: " + ui.plain(str(models / "big")) in [h.value for h in at.subheader]
+    assert "Loaded: " + common.plain(str(models / "big")) in [h.value for h in at.subheader]
 
 
 def test_app_loads_one_copy_per_resolved_folder(tmp_path, monkeypatch, set_limits):
     """/x/big and /x/big/ (and /x/./big, a symlink to it) loaded twice before: +2.7 GB each."""
-    from attnviz import ui
+    from attnviz import common
     models = tmp_path / "models"
     folder = bert_folder(models / "big")
     (models / "alias").symlink_to(folder)
     set_limits(allowed_model_dirs=str(models))
     loads = []
-    real = loading.load_dir
+    real = folders.load_dir
 
     def counted(*args, **kwargs):
         loads.append(args[0])
         return real(*args, **kwargs)
-    monkeypatch.setattr(loading, "load_dir", counted)
+    monkeypatch.setattr(folders, "load_dir", counted)
     import streamlit as st
     st.cache_resource.clear()
     fingerprints = set()
@@ -387,14 +387,14 @@ def test_shared_models_leave_the_collectors_view_and_are_still_freed_when_droppe
     collector (a cycle in it would leak it once frozen)."""
     import gc
     import weakref
-    from attnviz.ui import common as ui
+    from attnviz.ui import common
     before = gc.get_freeze_count()
-    ui.settle_heap()
+    common.settle_heap()
     assert gc.get_freeze_count() > before
     settled = []
-    monkeypatch.setattr(ui, "settle_heap", lambda: settled.append(True))
-    ui._shared_model.clear()
-    ui.load_model("toy-copy")
+    monkeypatch.setattr(common, "settle_heap", lambda: settled.append(True))
+    common._shared_model.clear()
+    common.shared_model("toy-copy")
     assert settled                                       # every shared load settles the heap
     for key in ("toy-copy", "minilm"):
         model = attnviz.load_model(key)
@@ -446,11 +446,11 @@ def test_the_registry_answers_for_every_family():
 def test_a_converted_bert_has_its_embedding_norm_and_the_cache_key_moves_with_its_version(tmp_path, monkeypatch):
     """The family file, not a branch on its name, gives BERT its LayerNorm after the embeddings;
     and an entry converted under another cache version is never the one read."""
-    from attnviz.weights import cache
+    from attnviz.weights import conversion_cache
     assert attnviz.from_hf(tiny("bert")).cfg.embedding_norm
     assert not attnviz.from_hf(tiny("gpt2")).cfg.embedding_norm
     source = tmp_path / "model.bin"
     source.write_bytes(b"x")
-    now = cache.fingerprint(source)
-    monkeypatch.setattr(cache, "CACHE_VERSION", cache.CACHE_VERSION - 1)
-    assert cache.fingerprint(source) != now
+    now = conversion_cache.source_key(source)
+    monkeypatch.setattr(conversion_cache, "CACHE_VERSION", conversion_cache.CACHE_VERSION - 1)
+    assert conversion_cache.source_key(source) != now

@@ -56,8 +56,8 @@ def test_every_view_that_captures_attention_asks_the_one_estimate_first(set_limi
     """Generation's prompt, two prompts, the logit lens and attribution, the Attention page's texts,
     Translate and Speech: each is priced by `memory.plan_capture` before it runs, so the server's
     memory guard refuses every one of them, with its message, before a block runs."""
-    from attnviz.analysis import capture, generate, prompt_pair, readouts
-    from attnviz.ui import speech as speech_page, translate as translate_page
+    from attnviz.analysis import capture, generation, prompt_pair, readouts
+    from attnviz.ui import speech_page, translate_page
     from attnviz.weights import catalogue
     from attnviz.weights.catalogue import random_model
     from tests.tiny import LLAMA
@@ -70,8 +70,8 @@ def test_every_view_that_captures_attention_asks_the_one_estimate_first(set_limi
     real = memory.plan_capture
     monkeypatch.setattr(memory, "plan_capture", lambda what, **kw: asked.append(what) or real(what, **kw))
     set_limits(max_memory_mb=1)
-    runs = {"a generation": lambda: generate.generate(lm, ids, 3),
-            "two prompts": lambda: prompt_pair.compare(lm, ids, ids[:4]),
+    runs = {"a generation": lambda: generation.generate(lm, ids, 3),
+            "two prompts": lambda: prompt_pair.compare_prompts(lm, ids, ids[:4]),
             "the readout": lambda: readouts.logit_lens(lm, ids),
             "the attention of this text": lambda: capture.capture_text(lm, ids),
             "this translation": lambda: translate_page._translated.__wrapped__(

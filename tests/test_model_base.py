@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnviz
-from attnviz.core import base_model, model, seq2seq, speech, transformer, translate, translation
+from attnviz.core import base_model, model, seq2seq, speech_model, transformer, translator, translation_parts
 
 KEYS = ("minilm", "smollm2", "dinov2", "en-pt", "whisper-tiny-en")
 TEXT_KEYS = ("minilm", "smollm2", "en-pt")       # the kinds that read text and token ids
@@ -45,8 +45,8 @@ def raises_exactly(message: str):
 def test_the_public_classes_come_from_attnviz():
     assert attnviz.BaseModel is base_model.BaseModel and attnviz.ModelInfo is base_model.ModelInfo
     assert attnviz.Model is model.Model and attnviz.Trace is model.Trace
-    assert attnviz.Seq2SeqModel is translate.Seq2SeqModel and attnviz.Translation is translation.Translation
-    assert attnviz.SpeechModel is speech.SpeechModel and attnviz.Transcript is speech.Transcript
+    assert attnviz.Seq2SeqModel is translator.Seq2SeqModel and attnviz.Translation is translation_parts.Translation
+    assert attnviz.SpeechModel is speech_model.SpeechModel and attnviz.Transcript is speech_model.Transcript
     for cls in (attnviz.Model, attnviz.Seq2SeqModel, attnviz.SpeechModel):
         assert issubclass(cls, attnviz.BaseModel)
     assert {"BaseModel", "Model", "Seq2SeqModel", "SpeechModel", "ModelInfo", "Trace", "Translation",

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attnviz.analysis import stats as analysis
-from attnviz import ui
+from attnviz.analysis import stats
+from attnviz.ui import common
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages" / "1_Attention.py")
@@ -81,7 +81,7 @@ def test_home_page_describes_and_shows_shape():
 
 
 def _check_detail_matches_trace(at, model_key: str, text: str, layer: int, head: int):
-    model = ui.load_model(model_key)
+    model = common.shared_model(model_key)
     spec = _chart(at, "attention.detail")
     z = _array(spec["data"][0]["z"])
     expected = model.trace(text).attentions[layer, head].numpy()
@@ -172,7 +172,7 @@ def test_long_text_is_bounded_and_says_so():
     _submit(at, text)
     assert any("overview pools the whole text" in i.value for i in at.info)
     z = _array(_chart(at, "attention.detail")["data"][0]["z"])
-    model = ui.load_model("smollm2")
+    model = common.shared_model("smollm2")
     n_window = z.shape[0]
     assert n_window < 600
     # Window from token 0 of a decoder: exactly the top-left block of the full attention.
@@ -208,7 +208,7 @@ def _smollm2_page():
 
 
 def test_next_token_position_follows_a_new_text():
-    """Issue 12.1: after a second, shorter text the selector read "After position 50: ." while
+    """After a second, shorter text the selector read "After position 50: ." while
     the bars showed the last token. The position is reset to the new text's last token and the
     browser is told; the bars name the position they are for."""
     at = _view(_smollm2_page(), "Model output")
@@ -235,7 +235,7 @@ def test_find_heads_ranks_every_head_and_a_selected_row_opens_it():
     at.selectbox(key="attention.rank_k").set_value(key)
     _run(at)
     table = _rank_table(at)
-    expected = analysis.rank_heads(ui.load_model("minilm").trace(text).attentions, query, key)
+    expected = stats.rank_heads(common.shared_model("minilm").trace(text).attentions, query, key)
     assert len(table) == 6 * 12 and table["rank"].tolist() == list(range(1, 73))
     assert table[["layer", "head"]].values.tolist() == expected[["layer", "head"]].values.tolist()
     np.testing.assert_allclose(table["weight"], expected["weight"], atol=1e-6)
@@ -291,12 +291,12 @@ def test_text_outside_the_vocabulary_is_warned(page):
 
 def test_long_capture_over_its_time_limit_or_on_a_busy_server_keeps_the_previous_result(
         monkeypatch, set_limits):
-    """Issue 11.4: a long scan stops at LIMITS.max_capture_seconds, and holds a heavy-job slot."""
+    """A long scan stops at LIMITS.max_capture_seconds, and holds a heavy-job slot."""
     import contextlib
     import dataclasses
 
     from attnviz.base import jobs
-    from attnviz.analysis import capture as outputs
+    from attnviz.analysis import capture
 
     at = _view(_smollm2_page(), "Detail")
     short = "The capital of France is"
@@ -322,7 +322,7 @@ def test_long_capture_over_its_time_limit_or_on_a_busy_server_keeps_the_previous
 
 
 def test_statistics_csv_is_spreadsheet_safe_and_token_text_is_plain(monkeypatch):
-    """Issue 11.5: CSV downloads go through exports.csv_text; tokens shown as markdown are escaped."""
+    """CSV downloads go through exports.csv_text; tokens shown as markdown are escaped."""
     from attnviz.base import exports
 
     made = []
@@ -339,7 +339,7 @@ def test_statistics_csv_is_spreadsheet_safe_and_token_text_is_plain(monkeypatch)
 
 
 def test_head_scores_table_is_the_library_table_and_a_row_opens_its_head():
-    """Issue 12.8: previous-token, induction and duplicate-token scores of every head of the LM, a
+    """Previous-token, induction and duplicate-token scores of every head of the LM, a
     sortable table whose selected row opens the head; encoders are told why there is none."""
     from attnviz.analysis import head_scores
 
@@ -351,7 +351,7 @@ def test_head_scores_table_is_the_library_table_and_a_row_opens_its_head():
     next(b for b in at.button if b.proto.label == "Compute head scores").click()
     _run(at)
     table = next(d.value for d in at.dataframe if d.proto.id.endswith("-attention.hs_table"))
-    expected = head_scores.head_scores(ui.load_model("smollm2"), 20, 2, 0)
+    expected = head_scores.head_scores(common.shared_model("smollm2"), 20, 2, 0)
     assert list(table.columns) == ["layer", "head", "previous_token", "induction", "duplicate_token"]
     assert len(table) == 30 * 9
     np.testing.assert_allclose(table[["previous_token", "induction", "duplicate_token"]].to_numpy(),
@@ -367,11 +367,11 @@ def test_head_scores_table_is_the_library_table_and_a_row_opens_its_head():
 
 
 def test_only_the_chosen_view_computes_and_the_choice_outlives_buttons(monkeypatch):
-    """Issue 16.4: every rerun computed all eight tabs (the whole statistics table, rollout,
+    """Every rerun computed all eight tabs (the whole statistics table, rollout,
     ranking) whatever was shown. Now the Detail view computes one head's statistics only, the
     rollout only when its view is chosen, and the chosen view survives other widgets' reruns."""
     calls = {"stats": [], "rollout": 0}
-    real_stats, real_rollout = analysis.head_stats, analysis.rollout
+    real_stats, real_rollout = stats.head_stats, stats.rollout
 
     def counting_stats(attn, *args, **kwargs):
         calls["stats"].append(tuple(attn.shape[:2]))
@@ -381,8 +381,8 @@ def test_only_the_chosen_view_computes_and_the_choice_outlives_buttons(monkeypat
         calls["rollout"] += 1
         return real_rollout(*args, **kwargs)
 
-    monkeypatch.setattr(analysis, "head_stats", counting_stats)
-    monkeypatch.setattr(analysis, "rollout", counting_rollout)
+    monkeypatch.setattr(stats, "head_stats", counting_stats)
+    monkeypatch.setattr(stats, "rollout", counting_rollout)
     at = _run(AppTest.from_file(PAGE, default_timeout=180))
     _submit(at, "A sentence nobody else in these tests types, about seven blue herons.")
     assert at.radio(key="attention.view").value == "Detail"
@@ -398,7 +398,7 @@ def test_only_the_chosen_view_computes_and_the_choice_outlives_buttons(monkeypat
 
 
 def test_detail_caption_names_the_mean_of_row_maxima_and_the_brightest_cell(page):
-    """Issue 22.4: "max weight 0.19" was the mean of the row maxima beside a 0.35 cell."""
+    """The caption's "max weight 0.19" was the mean of the row maxima beside a 0.35 cell."""
     at = _view(page, "Detail")
     z = _array(_chart(at, "attention.detail")["data"][0]["z"])
     caption = " ".join(c.value for c in at.caption if "entropy" in c.value)
@@ -407,14 +407,14 @@ def test_detail_caption_names_the_mean_of_row_maxima_and_the_brightest_cell(page
 
 
 def test_byte_level_vocabulary_warning_speaks_of_bytes_not_unk():
-    """Issue 22.4: SmolLM2 has no [UNK]; it splits characters into bytes."""
+    """SmolLM2 has no [UNK]; it splits characters into bytes."""
     at = _submit(_smollm2_page(), "Привет, как дела? Это тестовое предложение на русском языке.")
     warning = [w.value for w in at.warning if "vocabulary" in w.value]
     assert warning and "bytes" in warning[0] and "[UNK]" not in warning[0]
 
 
 def test_home_lists_every_page_with_a_thumbnail_and_the_model_table_fits():
-    """Issue 22.13: one line and a thumbnail per page; the model table has few, bounded columns."""
+    """One line and a thumbnail per page; the model table has few, bounded columns."""
     import json
 
     at = _run(AppTest.from_file(HOME, default_timeout=120))
@@ -430,7 +430,7 @@ def test_home_lists_every_page_with_a_thumbnail_and_the_model_table_fits():
 
 
 def test_find_heads_opens_on_it_and_the_noun_it_refers_to():
-    """Issue 22.11: the default pair was the last and the first token ("." → "the")."""
+    """The default pair was the last and the first token ("." → "the")."""
     at = _view(_run(AppTest.from_file(PAGE, default_timeout=180)), "Find heads")
     q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
     assert q.options[q.index].endswith(": it") and k.options[k.index].endswith(": animal")
@@ -442,7 +442,7 @@ def test_find_heads_opens_on_it_and_the_noun_it_refers_to():
 
 
 def test_head_scores_also_as_a_layer_by_head_map():
-    """Issue 22.11: the head scores as a layer × head map, beside the table."""
+    """The head scores as a layer × head map, beside the table."""
     at = _view(_smollm2_page(), "Head scores")
     at.number_input(key="attention.hs_T").set_value(8)
     at.number_input(key="attention.hs_n").set_value(1)

@@ -15,7 +15,7 @@ from attnviz.analysis import importance
 from attnviz.base import jobs
 from attnviz.base import limits
 from attnviz.analysis import pruning
-from attnviz import ui
+from attnviz.ui import common
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "2_Heads.py")
 
@@ -116,7 +116,7 @@ def test_toggle_updates_outputs_and_link():
 
 
 def test_sessions_do_not_share_masks_and_the_cached_model_is_untouched():
-    model = ui.load_model("minilm")
+    model = common.shared_model("minilm")
     before = checksum(model)
     first, second = app(), app()
     apply(switch(first, (0, 0)))
@@ -131,8 +131,8 @@ def test_sessions_do_not_share_masks_and_the_cached_model_is_untouched():
     assert not second.exception
     table = frame_with(second, "bound")
     assert table["tokens"].tolist() == [16] and (table["bound"] >= 1).all()
-    assert checksum(ui.load_model("minilm")) == before
-    assert ui.load_model("minilm") is model
+    assert checksum(common.shared_model("minilm")) == before
+    assert common.shared_model("minilm") is model
 
 
 def test_link_round_trip_and_bad_links():
@@ -167,7 +167,7 @@ def test_importance_run_then_top_k_preset_and_a_cancelled_run():
     at.button(key="heads.top").click().run()
     assert torch.equal(mask_of(at), result.keep_top(0.5))
     # a run interrupted by Cancel: its partial result stays, with a message; the mask stays too
-    model = ui.load_model("minilm")
+    model = common.shared_model("minilm")
     data = importance.eval_windows(model, None, 128, 32)
     partial = importance.gradient_importance(model, data, should_stop=lambda: True)
     at.session_state["heads.imp:minilm"] = (partial, 120)
@@ -199,7 +199,7 @@ def test_language_model_live_effect():
     assert at.query_params["model"] == "smollm2" and at.query_params["heads"].startswith("30x9-")
 
 
-# ---------------------------------------------------------------- issue 12 and 11: regressions
+# ---------------------------------------------------------------- regressions
 def test_head_edits_wait_for_apply_then_apply_together():
     """Clicking heads only edits the grid; one Apply shows the effect of every edit at once."""
     at = app()
@@ -368,7 +368,7 @@ def test_live_pickers_read_before_they_are_drawn_still_drive_the_run():
     assert np.abs(np.nan_to_num(values(spec["data"][0]["z"]))).max() > 0
 
 
-# ---------------------------------------------------------------- issue 17.6: typed boxes are bounded
+# ---------------------------------------------------------------- typed boxes are bounded
 def counting(monkeypatch, module, name):
     """Wrap module.name so the test sees every call's arguments."""
     calls, real = [], getattr(module, name)
@@ -415,7 +415,7 @@ def test_ranking_sentences_are_bounded(monkeypatch):
     assert any("(of 25)" in c.value for c in at.caption)
 
 
-# ---------------------------------------------------------------- issue 22.5: deltas say good or bad
+# ---------------------------------------------------------------- deltas say good or bad
 def delta_style(m):
     from streamlit.proto.Metric_pb2 import Metric as MetricProto
     return (MetricProto.MetricColor.Name(m.proto.color), MetricProto.MetricDirection.Name(m.proto.direction))
@@ -447,7 +447,7 @@ def test_metric_delta_helper():
         metric_delta(1, "x", "up")
 
 
-# ---------------------------------------------------------------- issue 22.6 and 22.9: prune and measure
+# ---------------------------------------------------------------- prune and measure
 def speed_table(tokens, full, q1, q3):
     import pandas as pd
     return pd.DataFrame(dict(tokens=tokens, runs=5, full_ms=full, full_ms_q1=q1, full_ms_q3=q3,

@@ -137,7 +137,7 @@ def test_switching_heads_off_shows_the_effect():
 def test_a_local_vit_folder_works_too(tmp_path, monkeypatch, set_limits):
     import dataclasses
 
-    from attnviz import ui
+    from attnviz.ui import common
     # The app offers local folders only inside a deployment's allow-list.
     set_limits(allowed_model_dirs=str(tmp_path))
     tiny("vit").save_pretrained(tmp_path)                  # patch 8, 2 layers x 4 heads, no decoder
@@ -238,7 +238,7 @@ def test_upload_names_never_render_as_markdown():
 
 
 def test_a_file_that_fails_to_decode_is_not_decoded_again_on_every_rerun(monkeypatch):
-    """Issue 17.4: exceptions are not cached, so a bad file was decoded again on every slider nudge
+    """Exceptions are not cached, so a bad file was decoded again on every slider nudge
     (a 20 MB RLE8 BMP: 8 s of CPU each time). The failure is remembered by content digest."""
     from attnviz.uploads import images
     calls, real = [], images.open_image
@@ -263,7 +263,7 @@ def test_a_file_that_fails_to_decode_is_not_decoded_again_on_every_rerun(monkeyp
     assert calls.count(len(bad)) == decodes
 
 
-# ---------------------------------------------------------------- issue 22.14: crop, pad or squeeze
+# ---------------------------------------------------------------- crop, pad or squeeze
 def test_non_square_photo_is_centre_cropped_by_default_and_can_be_padded_or_squeezed():
     at = upload(upload_page(), "stripes.png", png())
     assert at.sidebar.radio(key="images.fit").value == "crop"
@@ -277,7 +277,7 @@ def test_non_square_photo_is_centre_cropped_by_default_and_can_be_padded_or_sque
     assert "cropped" not in photo_caption(at) and "padded" not in photo_caption(at)
 
 
-# ---------------------------------------------------------------- issue 22.7: say the scale, draw a colour bar
+# ---------------------------------------------------------------- say the scale, draw a colour bar
 def test_overlays_say_their_scale_offer_a_shared_one_and_draw_a_colour_bar():
     at = run_page()
     assert at.radio(key="images.scale").value == "own range"
@@ -295,17 +295,17 @@ def test_overlays_say_their_scale_offer_a_shared_one_and_draw_a_colour_bar():
 
 
 def test_shared_scale_keeps_a_weak_head_dark():
-    from attnviz.figures import images as pictures
+    from attnviz.figures import image_figures
     weak = np.zeros((4, 4), np.float32)
     weak[0, 0] = 0.1
     maps = torch.from_numpy(np.stack([weak, 10 * weak]))[None]          # (1, 2, 4, 4): same pattern
     photo = Image.new("RGB", (64, 64), (128, 128, 128))
-    own = np.asarray(pictures.head_overlays(photo, maps, [0], tile=64, alpha=1.0))
-    shared = np.asarray(pictures.head_overlays(photo, maps, [0], tile=64, alpha=1.0, shared=True))
+    own = np.asarray(image_figures.head_overlays(photo, maps, [0], tile=64, alpha=1.0))
+    shared = np.asarray(image_figures.head_overlays(photo, maps, [0], tile=64, alpha=1.0, shared=True))
     left, right = slice(0, 64), slice(68, 132)                          # tiles 64 px, gap 4
     body = slice(18, 82)                                                # below the label strip
     assert np.array_equal(own[body, left], own[body, right])            # own range: look the same
     assert shared[body, left][:16, :16].mean() < shared[body, right][:16, :16].mean()   # weak: darker
-    assert pictures.map_range(maps) == (0.0, pytest.approx(1.0))
-    bar = pictures.colour_bar("0", "1", width=100)
+    assert image_figures.map_range(maps) == (0.0, pytest.approx(1.0))
+    bar = image_figures.colour_bar("0", "1", width=100)
     assert bar.size[0] == 100

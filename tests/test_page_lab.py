@@ -56,14 +56,14 @@ def test_step_by_step_on_minilm_and_sections_render():
     at = all_steps(head(app(), 0, 0))
     assert not at.exception
     assert "equals the pattern the model captured" in texts(at.success)
-    steps = frame_with(at, "shape")
-    assert "A = softmax(masked)" in set(steps["step"])
-    shape_of = dict(zip(steps["step"], steps["shape"]))
+    guided_steps = frame_with(at, "shape")
+    assert "A = softmax(masked)" in set(guided_steps["step"])
+    shape_of = dict(zip(guided_steps["step"], guided_steps["shape"]))
     n = int(shape_of["x: input of block 0"].split(" × ")[0])
     assert n > 5 and shape_of["x: input of block 0"] == f"{n} × 384"
     assert shape_of["W_Q of head 0"] == "384 × 32" and shape_of["A = softmax(masked)"] == f"{n} × {n}"
     step_charts = len(at.get("plotly_chart"))
-    assert step_charts == len(steps)                     # one figure per step of the table
+    assert step_charts == len(guided_steps)                     # one figure per step of the table
     # positional and permutation sections: exact equivariance without positions, on a button
     view(at, "Positional encodings")
     assert len(at.get("plotly_chart")) == 9               # sinusoidal, learned, rotary, ALiBi, curves
@@ -93,8 +93,8 @@ def test_temperature_and_masks_recompute_live():
 
 def strongest(model_key: str, text: str = SENTENCE) -> tuple[int, int, float]:
     """(layer, head, weight) where the model's own trace sends "it" most to "animal"."""
-    from attnviz import ui
-    tr = ui.load_model(model_key).trace(text)
+    from attnviz.ui import common
+    tr = common.shared_model(model_key).trace(text)
     it = [t.lstrip("▁Ġ") for t in tr.tokens].index("it")
     w = tr.attentions[:, :, it, [t.lstrip("▁Ġ") for t in tr.tokens].index("animal")]   # (L, H)
     layer, h = divmod(int(w.argmax()), w.shape[1])
@@ -109,7 +109,7 @@ def test_step_by_step_opens_on_the_head_where_it_looks_most_at_animal(monkeypatc
     """A first open shows the head with the largest it -> animal weight (MiniLM, then a first open
     of SmolLM2 in a fresh session), says so in one line, costs one trace per model for every
     session, and never moves a head the user chose; a toy or a text without the pair opens L0H0."""
-    from attnviz.analysis import steps
+    from attnviz.analysis import guided_steps
     from attnviz.base.names import head_name
     layer, h, w = strongest("minilm")
     assert (layer, h) != (0, 0) and w > 0.3
@@ -121,8 +121,8 @@ def test_step_by_step_opens_on_the_head_where_it_looks_most_at_animal(monkeypatc
     assert f"**{head_name(layer, h)}: layer {layer}, head {h}**" in texts(at.markdown)
     assert "equals the pattern the model captured" in texts(at.success)
     calls = []
-    real = steps.opening_head
-    monkeypatch.setattr(steps, "opening_head", lambda *a: calls.append(a) or real(*a))
+    real = guided_steps.opening_head
+    monkeypatch.setattr(guided_steps, "opening_head", lambda *a: calls.append(a) or real(*a))
     at.run()
     again = app()                                           # another session: from the shared cache
     assert not again.exception and calls == []
@@ -155,7 +155,7 @@ def test_step_by_step_opens_on_the_head_where_it_looks_most_at_animal(monkeypatc
 
 
 def test_guided_steps_show_the_causal_mask_on_the_followed_row():
-    """Issue 22.1: guided by default; with the causal mask on, the mask step names the later keys
+    """Guided by default; with the causal mask on, the mask step names the later keys
     of the followed token ("it") as −∞ and softmax gives them exactly 0."""
     at = app()
     at.toggle(key="lab.causal_False").set_value(True).run()
@@ -239,7 +239,7 @@ def test_four_vs_eight_heads_and_variants():
 
 
 def test_toy_training_holds_a_heavy_job_slot_and_says_when_the_server_is_busy():
-    """Issue 11.5: a toy training is a heavy job; with every server-wide slot taken (by other
+    """A toy training is a heavy job; with every server-wide slot taken (by other
     sessions' runs) it is refused at once with a message, and nothing is trained."""
     from attnviz.base import jobs
     from attnviz.base.limits import LIMITS
@@ -274,12 +274,12 @@ def test_toy_training_holds_a_heavy_job_slot_and_says_when_the_server_is_busy():
 
 
 def test_permutation_runs_on_its_button_as_a_heavy_job_and_keeps_one_layer(monkeypatch):
-    """Issue 17.1: the permutation test ran on every Lab rerun, with no slot or deadline, and each
+    """The permutation test ran on every Lab rerun, with no slot or deadline, and each
     cached entry held four [L, H, n, n] tensors (1 GB for SmolLM2 at 512 tokens). Now it runs on
     its button, holds a heavy-job slot, and what is kept is one layer (and its numbers)."""
     from attnviz.analysis import lab
     from attnviz.base import jobs
-    from attnviz.base.cache import nbytes
+    from attnviz.base.lru import nbytes
     from attnviz.base.limits import LIMITS
     from attnviz.ui import lab_positions
 
@@ -314,7 +314,7 @@ def test_permutation_runs_on_its_button_as_a_heavy_job_and_keeps_one_layer(monke
 
 
 def test_variants_measure_holds_a_slot_and_stops_at_its_deadline(set_limits):
-    """Issue 17.6: Measure ran 8 variants x all layers (82 s at 512 tokens on SmolLM2) with no slot
+    """Measure ran 8 variants x all layers (82 s at 512 tokens on SmolLM2) with no slot
     and no deadline, for any number of sessions at once."""
     from attnviz.base import jobs
     from attnviz.base.limits import LIMITS
@@ -335,7 +335,7 @@ def test_variants_measure_holds_a_slot_and_stops_at_its_deadline(set_limits):
 
 
 def test_step_text_is_tokenized_once_per_text(monkeypatch):
-    """Issue 17.6: a live rerun (another layer, head, temperature) does not tokenize the text again."""
+    """A live rerun (another layer, head, temperature) does not tokenize the text again."""
     from attnviz.core.model import Model
     seen = []
     real = Model.encode_text
@@ -351,15 +351,15 @@ def test_step_text_is_tokenized_once_per_text(monkeypatch):
 
 
 def test_toy_heads_off_in_the_shared_head_editor():
-    """Issue 16.3: the Lab's heads-off list of "L1H3" strings is the shared head editor; its
+    """The Lab's heads-off list of "L1H3" strings is the shared head editor; its
     effect beside the grid is the exact accuracy with the applied heads off."""
     import torch
-    from attnviz.toys import tasks as toys
+    from attnviz.toys import tasks
     at = view(app(), "Toy transformers")
     toy_key = at.selectbox(key="lab.toy_key").value
-    toy = toys.load_toy(toy_key)
+    toy = tasks.load_toy(toy_key)
     L, H = toy.cfg.n_layers, toy.cfg.n_heads
-    row = f"toys.row:{toy_key}:{L}x{H}:0"
+    row = f"tasks.row:{toy_key}:{L}x{H}:0"
     assert list(at.session_state[row]) == list(range(H))         # every head on at first
     at.session_state[row] = list(range(1, H))                     # switch head L0H0 off, then Apply
     at.run()
@@ -368,11 +368,11 @@ def test_toy_heads_off_in_the_shared_head_editor():
     keep = torch.ones(L, H)
     keep[0, 0] = 0
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Exact accuracy with these heads off"] == f"{toys.evaluate(toy, keep).exact:.1%}"
+    assert metrics["Exact accuracy with these heads off"] == f"{tasks.evaluate(toy, keep).exact:.1%}"
 
 
 def test_permutation_stops_at_the_lab_time_limit(set_limits):
-    """Issue 17.1: the permutation test had no deadline (64-114 s for SmolLM2 at 512 tokens); it
+    """The permutation test had no deadline (64-114 s for SmolLM2 at 512 tokens); it
     now checks the Lab's time limit before every block and says what to do."""
     from attnviz.base import jobs
     at = view(app(), "Positional encodings")
@@ -384,7 +384,7 @@ def test_permutation_stops_at_the_lab_time_limit(set_limits):
 
 
 def test_variants_say_not_fine_tuned_and_speed_words_follow_the_measurement():
-    """Issue 22.3: fidelity numbers read as verdicts, and a caption called local attention faster
+    """Fidelity numbers read as verdicts, and a caption called local attention faster
     beside a measured 0.66x."""
     at = view(app(), "Variants in a pretrained model")
     at.multiselect(key="lab.var_specs").set_value(["local:4", "temp:2"])
@@ -401,7 +401,7 @@ def test_variants_say_not_fine_tuned_and_speed_words_follow_the_measurement():
 
 
 def test_toy_comparison_shows_exact_accuracy_as_a_percentage():
-    """Issue 22.7: "exact accuracy 1" reads 100 %."""
+    """A caption's "exact accuracy 1" reads 100 %."""
     at = view(app(), "Toy transformers")
     at.button(key="lab.toy_cmp").click().run()
     assert not at.exception
@@ -410,7 +410,7 @@ def test_toy_comparison_shows_exact_accuracy_as_a_percentage():
 
 
 def test_no_progress_bar_is_left_after_toy_training_or_variants_measure():
-    """Issue 22.10: the progress bars of toy training and Variants › Measure stayed on screen."""
+    """The progress bars of toy training and Variants › Measure stayed on screen."""
     at = view(app(), "Toy transformers")
     at.radio(key="lab.toy_source").set_value("train one now").run()
     at.number_input(key="lab.toy_steps").set_value(50)
@@ -430,10 +430,10 @@ def test_no_progress_bar_is_left_after_toy_training_or_variants_measure():
 
 
 def test_first_open_says_what_is_loading_and_how_long_it_took():
-    """Issue 22.8: the first open showed only the sidebar spinner for many seconds."""
-    from attnviz import ui
+    """The first open showed only the sidebar spinner for many seconds."""
+    from attnviz.ui import common
 
-    ui.forget_loaded()
+    common.forget_loaded()
     at = app()
     assert not at.exception
     status = [e.label for e in at.get("status") if "Loaded minilm in" in e.label]

@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz.base import jobs
 from attnviz.latency import compare, published, quantize, results
-from attnviz.figures import latency as lf
+from attnviz.figures import latency_figures
 from attnviz.base.limits import LIMITS
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "4_Latency.py")
@@ -96,7 +96,7 @@ def test_tiny_sweep_draws_every_figure(ran):
 
 
 def test_default_sweep_reaches_the_one_block_crossover_and_measures_int8():
-    """Issue 19.5 / 19.3: the page's default times one block across its modelled crossover (marked
+    """The page's default times one block across its modelled crossover (marked
     in the Latency view, measured and modelled) and the chosen dtypes are measured rows."""
     at = page()
     assert at.checkbox(key="latency.crossover").value is True
@@ -112,20 +112,20 @@ def test_default_sweep_reaches_the_one_block_crossover_and_measures_int8():
 
 
 def test_only_the_chosen_view_computes_and_the_choice_survives_reruns(monkeypatch):
-    """Issue 16.4: no view's work runs unless it is shown; a button press or a download (a rerun)
+    """No view's work runs unless it is shown; a button press or a download (a rerun)
     keeps the chosen view instead of jumping back to the first one."""
     calls = []
-    for name in ("compare", "host_model_error", "split_table"):
+    for name in ("seed_claims", "host_model_error", "split_table"):
         real = getattr(compare, name)
         monkeypatch.setattr(compare, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     at = submit(page(), **SMALL)
-    # issue 19.5: the log-log view is the growth figure (slope-1 and slope-2 reference lines)
-    assert calls == [] and set(figures(at)) == {"Latency of one forward pass", lf.growth_figure(
+    # the log-log view is the growth figure (slope-1 and slope-2 reference lines)
+    assert calls == [] and set(figures(at)) == {"Latency of one forward pass", latency_figures.growth_figure(
         at.session_state["latency.results"]).layout.title.text}
     show(at, "Comparisons")
-    assert calls == ["compare"] and any(t.startswith("Speed-ups") for t in figures(at))
+    assert calls == ["seed_claims"] and any(t.startswith("Speed-ups") for t in figures(at))
     at.run()  # what a download or any other widget's rerun does
-    assert at.radio(key="latency.view").value == "Comparisons" and calls == ["compare"] * 2
+    assert at.radio(key="latency.view").value == "Comparisons" and calls == ["seed_claims"] * 2
     at = submit(at, **SMALL)  # the Run button: new results, same view
     assert at.radio(key="latency.view").value == "Comparisons" and "host_model_error" not in calls
     assert any(t.startswith("Speed-ups") for t in figures(at)) and not any("Latency of" in t for t in figures(at))
@@ -180,7 +180,7 @@ def test_csv_import_errors_are_clear():
         results.read_results(b"step,loss\n1,0.5\n")
 
 
-# ---------------------------------------------------------------- issue 11: bounds, jobs, threads, uploads
+# ---------------------------------------------------------------- bounds, jobs, threads, uploads
 
 
 def test_absurd_synthetic_shape_is_refused_before_any_work():
@@ -312,9 +312,9 @@ def test_import_is_checked_and_modelled_once_per_file(monkeypatch):
     assert "pi5" in at.metric[-1].label
 
 
-# ---------------------------------------------------------------- issue 17.3: a CSV with a model name per row
+# ---------------------------------------------------------------- a CSV with a model name per row
 def model_per_row_csv(rows: int = 2000) -> bytes:
-    """The hostile file of issue 17.3: one distinct model name per row (2,000 rows)."""
+    """A hostile file: one distinct model name per row (2,000 rows)."""
     lines = ["backend,measured,model,shape,variant,seq_len,n_heads,threads,median_ms,p10_ms,p90_ms,peak_mem_mb,"
              "cpu,torch"]
     for i in range(rows):
@@ -325,21 +325,21 @@ def model_per_row_csv(rows: int = 2000) -> bytes:
 
 
 def test_a_model_per_row_draws_a_bounded_number_of_series_modelled_once(monkeypatch):
-    from attnviz.figures import latency as lf
+    from attnviz.figures import latency_figures
     modelled, drawn = [], []
-    real_like, real_overlay = compare.modelled_like, lf.overlay_figure
+    real_like, real_overlay = compare.modelled_like, latency_figures.overlay_figure
     monkeypatch.setattr(compare, "modelled_like", lambda *a, **k: modelled.append(1) or real_like(*a, **k))
-    monkeypatch.setattr(lf, "overlay_figure", lambda *a, **k: drawn.append(1) or real_overlay(*a, **k))
+    monkeypatch.setattr(latency_figures, "overlay_figure", lambda *a, **k: drawn.append(1) or real_overlay(*a, **k))
     at, _ = upload_page(monkeypatch, Upload("many.csv", model_per_row_csv()))
     assert not at.exception and not at.error, [e.value for e in at.error]
     overlay = next(f for t, f in figures(at).items() if t.startswith("Measured on the device"))
-    assert len(overlay["data"]) == 2 * (lf.MAX_SERIES + 1)   # 12 series each, and one grey trace of the rest
+    assert len(overlay["data"]) == 2 * (latency_figures.MAX_SERIES + 1)   # 12 series each, and one grey trace of the rest
     names = [t["name"] for t in overlay["data"]]
     assert "1,988 more series measured" in names and "1,988 more series modelled" in names
     measured_points = sum(int(np.isfinite(np.array(values(t["y"]), dtype=float)).sum())
                           for t in overlay["data"] if t["name"].endswith("measured"))
     assert measured_points == 2000                             # every point is still drawn
-    assert f"{lf.MAX_SERIES} of 2,000 series drawn" in overlay["layout"]["title"]["text"]
+    assert f"{latency_figures.MAX_SERIES} of 2,000 series drawn" in overlay["layout"]["title"]["text"]
     assert any("2,000 series in this file" in c.value for c in at.caption)
     assert len(at.dataframe[0].value) == 2000                  # the table lists every point
     assert modelled == [1] and drawn == [1]
@@ -364,7 +364,7 @@ def test_a_csv_import_holds_a_heavy_job_slot():
     assert not at.get("plotly_chart") and jobs.running_jobs() == []
 
 
-# ---------------------------------------------------------------- issue 17.8: absurd numbers
+# ---------------------------------------------------------------- absurd numbers
 @pytest.mark.parametrize("ms", [1e308, 1e-308])
 def test_absurd_times_in_a_csv_are_refused_and_no_profile_is_kept(monkeypatch, ms):
     at, _ = upload_page(monkeypatch, Upload("pi.csv", device_csv(times=((8, ms), (16, ms), (32, ms)))))
@@ -385,7 +385,7 @@ def test_a_fit_beyond_any_device_is_refused_and_the_profile_not_kept(monkeypatch
 
 
 def test_edge_views_heads_table_and_quantization(monkeypatch):
-    """Issue 19.3 / 19.7: the 4-vs-8-heads table; the quantization tables (measured behind a button)."""
+    """The 4-vs-8-heads table; the quantization tables (measured behind a button)."""
 
     fake = (pd.DataFrame([dict(model="minilm", mode="int8", latency_ratio=0.7)]),
             pd.DataFrame([dict(variant="softmax", flushed_share=0.2, mass_lost=0.003, l1_per_row=0.02),
@@ -419,7 +419,7 @@ def test_int8_sensitivity_is_computed_on_request_and_names_the_layer_to_keep(mon
 
 
 def test_published_runs_are_shown_on_request_with_their_error():
-    """Issue 19.2: the page shows every published Pi run with the model's prediction (hidden until asked)."""
+    """The page shows every published Pi run with the model's prediction (hidden until asked)."""
     at = page()
     assert not any("published" in d.value.columns for d in at.dataframe)
     at.toggle(key="latency.published_show").set_value(True).run()
@@ -432,7 +432,7 @@ def test_published_runs_are_shown_on_request_with_their_error():
 
 
 def test_memory_view_draws_one_line_for_devices_whose_memory_is_the_same():
-    """Issue 22.7: the memory model does not depend on the device: pi4 lay exactly under pi5."""
+    """The memory model does not depend on the device: pi4 lay exactly under pi5."""
     at = show(submit(page(), **dict(SMALL, backends=["cpu", "pi4", "pi5"])), "Memory")
     memory = next(f for t, f in figures(at).items() if t.startswith("Peak memory"))
     names = [t["name"] for t in memory["data"]]
@@ -444,7 +444,7 @@ def test_memory_view_draws_one_line_for_devices_whose_memory_is_the_same():
     assert len(latency["data"]) == 3 and all(t["name"].endswith(("measured", "modelled")) for t in latency["data"])
 
 
-# ---------------------------------------------------------------- issue 22.13: the sidebar's page links
+# ---------------------------------------------------------------- the sidebar's page links
 HOME = str(Path(PAGE).parents[1] / "app.py")
 NAV = ["Home", "Attention", "Heads", "Images", "Latency", "Lab", "Translate", "Speech", "Readouts"]
 

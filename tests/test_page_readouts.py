@@ -7,7 +7,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from attnviz.analysis import ablation, readouts
+from attnviz.analysis import head_ablation, readouts
 from attnviz.analysis.effects import single_token
 from attnviz.ui import common
 from attnviz.weights import catalogue
@@ -65,14 +65,14 @@ def test_attribution_view_and_switching_heads_off(smollm2):
     at.button(key="readouts.top_off").click().run()
     assert not at.exception
     keep = readouts.top_off_mask(att, 5)
-    lg = ablation.logits(smollm2, TEXT, keep, "zero")[-1]
+    lg = head_ablation.logits(smollm2, TEXT, keep, "zero")[-1]
     metrics = {m.label: m.value for m in at.metric}
     assert float(metrics["Logit difference"]) == pytest.approx(float(lg[target] - lg[minus]), abs=1e-3)
     assert any("Zero ablation" in c.value for c in at.caption)
     at.radio(key="readouts.ablation").set_value("mean").run()
     assert not at.exception
-    means = ablation.head_means(smollm2)
-    lg = ablation.logits(smollm2, TEXT, keep, "mean", means)[-1]
+    means = head_ablation.head_means(smollm2)
+    lg = head_ablation.logits(smollm2, TEXT, keep, "mean", means)[-1]
     metrics = {m.label: m.value for m in at.metric}
     assert float(metrics["Logit difference"]) == pytest.approx(float(lg[target] - lg[minus]), abs=1e-3)
     assert any("Mean ablation" in c.value for c in at.caption)

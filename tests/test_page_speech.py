@@ -53,10 +53,10 @@ def test_switching_cross_attention_heads_off_changes_the_transcript():
 
 def test_bad_audio_gets_a_message_not_a_traceback():
     def script():
-        from attnviz.ui import speech
-        model = speech.load_model("whisper-tiny-en")
+        from attnviz.ui import speech_page
+        model = speech_page.load_model("whisper-tiny-en")
         for data in (b"this is not audio at all" * 10, b"", b"RIFF" + bytes(40)):
-            speech.transcript(model, data)
+            speech_page.transcript(model, data)
     at = AppTest.from_function(script, default_timeout=180).run()
     assert not at.exception, at.exception
     errors = [e.value for e in at.error]

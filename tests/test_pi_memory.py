@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attnviz.latency import cli as bench_cli
+from attnviz.latency import cli
 from attnviz.latency import measure, pi_memory, sweep
 from attnviz.latency.results import read_results
 
@@ -20,11 +20,11 @@ def no_build(spec):
 
 
 def test_the_issue_command_runs_with_a_tiny_host_budget_and_builds_no_model(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(bench_cli, "memory_budget_mb", lambda: 100.0)   # a busy host: 100 MB free
-    monkeypatch.setattr(bench_cli, "load", no_build)
+    monkeypatch.setattr(cli, "memory_budget_mb", lambda: 100.0)   # a busy host: 100 MB free
+    monkeypatch.setattr(cli, "load", no_build)
     monkeypatch.setattr(measure, "memory_budget_mb", lambda: 100.0)
     out = tmp_path / "pi.csv"
-    code = bench_cli.main(["--model", LLAMA_1B, "--backend", "pi4", "--engine", "ggml", "--dtype", "q4_0",
+    code = cli.main(["--model", LLAMA_1B, "--backend", "pi4", "--engine", "ggml", "--dtype", "q4_0",
                            "--decode-depths", "0", "--n-prompt", "512", "--seq-lens", "512", "--no-memory",
                            "--out", str(out)])
     err = capsys.readouterr().err
@@ -35,8 +35,8 @@ def test_the_issue_command_runs_with_a_tiny_host_budget_and_builds_no_model(monk
 
 
 def test_a_model_too_big_for_the_pi_is_said_so_and_still_priced(monkeypatch, capsys):
-    monkeypatch.setattr(bench_cli, "load", no_build)
-    code = bench_cli.main(["--model", LLAMA_7B, "--backend", "pi4,pi5", "--engine", "ggml", "--dtype", "fp16,q4_0",
+    monkeypatch.setattr(cli, "load", no_build)
+    code = cli.main(["--model", LLAMA_7B, "--backend", "pi4,pi5", "--engine", "ggml", "--dtype", "fp16,q4_0",
                            "--seq-lens", "128", "--no-memory"])
     captured = capsys.readouterr()
     assert code == 0

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attnviz.analysis import ablation, prompt_pair, readouts
+from attnviz.analysis import head_ablation, prompt_pair, readouts
 from attnviz.base import exports
 from attnviz.core.config import Config
 from attnviz.weights.catalogue import random_model
@@ -158,16 +158,16 @@ def hooked_logits(model, ids, replace: dict):
 def test_mean_ablation_equals_replacing_head_outputs_by_hand():
     lm = random_model(LLAMA, seed=4)
     data = torch.tensor([5, 9, 13, 2, 44, 7, 7, 30, 12, 1, 3, 28])
-    means = ablation.head_means(lm, data)
+    means = head_ablation.head_means(lm, data)
     assert means.shape == (3, 4, 8)
     mask = torch.ones(3, 4)
     off = [(0, 1), (2, 3), (2, 0)]
     for i, h in off:
         mask[i, h] = 0
-    got = ablation.logits(lm, IDS, mask, "mean", means)
+    got = head_ablation.logits(lm, IDS, mask, "mean", means)
     want = hooked_logits(lm, IDS, {(i, h): means[i, h] for i, h in off})
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    zero = ablation.logits(lm, IDS, mask, "zero")
+    zero = head_ablation.logits(lm, IDS, mask, "zero")
     torch.testing.assert_close(zero, hooked_logits(lm, IDS, {(i, h): torch.zeros(8) for i, h in off}),
                                atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(zero, lm.trace(IDS, head_mask=mask, attentions=False).logits, atol=1e-5, rtol=1e-5)
@@ -178,7 +178,7 @@ def test_head_means_are_means_of_the_head_outputs():
     """The mean of a head's output over positions, recomputed from the attention weights and V."""
     lm = random_model(LLAMA, seed=6)
     data = [4, 8, 15, 16, 23, 42, 1, 2]
-    means = ablation.head_means(lm, torch.tensor(data))
+    means = head_ablation.head_means(lm, torch.tensor(data))
     tr = lm.trace(data, states=True)
     cfg, block = lm.cfg, lm.net.blocks[1]
     _, _, v = block.attn.qkv(block.norm1(tr.states[1])).split([32, 16, 16], -1)
@@ -191,10 +191,10 @@ def test_head_means_are_means_of_the_head_outputs():
 def test_ablation_modes_refuse_bad_input():
     lm = random_model(LLAMA)
     with pytest.raises(ValueError, match="zero, mean"):
-        ablation.logits(lm, IDS, torch.ones(3, 4), "half")
+        head_ablation.logits(lm, IDS, torch.ones(3, 4), "half")
     with pytest.raises(ValueError, match="means"):
-        ablation.logits(lm, IDS, torch.ones(3, 4), "mean", None)
-    assert "mean" in ablation.describe("mean") and "zero" in ablation.describe("zero")
+        head_ablation.logits(lm, IDS, torch.ones(3, 4), "mean", None)
+    assert "mean" in head_ablation.describe("mean") and "zero" in head_ablation.describe("zero")
 
 
 # ---------------------------------------------------------------- two prompts
@@ -208,7 +208,7 @@ TROPHY = "The trophy didn't fit in the suitcase because it was too "
 
 
 def test_pair_of_equal_length_is_the_row_distance_by_hand(smollm2):
-    pair = prompt_pair.compare(smollm2, TROPHY + "big", TROPHY + "small")
+    pair = prompt_pair.compare_prompts(smollm2, TROPHY + "big", TROPHY + "small")
     assert not pair.by_word and pair.note is None
     a, b = (smollm2.trace(TROPHY + w).attentions for w in ("big", "small"))
     want = torch.zeros(30, 9)
@@ -222,7 +222,7 @@ def test_pair_of_equal_length_is_the_row_distance_by_hand(smollm2):
 
 
 def test_pair_of_different_lengths_is_aligned_by_word(smollm2):
-    pair = prompt_pair.compare(smollm2, TROPHY + "big", "The golden trophy didn't fit in the suitcase because it was too big")
+    pair = prompt_pair.compare_prompts(smollm2, TROPHY + "big", "The golden trophy didn't fit in the suitcase because it was too big")
     assert pair.by_word and "word by word" in pair.note and "1 word" in pair.note
     assert pair.words[0][:3] == ["The", "trophy", "didn't"] and pair.words[1][1] == "golden"
     assert (1, 2) in pair.matched and all(j != 1 for _, j in pair.matched)
@@ -239,14 +239,14 @@ def test_pair_checks_its_limits_before_tracing_either_prompt(set_limits, monkeyp
     monkeypatch.setattr(lm, "trace", lambda *a, **k: traced.append(1) or real(*a, **k))
     set_limits(readout_max_tokens=8)
     with pytest.raises(ValueError, match="two prompts take at most 8 each") as err:
-        prompt_pair.compare(lm, IDS[:5], IDS)
+        prompt_pair.compare_prompts(lm, IDS[:5], IDS)
     assert not traced and "the second prompt has 9 tokens" in str(err.value)
     set_limits(readout_max_tokens=256, max_capture_mb=0)   # the one capture estimate refuses before tracing
     with pytest.raises(ValueError, match="two prompts of 9 tokens would hold .* Shorten each prompt"):
-        prompt_pair.compare(lm, IDS[:5], IDS)
+        prompt_pair.compare_prompts(lm, IDS[:5], IDS)
     assert not traced
     set_limits(max_capture_mb=512)
-    assert prompt_pair.compare(lm, IDS[:5], IDS).difference.shape == (3, 4) and len(traced) == 2
+    assert prompt_pair.compare_prompts(lm, IDS[:5], IDS).difference.shape == (3, 4) and len(traced) == 2
 
 
 def test_pool_words_by_hand():
@@ -295,7 +295,7 @@ def test_rollout_with_artefact_tokens_discounted():
 def test_mean_ablation_in_the_live_effect_equals_the_hand_replaced_logits():
     from attnviz.analysis import effects
     lm = random_model(LLAMA, seed=4)
-    means = ablation.head_means(lm, torch.tensor([5, 9, 13, 2, 44, 7, 7, 30, 12, 1]))
+    means = head_ablation.head_means(lm, torch.tensor([5, 9, 13, 2, 44, 7, 7, 30, 12, 1]))
     mask = torch.ones(3, 4)
     mask[1, 1] = mask[2, 3] = 0
     full = effects.outputs(lm, IDS)
@@ -312,7 +312,7 @@ def test_mean_ablation_in_the_live_effect_equals_the_hand_replaced_logits():
 def test_mean_ablation_for_an_encoder_live_effect():
     from attnviz.analysis import effects
     enc = random_model(BERT, seed=2)
-    means = ablation.head_means(enc, torch.tensor([1, 5, 9, 2, 7, 3]))
+    means = head_ablation.head_means(enc, torch.tensor([1, 5, 9, 2, 7, 3]))
     mask = torch.ones(2, 4)
     mask[0, 2] = 0
     out = effects.outputs(enc, IDS, mask, sentences=["x"], ablation="mean", means=means) \
@@ -325,7 +325,7 @@ def test_importance_and_pruning_curve_under_mean_ablation():
     from attnviz.analysis import importance, pruning
     lm = random_model(LLAMA, seed=8)
     data = importance.EvalSet(torch.tensor([[3, 17, 5, 42, 8, 8, 21, 30], [1, 2, 3, 4, 5, 6, 7, 8]]), 16, 16)
-    means = ablation.head_means(lm, torch.tensor([9, 8, 7, 6, 5, 4, 3, 2, 1]))
+    means = head_ablation.head_means(lm, torch.tensor([9, 8, 7, 6, 5, 4, 3, 2, 1]))
     mask = torch.ones(3, 4)
     mask[0, 0] = 0
     metrics = importance.evaluate(lm, data, mask, ablation="mean", means=means)

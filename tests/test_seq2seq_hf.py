@@ -9,7 +9,7 @@ import torch
 import transformers as tf
 
 import attnviz
-from attnviz.core.translate import Seq2SeqModel
+from attnviz.core.translator import Seq2SeqModel
 
 SIZES = dict(vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
              decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,

@@ -13,7 +13,7 @@ import soundfile as sf
 import torch
 
 import attnviz
-from attnviz.core.speech import APPENDED, Transcript, Word, alignment_matrix, dtw, merge_punctuation
+from attnviz.core.speech_model import APPENDED, Transcript, Word, alignment_matrix, dtw, merge_punctuation
 from attnviz.uploads import audio
 from attnviz.weights.families.ctranslate2 import read_model_bin
 from attnviz.weights.catalogue import bundled_path

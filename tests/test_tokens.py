@@ -69,7 +69,7 @@ def test_truncation_is_reported(minilm):
 
 
 def test_a_long_text_is_tokenized_once_and_cut_as_the_tokenizer_cuts(minilm, monkeypatch):
-    """Issue 17.6: encode_text tokenized a text twice when it had to cut it (100k CJK: 3.8 s each)."""
+    """Encode_text tokenized a text twice when it had to cut it (100k CJK: 3.8 s each)."""
     text = "word " * 700
     reference = minilm.tokenizer(text, truncation=True, max_length=512)["input_ids"]
     full = len(minilm.tokenizer(text)["input_ids"])
@@ -93,7 +93,7 @@ LONE_SURROGATE = "caf\ud83d latte"  # half of an emoji's UTF-16 pair, as a cut c
 
 @pytest.mark.parametrize("call", ["trace", "encode_text", "capture_text", "single_token", "check_text"])
 def test_a_lone_surrogate_is_a_value_error_saying_what_to_do(minilm, call):
-    """Issue 17.7: the tokenizer's TypeError escaped from every text entry point."""
+    """The tokenizer's TypeError escaped from every text entry point."""
     from attnviz.analysis import capture, effects
     from attnviz.core.tokens import check_text
     run = {"trace": minilm.trace, "encode_text": minilm.encode_text, "check_text": check_text,

@@ -6,31 +6,31 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attnviz.toys import translation as toy
+from attnviz.toys import toy_translator
 
 LAB = str(Path(__file__).resolve().parent.parent / "pages" / "5_Lab.py")
 
 
 @pytest.fixture(scope="module")
 def shipped():
-    return toy.load()
+    return toy_translator.load()
 
 
 def test_the_language_pair_and_its_known_alignment():
-    pairs = toy.sentences()
+    pairs = toy_translator.sentences()
     assert len(pairs) == 8 * 6 * 6 * 8 and pairs[0] == ("cat sees red fish", "cat ga red fish wo sees")
-    train, held_out = toy.split()
+    train, held_out = toy_translator.split()
     assert not set(train) & set(held_out) and len(held_out) == len(pairs) - len(train)
     for source, target in pairs[:50]:
         s, t = source.split(), target.split()
-        assert all(t[i] == s[j] for i, j in toy.ALIGNED.items())
+        assert all(t[i] == s[j] for i, j in toy_translator.ALIGNED.items())
 
 
 def test_the_shipped_model_translates_held_out_sentences_and_its_stated_hits_hold(shipped):
     model, meta = shipped
-    _, held_out = toy.split(meta["seed"])
+    _, held_out = toy_translator.split(meta["seed"])
     assert model.translate("cat sees red fish").text == "cat ga red fish wo sees"
-    again = toy.alignment_hits(model, held_out)
+    again = toy_translator.alignment_hits(model, held_out)
     assert again["exact"] == meta["alignment"]["exact"] == 1.0
     assert again["layers"] == pytest.approx(meta["alignment"]["layers"], abs=1e-6)
     for ours, stated in zip(again["heads"], meta["alignment"]["heads"]):
@@ -39,8 +39,8 @@ def test_the_shipped_model_translates_held_out_sentences_and_its_stated_hits_hol
 
 
 def test_training_runs_and_learns():
-    net, meta = toy.train(steps=60)
-    assert meta["final_loss"] < 2 / 3 * math.log(len(toy.WORDS))   # a third below chance (ln 35 = 3.6)
+    net, meta = toy_translator.train(steps=60)
+    assert meta["final_loss"] < 2 / 3 * math.log(len(toy_translator.WORDS))   # a third below chance (ln 35 = 3.6)
 
 
 def test_the_lab_view():

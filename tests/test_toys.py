@@ -4,12 +4,12 @@ import pytest
 import torch
 
 import attnviz
-from attnviz.toys import tasks as toys
+from attnviz.toys import tasks
 from attnviz.toys.training import (TensorMeter, TrainSettings, _loss, check_settings, checkpointed,
                                   estimate_seconds, train, training_memory)
 from attnviz.core.transformer import Transformer
 
-ALL = [toys.Task(name, length=5, n_keys=7) for name in toys.TASKS]
+ALL = [tasks.Task(name, length=5, n_keys=7) for name in tasks.TASKS]
 
 
 @pytest.mark.parametrize("task", ALL, ids=lambda t: t.name)
@@ -30,10 +30,10 @@ def test_task_answers_and_sources_are_exact(task):
 
 
 def test_prompts_and_solutions():
-    recall = toys.Task("recall", length=3, n_keys=5)
+    recall = tasks.Task("recall", length=3, n_keys=5)
     ids, queries = recall.prompt("a3 b1 c4 | c a")
     assert recall.solve(ids, queries) == [recall.vocab.index("4"), recall.vocab.index("3")]
-    sort = toys.Task("sort", length=4)
+    sort = tasks.Task("sort", length=4)
     ids, _ = sort.prompt("3141")
     assert [sort.vocab[i] for i in sort.solve(ids, [])] == list("1134")
     for bad, match in [("314", "expects 4 digits"), ("31x1", "vocabulary")]:
@@ -43,18 +43,18 @@ def test_prompts_and_solutions():
         with pytest.raises(ValueError, match=match):
             recall.prompt(bad)
     with pytest.raises(ValueError, match="unknown task"):
-        toys.Task("translate")
+        tasks.Task("translate")
 
 
 def test_copy_task_reaches_99_percent():
     threads = torch.get_num_threads()
     # stop_at_budget=False: the test asserts learning, not the wall time of a shared machine
-    result = train(TrainSettings(task=toys.Task("copy", length=6), steps=250, seed=0), stop_at_budget=False)
+    result = train(TrainSettings(task=tasks.Task("copy", length=6), steps=250, seed=0), stop_at_budget=False)
     assert not result.stopped_early and result.steps_done == 250
     assert torch.get_num_threads() == threads  # training's single thread is given back
     assert result.score.exact >= 0.99
     assert result.losses[-1] < result.losses[0] / 100
-    answer, truth = toys.complete(result.model, "503142")
+    answer, truth = tasks.complete(result.model, "503142")
     assert answer == truth == list("503142")
 
 
@@ -73,7 +73,7 @@ def test_settings_over_budget_are_refused_with_advice():
 
 
 def test_checkpointing_gives_the_same_gradients_with_less_memory():
-    s = TrainSettings(task=toys.Task("copy", length=8), n_layers=3)
+    s = TrainSettings(task=tasks.Task("copy", length=8), n_layers=3)
     torch.manual_seed(0)
     net = Transformer(s.config()).train()
     inputs, answers, _ = s.task.sample(16, torch.Generator().manual_seed(0))
@@ -105,49 +105,49 @@ def test_tensor_meter_counts_live_storages():
 
 # ---------------------------------------------------------------- shipped checkpoints
 def test_shipped_toys_are_listed_small_and_complete():
-    assert {"toy-copy", "toy-reverse", "toy-sort", "toy-recall"} <= set(toys.TOYS)
+    assert {"toy-copy", "toy-reverse", "toy-sort", "toy-recall"} <= set(tasks.TOYS)
     keys = {m.key for m in attnviz.list_models()}
-    assert set(toys.TOYS) <= keys
-    total = sum(p.stat().st_size for p in toys.TOY_DIR.iterdir() if p.is_file())
+    assert set(tasks.TOYS) <= keys
+    total = sum(p.stat().st_size for p in tasks.TOY_DIR.iterdir() if p.is_file())
     assert total < 2_000_000
-    assert sum(1 for k in toys.TOYS if toys.TOYS[k].get("compare")) == 2
+    assert sum(1 for k in tasks.TOYS if tasks.TOYS[k].get("compare")) == 2
 
 
-@pytest.mark.parametrize("key", sorted(toys.TOYS))
+@pytest.mark.parametrize("key", sorted(tasks.TOYS))
 def test_shipped_toy_reaches_stated_accuracy(key):
     m = attnviz.load_model(key)
-    stated = toys.TOYS[key]["accuracy"]
-    score = toys.evaluate(m)
-    assert score.n == toys.EVAL_SIZE
+    stated = tasks.TOYS[key]["accuracy"]
+    score = tasks.evaluate(m)
+    assert score.n == tasks.EVAL_SIZE
     assert score.exact == pytest.approx(stated["exact"], abs=2e-3)
     assert score.exact >= 0.95
-    answer, truth = toys.complete(m, m.task.example_prompt())
+    answer, truth = tasks.complete(m, m.task.example_prompt())
     assert answer == truth
 
 
 def test_recall_toy_has_induction_and_previous_token_heads():
     m = attnviz.load_model("toy-recall")
-    scores = toys.head_scores(m)
+    scores = tasks.head_scores(m)
     assert scores["source"][-1].max() > 0.5      # an induction head in the last layer
     assert scores["previous"][0].max() > 0.3     # a previous-token head in the first layer
-    tokens, att = toys.example(m)
+    tokens, att = tasks.example(m)
     assert att.shape == (2, m.cfg.n_heads, len(tokens), len(tokens))
 
 
 def test_head_toggling_and_pruning_curve():
     m = attnviz.load_model("toy-copy")
     L, H = m.cfg.n_layers, m.cfg.n_heads
-    full = toys.evaluate(m, n=500)
-    assert toys.evaluate(m, torch.ones(L, H), n=500) == full
-    off = toys.evaluate(m, torch.zeros(L, H), n=500)
+    full = tasks.evaluate(m, n=500)
+    assert tasks.evaluate(m, torch.ones(L, H), n=500) == full
+    off = tasks.evaluate(m, torch.zeros(L, H), n=500)
     assert off.exact < 0.05
-    curve = toys.pruning_curve(m, n=300)
+    curve = tasks.pruning_curve(m, n=300)
     assert len(curve) == L * H + 1
-    assert curve[0]["exact"] == toys.evaluate(m, n=300).exact
-    assert curve[-1]["exact"] == toys.evaluate(m, torch.zeros(L, H), n=300).exact
+    assert curve[0]["exact"] == tasks.evaluate(m, n=300).exact
+    assert curve[-1]["exact"] == tasks.evaluate(m, torch.zeros(L, H), n=300).exact
     assert len({r["head"] for r in curve[1:]}) == L * H
     with pytest.raises(ValueError, match="head_mask"):
-        toys.evaluate(m, torch.ones(L + 1, H))
+        tasks.evaluate(m, torch.ones(L + 1, H))
 
 
 def test_training_never_changes_the_process_thread_count(monkeypatch):
@@ -156,7 +156,7 @@ def test_training_never_changes_the_process_thread_count(monkeypatch):
     runs on one OpenMP thread and a thread started meanwhile (another session) gets the default."""
     import threading
 
-    from attnviz.toys import training as toy_training
+    from attnviz.toys import training
     default = torch.get_num_threads()
     calls, seen = [], []
     monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
@@ -167,13 +167,13 @@ def test_training_never_changes_the_process_thread_count(monkeypatch):
         t.start(), t.join()
         seen.append((torch.get_num_threads(), other[0]))
 
-    s = TrainSettings(task=toys.Task("copy", length=3), n_layers=1, d_model=32, steps=3, batch_size=8)
+    s = TrainSettings(task=tasks.Task("copy", length=3), n_layers=1, d_model=32, steps=3, batch_size=8)
     result = train(s, progress, stop_at_budget=False)
     training_memory(s)
     assert result.steps_done == 3 and calls == []
     assert torch.get_num_threads() == default
     assert all(other == default for _, other in seen)              # other sessions: untouched
-    if toy_training._openmp() is not None:                         # Linux builds: OpenMP runtime found
+    if training._openmp() is not None:                         # Linux builds: OpenMP runtime found
         assert all(mine == 1 for mine, _ in seen)
 
 
@@ -181,10 +181,10 @@ def test_training_keeps_its_time_limit(monkeypatch):
     """A clock that moves 10 s per reading: the run stops at its budget (no wall-time assertion)."""
     import types
 
-    from attnviz.toys import training as toy_training
+    from attnviz.toys import training
     ticks = iter(range(0, 10_000, 10))
-    monkeypatch.setattr(toy_training, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
-    s = TrainSettings(task=toys.Task("copy", length=3), n_layers=1, d_model=32, steps=50, batch_size=8,
+    monkeypatch.setattr(training, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    s = TrainSettings(task=tasks.Task("copy", length=3), n_layers=1, d_model=32, steps=50, batch_size=8,
                       budget_s=25.0)
     result = train(s)
     assert result.stopped_early and 0 < result.steps_done < 50

@@ -14,7 +14,7 @@ import torch
 import attnviz
 from attnviz.analysis import alignment
 from attnviz.base import jobs
-from attnviz.toys import translation
+from attnviz.toys import toy_translator
 from attnviz.weights.catalogue import bundled_path
 
 EN = [  # 33 sentences; the last has 60 words
@@ -186,7 +186,7 @@ def test_whole_vocabulary_greedy_resumes_where_the_shortlist_misses(en_pt, monke
     """Whole-vocabulary greedy scores the shortlist per step and checks every step against the whole
     vocabulary after the loop: with a shortlist of only the 60 commonest pieces nearly every step
     misses, and the result is still exactly whole-vocabulary greedy (recomputed without the check)."""
-    from attnviz.core.translation import Shortlist
+    from attnviz.core.translation_parts import Shortlist
     set_limits(max_translate_seconds=3600.0)   # recomputing every prefix is slow on a loaded machine
     empty = torch.zeros(0, dtype=torch.long)
     offsets = torch.zeros(en_pt.cfg.vocab_size + 1, dtype=torch.long)   # no source piece adds any
@@ -330,6 +330,6 @@ def test_a_lone_surrogate_is_the_same_value_error_every_model_gives(en_pt, call)
     and LM models say what to do: one text check (tokens.check_text) for every model."""
     run = {"translate": lambda: en_pt.translate(LONE_SURROGATE), "trace": lambda: en_pt.trace(LONE_SURROGATE),
            "trace_target": lambda: en_pt.trace("a coffee", target=LONE_SURROGATE),
-           "toy": lambda: translation.load()[0].translate("cat \ud83d sees")}[call]
+           "toy": lambda: toy_translator.load()[0].translate("cat \ud83d sees")}[call]
     with pytest.raises(ValueError, match=r"lone surrogate, U\+D83D.*delete it or paste the text again"):
         run()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from attnviz.base import limits
-from attnviz.latency import cli as bench_cli
+from attnviz.latency import cli
 from attnviz.latency import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ PI_ONLY = ["--model", TINY, "--seq-lens", "8", "--backend", "pi4", "--no-crossov
 
 def refused(argv, capsys) -> str:
     with pytest.raises(SystemExit) as exit_:
-        bench_cli.main(list(argv))
+        cli.main(list(argv))
     assert exit_.value.code == 2
     return capsys.readouterr().err
 
@@ -39,7 +39,7 @@ def test_budgets_beyond_any_sweep_are_refused_with_the_largest_allowed(flag, val
 
 
 def test_a_week_is_still_a_budget(capsys):
-    assert bench_cli.main(PI_ONLY + ["--max-seconds", "604800", "--deadline", "604800"]) == 0
+    assert cli.main(PI_ONLY + ["--max-seconds", "604800", "--deadline", "604800"]) == 0
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "-0.5", "1e999"])
@@ -71,7 +71,7 @@ def test_a_bad_limit_stops_the_app_at_start_with_its_message():
 def test_out_a_folder_a_missing_folder_or_a_read_only_place_is_refused_before_the_sweep(tmp_path, capsys,
                                                                                      monkeypatch):
     ran = []
-    monkeypatch.setattr(bench_cli, "run_sweep", lambda *a, **k: ran.append(1))
+    monkeypatch.setattr(cli, "run_sweep", lambda *a, **k: ran.append(1))
     assert "is a folder; give a file name" in refused(PI_ONLY + ["--out", str(tmp_path)], capsys)
     assert "does not exist" in refused(PI_ONLY + ["--out", str(tmp_path / "no" / "r.csv")], capsys)
     locked = tmp_path / "locked"
@@ -83,7 +83,7 @@ def test_out_a_folder_a_missing_folder_or_a_read_only_place_is_refused_before_th
     finally:
         locked.chmod(0o700)
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr(bench_cli.shutil, "disk_usage", lambda p: Usage(10**9, 10**9, 4096))
+    monkeypatch.setattr(cli.shutil, "disk_usage", lambda p: Usage(10**9, 10**9, 4096))
     assert "is full (4,096 bytes free)" in refused(PI_ONLY + ["--out", str(tmp_path / "r.csv")], capsys)
     assert not ran
 
@@ -92,6 +92,6 @@ def test_a_write_that_fails_after_the_sweep_is_a_message_not_a_traceback(capsys)
     if not Path("/dev/full").exists():
         pytest.fail("this test writes to /dev/full (a Linux device whose writes fail with ENOSPC)")
     with pytest.raises(SystemExit) as exit_:
-        bench_cli.main(PI_ONLY + ["--out", "/dev/full"])
+        cli.main(PI_ONLY + ["--out", "/dev/full"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "/dev/full" in err and ("No space left" in err or "is full" in err)

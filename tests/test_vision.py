@@ -9,9 +9,10 @@ from PIL import Image
 import attnviz
 from attnviz.analysis import vision
 from attnviz.base.limits import LIMITS
-from attnviz.figures import attention as viz
-from attnviz.figures import images
+from attnviz.figures import attention_figures
+from attnviz.figures import image_figures
 from attnviz.core.model import Trace
+from attnviz.figures import render
 from attnviz.figures.render import colour_lut
 from tests.test_parity import tiny
 
@@ -52,7 +53,7 @@ def test_one_hot_cls_attention_colours_exactly_that_patchs_pixels(image_size):
     assert torch.equal(maps[1, 2], expected)
 
     photo = Image.new("RGB", image_size, (10, 20, 30))
-    out = np.asarray(viz.overlay_patch_map(photo, maps[1, 2], alpha=1.0, cmap="inferno"))
+    out = np.asarray(render.overlay_patch_map(photo, maps[1, 2], alpha=1.0, cmap="inferno"))
     lut = colour_lut("inferno")
     left, top, right, bottom = vision.patch_box(row, col, GRID, photo.size)
     hot = np.zeros(out.shape[:2], bool)
@@ -110,21 +111,21 @@ def test_attention_distance_in_pixels_ignores_cls_mass():
 def test_head_overlays_tile_rows_as_layers_and_mark_off_heads():
     maps = torch.rand(2, 3, *GRID)
     photo = Image.new("RGB", (50, 40))
-    grid = images.head_overlays(photo, maps, [4, 7], tile=50, off=torch.tensor([[0, 1, 0], [0, 0, 0]]))
+    grid = image_figures.head_overlays(photo, maps, [4, 7], tile=50, off=torch.tensor([[0, 1, 0], [0, 0, 0]]))
     assert grid.size == (3 * 54 - 4, 2 * (40 + 18 + 4) - 4)
-    assert images.layer_head_labels([4, 7], 3, [[0, 1, 0], [0, 0, 0]])[:3] == [
+    assert image_figures.layer_head_labels([4, 7], 3, [[0, 1, 0], [0, 0, 0]])[:3] == [
         "L4H0", "L4H1 (off)", "L4H2"]
     with pytest.raises(ValueError, match="layer labels"):
-        images.head_overlays(photo, maps, [4])
+        image_figures.head_overlays(photo, maps, [4])
 
 
 def test_mark_patches_outlines_the_patch_box():
     photo = Image.new("RGB", (70, 56))
-    marked = np.asarray(images.mark_patches(photo, [(1, 2)], GRID, width=1))
+    marked = np.asarray(image_figures.mark_patches(photo, [(1, 2)], GRID, width=1))
     left, top, right, bottom = vision.patch_box(1, 2, GRID, photo.size)
     assert (left, top, right, bottom) == (28, 14, 41, 27)
-    assert (marked[top, left:right + 1] == images.MARK_COLOUR).all()
-    assert (marked[bottom, left:right + 1] == images.MARK_COLOUR).all()
+    assert (marked[top, left:right + 1] == image_figures.MARK_COLOUR).all()
+    assert (marked[bottom, left:right + 1] == image_figures.MARK_COLOUR).all()
     assert (marked[top + 1:bottom, left + 1:right] == 0).all()          # inside stays untouched
 
 
@@ -150,8 +151,8 @@ def test_mark_patches_works_on_images_with_fewer_pixels_than_patches(size):
     for row, col in [(0, 0), (8, 8), (15, 15), (3, 12)]:
         left, top, right, bottom = vision.patch_box(row, col, grid, size)
         assert 0 <= left <= right < size[0] and 0 <= top <= bottom < size[1]
-        marked = np.asarray(images.mark_patches(photo, [(row, col)], grid))
-        assert (marked[top, left] == images.MARK_COLOUR).all()
+        marked = np.asarray(image_figures.mark_patches(photo, [(row, col)], grid))
+        assert (marked[top, left] == image_figures.MARK_COLOUR).all()
 
 
 def test_patch_boxes_are_unchanged_where_every_patch_owns_pixels():
@@ -163,21 +164,21 @@ def test_head_overlays_of_a_strip_stay_within_the_render_cap():
     # The issue's 1 x 640 PNG: 224-px tiles would make a 1364 x 143,378 canvas (196 Mpx).
     strip = Image.new("RGB", (1, 640))
     maps = torch.rand(1, 6, 16, 16)
-    grid = images.head_overlays(strip, maps, [11], tile=224)
+    grid = image_figures.head_overlays(strip, maps, [11], tile=224)
     assert grid.width * grid.height <= LIMITS.max_render_pixels == 16_000_000
-    small = images.head_overlays(strip, maps, [11], tile=224, max_pixels=100_000)
+    small = image_figures.head_overlays(strip, maps, [11], tile=224, max_pixels=100_000)
     assert small.width * small.height <= 100_000
 
 
 def test_head_overlays_of_many_heads_of_a_tall_photo_stay_within_the_render_cap():
     tall = Image.new("RGB", (32, 640))                                    # 20:1, as shown
-    grid = images.head_overlays(tall, torch.rand(12, 6, 16, 16), list(range(12)), tile=160)
+    grid = image_figures.head_overlays(tall, torch.rand(12, 6, 16, 16), list(range(12)), tile=160)
     assert grid.width * grid.height <= LIMITS.max_render_pixels
 
 
 def test_head_overlays_refuse_what_cannot_fit_even_as_1_px_tiles():
     with pytest.raises(ValueError, match="do not fit in 400 pixels even as 1-px tiles"):
-        images.head_overlays(Image.new("RGB", (50, 40)), torch.rand(2, 3, *GRID), [0, 1],
+        image_figures.head_overlays(Image.new("RGB", (50, 40)), torch.rand(2, 3, *GRID), [0, 1],
                              max_pixels=400)
 
 
@@ -185,22 +186,22 @@ def test_head_overlays_refuse_what_cannot_fit_even_as_1_px_tiles():
     ((50, 40), 2, 3, 50), ((1, 640), 1, 6, 62), ((640, 3), 12, 6, 112), ((103, 61), 4, 4, 7)])
 def test_overlay_grid_size_matches_what_render_draws(size, rows, columns, tile):
     maps = torch.rand(rows, columns, 2, 2)
-    drawn = images.head_overlays(Image.new("RGB", size), maps, list(range(rows)), tile=tile)
-    assert drawn.size == images.overlay_grid_size(size, rows, columns, tile)
+    drawn = image_figures.head_overlays(Image.new("RGB", size), maps, list(range(rows)), tile=tile)
+    assert drawn.size == image_figures.overlay_grid_size(size, rows, columns, tile)
 
 
 def test_overlay_tile_is_the_widest_that_fits():
     size, rows, columns = (1, 640), 1, 6
-    tile = images.overlay_tile(size, rows, columns, 224)
-    area = lambda t: np.prod(images.overlay_grid_size(size, rows, columns, t))  # noqa: E731
+    tile = image_figures.overlay_tile(size, rows, columns, 224)
+    area = lambda t: np.prod(image_figures.overlay_grid_size(size, rows, columns, t))  # noqa: E731
     assert area(tile) <= LIMITS.max_render_pixels < area(tile + 1)
-    assert images.overlay_tile((640, 480), 12, 6, 160) == 160            # a photo: unchanged
+    assert image_figures.overlay_tile((640, 480), 12, 6, 160) == 160            # a photo: unchanged
 
 
 def test_display_image_is_bounded_for_any_shape():
     for size in [(1, 1), (1, 640), (5000, 20), (3000, 4000)]:
-        shown = images.display_image(Image.new("RGB", size))
-        assert max(shown.size) <= images.DISPLAY_MAX_SIDE and min(shown.size) >= 1
+        shown = image_figures.display_image(Image.new("RGB", size))
+        assert max(shown.size) <= image_figures.DISPLAY_MAX_SIDE and min(shown.size) >= 1
 
 
 def test_resolution_options_and_token_count():
@@ -343,7 +344,7 @@ def test_every_decoded_mode_traces(tiny_dinov2, mode):
     assert vision.cls_maps(tr).shape == (2, 4, 16, 16)
 
 
-# --- Issue 22.12: CJK labels in server-side exports -----------------------------------------
+# --- CJK labels in server-side exports -----------------------------------------
 def test_cjk_labels_are_drawn_with_the_installed_cjk_font_not_empty_boxes():
     from attnviz.figures import render
     from matplotlib import font_manager

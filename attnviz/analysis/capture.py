@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from attnviz.analysis import effects
 from attnviz.analysis.stats import downsample_attention
 from attnviz.core.attention import softmax_weights
-from attnviz.base.cache import LRU  # noqa: F401  (pages keep their capture store here)
 from attnviz.base import memory
 from attnviz.base.jobs import Cancel, Deadline, JobTimeout, heavy_job
 from attnviz.base.limits import LIMITS
@@ -259,7 +258,7 @@ def sentence_similarity(model, text_a: str, text_b: str) -> float:
     return float(embeddings[0] @ embeddings[1])
 
 
-def token_names(model, ids: list[int]) -> list[str]:
+def candidate_labels(model, ids: list[int]) -> list[str]:
     """Readable label of each id on its own (next-token candidates): `effects.token_names`."""
     return effects.token_names(model.tokenizer, ids)
 

@@ -1,7 +1,7 @@
 """The live effect of a head mask on one text: the model's outputs with and without the mask.
 
 `outputs(model, text, mask)` runs the model once and keeps what the Heads page shows (per-token
-loss, next-token top-k, sentence embeddings, one layer's attention); `compare(full, masked)` puts
+loss, next-token top-k, sentence embeddings, one layer's attention); `output_change(full, masked)` puts
 two such runs side by side. The full run depends only on the text, so callers cache it and a head
 toggle recomputes only the masked side.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from attnviz.analysis import ablation as ablations
+from attnviz.analysis import head_ablation
 from attnviz.analysis.importance import is_lm, plain_ids
 from attnviz.core.tokens import LEADING_SPACE_MARKS, check_text, labels, piece_bytes, tokenizer_kind
 from attnviz.core.transformer import sentence_embedding
@@ -95,7 +95,7 @@ def _encoder_outputs(model, x, head_mask, layer: int, sentences: list[str], abla
                      means=None) -> Outputs:
     """The text and the ranking sentences in ONE padded forward pass (a toggle pays one call)."""
     mask = model.check_head_mask(head_mask)
-    fill = ablations.fill(mask, ablation, means)
+    fill = head_ablation.fill(mask, ablation, means)
     inp = model.inputs(x)
     n = len(inp["tokens"])
     rows = [model.encode_text(t)[0] for t in sentences]
@@ -148,7 +148,7 @@ def _stateful_outputs(model, x, head_mask, layer: int, bases, ablation: str = "z
     """One unpadded run that keeps every block's input, starting where the best base allows."""
     cfg = model.cfg
     mask = _effective(model, head_mask)
-    fill = ablations.fill(mask, ablation, means)
+    fill = head_ablation.fill(mask, ablation, means)
     # a base removed its heads the same way, or had none off (then both ways are the same run)
     bases = [b for b in bases if b.ablation == ablation or (b.mask is not None and bool((b.mask == 1).all()))]
     if isinstance(x, str):
@@ -197,7 +197,7 @@ def outputs(model, x, head_mask=None, layer: int | None = None,
     `ablation`: the mask's heads output 0 ("zero") or their mean over the evaluation text ("mean";
     `means` from analysis.ablation.head_means, computed when not given).
     """
-    means = ablations.resolve_means(model, ablation, means)
+    means = head_ablation.resolve_means(model, ablation, means)
     layer = model.cfg.n_layers - 1 if layer is None else int(layer)
     if not 0 <= layer < model.cfg.n_layers:
         raise ValueError(f"layer must lie in 0..{model.cfg.n_layers - 1}")
@@ -213,7 +213,7 @@ def outputs(model, x, head_mask=None, layer: int | None = None,
                    embedding=sentence_embedding(tr.hidden))
 
 
-def compare(full: Outputs, masked: Outputs, sentences: list[str] | None = None) -> dict:
+def output_change(full: Outputs, masked: Outputs, sentences: list[str] | None = None) -> dict:
     """Side-by-side numbers. LM: perplexity of both, KL(full || masked) per token (mean and per
     position), top-1 agreement. Encoder: embedding cosine and the similarity ranking of the
     sentences to the text under both models."""

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from attnviz.analysis import ablation as ablations
+from attnviz.analysis import head_ablation
 from attnviz.base import limits
 from attnviz.base.jobs import Deadline
 from attnviz.base.limits import LIMITS
@@ -144,7 +144,7 @@ def evaluate(model, data: EvalSet, head_mask=None, ref: Reference | None = None,
     `ablation`: heads off output 0 ("zero") or their mean ("mean", `means` from
     analysis.ablation.head_means, computed when not given)."""
     mask = _check_mask(model, head_mask)
-    fill = ablations.fill(mask, ablation, ablations.resolve_means(model, ablation, means))
+    fill = head_ablation.fill(mask, ablation, head_ablation.resolve_means(model, ablation, means))
     ref = ref or reference(model, data, batch)
     lm = is_lm(model)
     sums = dict(nll=0.0, kl=0.0, agree=0.0, cos=0.0)
@@ -293,7 +293,7 @@ def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
     moves its output between the head's own and its mean (the gradient is taken there)."""
     stop = Stop(should_stop, max_seconds)
     start = _check_mask(model, head_mask)
-    means = ablations.resolve_means(model, ablation, means)
+    means = head_ablation.resolve_means(model, ablation, means)
     alive = start > 0
     lm = is_lm(model)
     if not lm and ref is None:
@@ -313,7 +313,7 @@ def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
         ids = data.ids[w:w + 1]
         mask = start.clone().requires_grad_(True)
         with torch.enable_grad():
-            out = model.net(input_ids=ids, head_mask=mask, logits=lm, head_fill=ablations.fill(mask, ablation, means))
+            out = model.net(input_ids=ids, head_mask=mask, logits=lm, head_fill=head_ablation.fill(mask, ablation, means))
             if lm:
                 loss = F.cross_entropy(out.logits[0, :-1].float(), ids[0, 1:])
                 (grad,) = torch.autograd.grad(loss, mask)
@@ -347,7 +347,7 @@ def ablation_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
     stop = Stop(should_stop, max_seconds)
     start = _check_mask(model, head_mask)
     ref = ref or reference(model, data, batch)
-    means = ablations.resolve_means(model, ablation, means)
+    means = head_ablation.resolve_means(model, ablation, means)
     base = evaluate(model, data, start, ref, batch, ablation, means)
     heads = [(i, h) for i, h in zip(*torch.nonzero(start > 0, as_tuple=True))]
     raw = torch.full_like(start, float("nan"))

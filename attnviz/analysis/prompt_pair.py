@@ -94,7 +94,7 @@ def row_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 0.5 * (a - b).abs().sum(-1).mean(-1)
 
 
-def compare(model, text_a: str, text_b: str, head_mask=None) -> Pair:
+def compare_prompts(model, text_a: str, text_b: str, head_mask=None) -> Pair:
     # Both prompts are tokenised and their captures priced before either is traced: a trace holds
     # every layer's [H, n, n] weights, 72 GB for SmolLM2 at 8,192 tokens.
     ids = [model.inputs(text)["ids"] for text in (text_a, text_b)]

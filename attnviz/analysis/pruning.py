@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from attnviz.analysis import ablation as ablations
+from attnviz.analysis import head_ablation
 from attnviz.analysis.importance import Stop, evaluate, head_importance, primary_metric, reference
 
 
@@ -63,7 +63,7 @@ def pruning_curve(model, data, *, step: float = 0.1, max_fraction: float = 0.9,
     zero or mean ablation (`means` computed once when not given); a mean-ablated curve is no
     longer what physical pruning gives."""
     stop = Stop(should_stop, max_seconds)
-    means = ablations.resolve_means(model, ablation, means)
+    means = head_ablation.resolve_means(model, ablation, means)
     fractions = _fraction_steps(max_fraction, step)
     ref = reference(model, data, batch)
     alive = model.kept.clone()

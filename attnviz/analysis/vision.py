@@ -4,7 +4,7 @@ Everything takes a `Trace` of a vision model (``trace.grid`` set) and returns te
 patch grid, so a map's element [r, c] belongs to the patch in row r, column c of the model input.
 `Model.pixels` squeezes the whole photo to the input square, so patch (r, c) also covers the
 fraction [r/gh, (r+1)/gh) x [c/gw, (c+1)/gw) of the original photo: `render.overlay_patch_map` draws
-maps over the photo at any size with exactly that mapping, and `attnviz.figures.images` draws the
+maps over the photo at any size with exactly that mapping, and `attnviz.figures.image_figures` draws the
 overlay grids and outlined patches (`patch_box` here is the pixel box both use).
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from attnviz.analysis import stats as analysis
+from attnviz.analysis import stats
 from attnviz.core.model import Model, Trace
 from attnviz.uploads.images import check_aspect
 from attnviz.base.limits import LIMITS
@@ -107,7 +107,7 @@ def cls_maps(trace: Trace) -> torch.Tensor:
     CLS and registers are dropped as keys, so a map shows how CLS spreads over the image only
     (its rows then sum to 1 minus what CLS put on prefix tokens)."""
     attn = _attentions(trace)                                   # (L, H, n, n)
-    return analysis.to_patch_grid(attn[:, :, 0, :], trace.n_prefix, trace.grid)
+    return stats.to_patch_grid(attn[:, :, 0, :], trace.n_prefix, trace.grid)
 
 
 def patch_token(trace: Trace, row: int, col: int) -> int:
@@ -123,7 +123,7 @@ def patch_query_maps(trace: Trace, row: int, col: int) -> torch.Tensor:
     """Where the patch (row, col) attends, per captured layer and head: [L, H, gh, gw]."""
     attn = _attentions(trace)
     query = patch_token(trace, row, col)
-    return analysis.to_patch_grid(attn[:, :, query, :], trace.n_prefix, trace.grid)
+    return stats.to_patch_grid(attn[:, :, query, :], trace.n_prefix, trace.grid)
 
 
 def discount_tokens(attn: torch.Tensor, drop) -> torch.Tensor:
@@ -151,8 +151,8 @@ def rollout_map(trace: Trace, head_mask=None, residual: bool = True, discount=No
     attn = _attentions(trace)
     if discount is not None:
         attn = discount_tokens(attn, discount)
-    flow = analysis.rollout(attn, residual=residual, head_mask=head_mask)      # (n, n)
-    return analysis.to_patch_grid(flow[0], trace.n_prefix, trace.grid)
+    flow = stats.rollout(attn, residual=residual, head_mask=head_mask)      # (n, n)
+    return stats.to_patch_grid(flow[0], trace.n_prefix, trace.grid)
 
 
 def attention_distance_px(trace: Trace, patch_size: int) -> torch.Tensor:
@@ -163,8 +163,8 @@ def attention_distance_px(trace: Trace, patch_size: int) -> torch.Tensor:
     renormalised away), so a head that parks mass on CLS is not mistaken for a local one."""
     attn = _attentions(trace)
     grid_h, grid_w = trace.grid
-    coords, is_patch = analysis.patch_grid_coords(grid_h, grid_w, trace.n_prefix)
-    return analysis.mean_attention_distance(attn, coords * patch_size, is_patch, causal=False)
+    coords, is_patch = stats.patch_grid_coords(grid_h, grid_w, trace.n_prefix)
+    return stats.mean_attention_distance(attn, coords * patch_size, is_patch, causal=False)
 
 
 def patch_box(row: int, col: int, grid: tuple[int, int], size: tuple[int, int]
@@ -240,7 +240,7 @@ def find_artefacts(trace: Trace, layer: int | None = None, k: float = ARTEFACT_K
     if not 0 <= layer <= last:
         raise ValueError(f"layer must lie in 0..{last} ({last} = final output), got {layer}")
     norms = trace.states[layer].float().norm(dim=-1)                            # (n,)
-    grid_norms = analysis.to_patch_grid(norms, trace.n_prefix, trace.grid)      # (gh, gw)
+    grid_norms = stats.to_patch_grid(norms, trace.n_prefix, trace.grid)      # (gh, gw)
     flags, median, mad, threshold = flag_high_norm(grid_norms, k)
     return Artefacts(layer, grid_norms, flags, median, mad, threshold, float(k))
 

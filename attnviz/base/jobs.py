@@ -7,7 +7,7 @@
   budget (`base.memory.check_room`).
 - `Deadline(seconds)`: a hard stop checked between steps of a job (`check()` raises `JobTimeout`).
 - `Cancel`: a flag another rerun can set, or conditions it polls (e.g. "the browser session that
-  started the job has gone": `attnviz.ui.jobs`); `check()` raises `JobCancelled`, and calling it
+  started the job has gone": `attnviz.ui.job_controls`); `check()` raises `JobCancelled`, and calling it
   answers "should I stop?" for loops that end early with a partial result instead.
 
 Every heavy loop checks its Cancel (and Deadline) between steps, so a job whose user has gone

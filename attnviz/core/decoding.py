@@ -1,4 +1,4 @@
-"""The encoder-decoders' decoding loops, methods of `attnviz.core.translate.Seq2SeqModel` (`self`
+"""The encoder-decoders' decoding loops, methods of `attnviz.core.translator.Seq2SeqModel` (`self`
 is the model; a speech model's hooks, `_start_ids` and `adjust_logits`, apply): greedy (the block
 runner's step, or its fused one-row path with the lexical shortlist's check), Marian's beam search,
 and teacher forcing. Each step goes through `Seq2Seq.step` / `step_row`, i.e. the one forward loop.
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.core.seq2seq import DecoderState
-from attnviz.core.translation import self_matrix
+from attnviz.core.translation_parts import self_matrix
 
 TOP_K = 10                  # next-token candidates kept per step (the page's step-through)
 LENGTH_NORMALISE = 1.0      # beam: score / length^1.0, as Marian's --normalize 1.0 (eos counted)

@@ -25,7 +25,7 @@ from attnviz.latency.calibrate import host_profile
 from attnviz.latency.child import MAX_SECONDS, STOPPED_EXIT
 from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES, MEASURED_DTYPES
 from attnviz.latency.measure import load, memory_budget_mb
-from attnviz.latency import pi_memory, priced, published, speech, translation
+from attnviz.latency import pi_memory, priced, published, speech_latency, translation_latency
 from attnviz.latency.results import MAX_THREADS
 from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate,
                                    parse_int_list, run_sweep)
@@ -164,11 +164,11 @@ def main(argv=None) -> int:
         sys.stdout.write(json.dumps(asdict(prof)) + "\n")
         return 0
     if args.published:
-        return translation.write_csv(pd.DataFrame(published.table()), args.out, ap)
-    if args.model and any(translation.is_translator(k) for k in args.model):  # en-pt, pt-en: encode + per token
-        return translation.main(args, ap)
-    if args.model and any(speech.is_speech(k) for k in args.model):  # whisper: a 30 s window + per token
-        return speech.main(args, ap)
+        return translation_latency.write_csv(pd.DataFrame(published.table()), args.out, ap)
+    if args.model and any(translation_latency.is_translator(k) for k in args.model):  # en-pt, pt-en: encode + per token
+        return translation_latency.main(args, ap)
+    if args.model and any(speech_latency.is_speech(k) for k in args.model):  # whisper: a 30 s window + per token
+        return speech_latency.main(args, ap)
     try:
         plan = SweepPlan(models=args.model or ["minilm"], seq_lens=parse_int_list(args.seq_lens, "--seq-lens"),
                          variants=[v for v in args.variants.split(",") if v.strip()],
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
         only_priced = [priced.priced_rows(plan, k, own_process=True) for k in plan.models if priced.is_priced_only(k)]
         plan.models = [key for key in plan.models if not priced.is_priced_only(key)]
         if not plan.models:
-            return translation.write_csv(pd.concat(only_priced, ignore_index=True), args.out, ap)
+            return translation_latency.write_csv(pd.concat(only_priced, ignore_index=True), args.out, ap)
         configs = configs_of(plan.models)
         est = estimate(plan, configs)
         est.check(args.max_seconds, memory_budget_mb() if args.max_mem_mb is None else args.max_mem_mb)
@@ -218,7 +218,7 @@ def main(argv=None) -> int:
             df.attrs["stopped"] = stopped
     except ValueError as err:
         ap.error(str(err))
-    translation.write_csv(df, args.out, ap)
+    translation_latency.write_csv(df, args.out, ap)
     if df.attrs.get("stopped"):
         sys.stderr.write(f"stopped: {df.attrs['stopped']}\n")
         return STOPPED_EXIT

@@ -1,7 +1,7 @@
 """Analyses of latency results (the CSV schema of `results`): the quadratic fit and its crossover,
 the cost model's twin of measured rows, its error against them, where the time goes, a profile
 recalibrated from a device's CSV, and the speed-ups the results show. Tables in, tables out: the
-figures that draw them are in `attnviz.figures.latency`."""
+figures that draw them are in `attnviz.figures.latency_figures`."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from attnviz.latency import costmodel as cm
+from attnviz.latency import costmodel
 from attnviz.latency.calibrate import host_profile, recalibrate
 from attnviz.latency.costmodel import GROUPS
 from attnviz.latency.engines import engine_profile
@@ -43,7 +43,7 @@ def crossover_n(a: float, b: float, c: float) -> float | None:
 
 
 # ---------------------------------------------------------------- the cost model against measurements
-def modelled_like(df: pd.DataFrame, profile: cm.DeviceProfile, backend: str | None = None,
+def modelled_like(df: pd.DataFrame, profile: costmodel.DeviceProfile, backend: str | None = None,
                   check: Callable[[], None] | None = None) -> pd.DataFrame:
     """The profile's prediction for every measured row: same model, shape, variant, heads, threads, n.
     Each distinct point is modelled once, however many rows repeat it (a long CSV repeats a few).
@@ -54,15 +54,15 @@ def modelled_like(df: pd.DataFrame, profile: cm.DeviceProfile, backend: str | No
             measured = measured.assign(**{col: default})
     keys = ["shape", "n_heads", "seq_len", "variant", "threads", "engine", "dtype"]
     points = measured[keys].drop_duplicates().reset_index(drop=True)
-    published = cm.PROFILES.get(profile.name) is profile  # a published Pi profile: each row's engine on it
+    published = costmodel.PROFILES.get(profile.name) is profile  # a published Pi profile: each row's engine on it
     preds = []
     for shape, k, n, variant, t, engine, dtype in points.itertuples(index=False, name=None):
         if check is not None:
             check()
         cfg = row_config({"shape": shape, "n_heads": k})
         prof = engine_profile(profile, str(engine), str(dtype)) if published else profile
-        pred = cm.predict(cfg, int(n), prof, variant, threads=int(t))
-        preds.append(dict(median_ms=pred.total_ms, peak_mem_mb=cm.activation_mb(cfg, int(n), variant),
+        pred = costmodel.predict(cfg, int(n), prof, variant, threads=int(t))
+        preds.append(dict(median_ms=pred.total_ms, peak_mem_mb=costmodel.activation_mb(cfg, int(n), variant),
                           **{f"{g}_ms": ms for g, ms in pred.by_group.items()}))
     values = ["median_ms", "peak_mem_mb"] + [f"{g}_ms" for g in GROUPS]
     points = points.join(pd.DataFrame(preds, columns=values))
@@ -74,14 +74,14 @@ def modelled_like(df: pd.DataFrame, profile: cm.DeviceProfile, backend: str | No
     return out.reindex(columns=df.columns)
 
 
-def split_table(cfg, ns, profile: cm.DeviceProfile, variant=None) -> pd.DataFrame:
+def split_table(cfg, ns, profile: costmodel.DeviceProfile, variant=None) -> pd.DataFrame:
     """The cost model's time per group for each n: what `split_figure` draws."""
-    return pd.DataFrame([{"seq_len": n, **{f"{g}_ms": ms for g, ms in cm.predict(cfg, int(n), profile, variant)
+    return pd.DataFrame([{"seq_len": n, **{f"{g}_ms": ms for g, ms in costmodel.predict(cfg, int(n), profile, variant)
                                            .by_group.items()}} for n in ns])
 
 
-def recalibrate_from(df: pd.DataFrame, profile: cm.DeviceProfile,
-                     check: Callable[[], None] | None = None) -> cm.DeviceProfile:
+def recalibrate_from(df: pd.DataFrame, profile: costmodel.DeviceProfile,
+                     check: Callable[[], None] | None = None) -> costmodel.DeviceProfile:
     """The profile fitted to a CSV's measured rows (see `calibrate.recalibrate`); `check` runs
     between points and raises to stop."""
     configs, points = {}, []
@@ -95,7 +95,7 @@ def recalibrate_from(df: pd.DataFrame, profile: cm.DeviceProfile,
     return recalibrate(profile, points, check)
 
 
-def model_error(df: pd.DataFrame, profile: cm.DeviceProfile, modelled: pd.DataFrame | None = None) -> pd.DataFrame:
+def model_error(df: pd.DataFrame, profile: costmodel.DeviceProfile, modelled: pd.DataFrame | None = None) -> pd.DataFrame:
     """Measured rows against the profile's prediction: one row per point with the error in %.
     `modelled`: `modelled_like(measured rows, profile)` when the caller has it already (a file's
     points are then modelled once, not once for the overlay and again here)."""
@@ -117,7 +117,7 @@ def host_model_error(df: pd.DataFrame) -> pd.DataFrame:
                       for (t, c), g in measured.groupby(["threads", "clock"])], ignore_index=True)
 
 
-def compare(df: pd.DataFrame) -> pd.DataFrame:
+def seed_claims(df: pd.DataFrame) -> pd.DataFrame:
     """The seeds' claims, on these results: n halved, fewer heads, each variant against fused."""
     out = []
     for (backend, model, threads), g in df.groupby(["backend", "model", "threads"]):
@@ -144,13 +144,13 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
                                       "seq_len", "speedup"])
 
 
-def attention_only(cfg, ns, profile: cm.DeviceProfile, variant="eager", measure_fn=None, model: str = "model"):
+def attention_only(cfg, ns, profile: costmodel.DeviceProfile, variant="eager", measure_fn=None, model: str = "model"):
     """One layer's attention (QK^T, softmax, weights x V) against n: modelled on `profile` and, with
     `measure_fn(cfg, n, variant) -> Timing` (latency.measure.measure_attention), measured here; rows in
     the results schema (backend "attention only", threads of the profile) for `figures.latency.growth_figure`."""
     rows = []
     for n in ns:
-        ms = cm.predict(cfg, int(n), profile, variant).by_group["attention"] / cfg.n_layers
+        ms = costmodel.predict(cfg, int(n), profile, variant).by_group["attention"] / cfg.n_layers
         rows.append(dict(model=model, backend="attention only", variant=str(variant), n_heads=cfg.n_heads,
                          threads=profile.threads, seq_len=int(n), measured=False, median_ms=ms))
         if measure_fn is not None:

@@ -29,7 +29,7 @@ import torch
 
 from attnviz.base.timing import Timing, measure
 from attnviz.core.attention import attend, parse_variant
-from attnviz.latency import costmodel as cm
+from attnviz.latency import costmodel
 from attnviz.latency.calibrate import calibrate_host
 from attnviz.latency.results import MAX_SEQ_LEN
 
@@ -40,7 +40,7 @@ ROUNDS = 3                            # calibrations whose median figures model 
 
 
 @functools.lru_cache(maxsize=8)
-def steady_profile(threads: int, clock: str = "wall", own_process: bool = False) -> cm.DeviceProfile:
+def steady_profile(threads: int, clock: str = "wall", own_process: bool = False) -> costmodel.DeviceProfile:
     """This host's profile for the crossover: each figure the median of ROUNDS full calibrations
     (once per process). The crossover moves with the ratio of the fused kernel's speed to the linear
     layers'; one calibration's microbenchmarks on a busy host put it anywhere in +-15% (measured
@@ -51,16 +51,16 @@ def steady_profile(threads: int, clock: str = "wall", own_process: bool = False)
     return replace(runs[0], **numbers, source=f"{runs[0].source}; median of {ROUNDS} calibrations")
 
 
-def block_split(cfg, n: int, profile: cm.DeviceProfile, variant=None) -> dict[str, float]:
+def block_split(cfg, n: int, profile: costmodel.DeviceProfile, variant=None) -> dict[str, float]:
     """The cost model's ms per group (costmodel.GROUPS) of ONE block of cfg on n tokens."""
     v = parse_variant(variant)
-    out = {g: 0.0 for g in cm.GROUPS}
-    for op in cm.layer_ops(cfg, n, v, cfg.heads_in(0), cfg.kv_heads_in(0)):
-        out[op.group] += cm.op_seconds(op, profile) * 1e3
+    out = {g: 0.0 for g in costmodel.GROUPS}
+    for op in costmodel.layer_ops(cfg, n, v, cfg.heads_in(0), cfg.kv_heads_in(0)):
+        out[op.group] += costmodel.op_seconds(op, profile) * 1e3
     return out
 
 
-def block_crossover(cfg, profile: cm.DeviceProfile, variant=None, n_max: int = MAX_SEQ_LEN) -> int | None:
+def block_crossover(cfg, profile: costmodel.DeviceProfile, variant=None, n_max: int = MAX_SEQ_LEN) -> int | None:
     """The smallest n at which attention takes at least as long as the rest of one block (cost
     model), to ~1.5%; None below n_max (linear-cost variants never get there)."""
     def ahead(n):
@@ -110,7 +110,7 @@ def measure_block(model, n: int, variant=None, *, repeats: int = 3, warmup: int 
     return Timing.of(times[0]), Timing.of(times[1])
 
 
-def modelled_rows(base: dict, cfg, profile: cm.DeviceProfile, variant, ns) -> list[dict]:
+def modelled_rows(base: dict, cfg, profile: costmodel.DeviceProfile, variant, ns) -> list[dict]:
     """cpu-model rows of one block at each n (`base`: the sweep's common fields)."""
     rows = []
     for n in ns:
@@ -126,7 +126,7 @@ def measured_row(base: dict, n: int, block: Timing, att: Timing) -> dict:
                 p10_ms=block.p10_ms, p90_ms=block.p90_ms, attention_ms=att.median_ms)
 
 
-def estimate_seconds(cfg, profile: cm.DeviceProfile, variant, repeats: int, warmup: int) -> float:
+def estimate_seconds(cfg, profile: costmodel.DeviceProfile, variant, repeats: int, warmup: int) -> float:
     """Seconds the measured block rows take (block and attention at each length)."""
     n_cross = block_crossover(cfg, profile, variant)
     if n_cross is None:

@@ -38,7 +38,7 @@ Every figure is fitted to published runs, listed with their sources in `latency.
     (bandwidth from q8_0's fit) is checked against Llama 2 13B (ollama's llama2:13b, Q4_0) generating
     1.35 tokens/s on a Pi 5 16 GB with no tweaks (github.com/geerlingguy/ai-benchmarks/issues/7).
   * HPL by threads (geerlingguy/top500-benchmark#18, Pi 5: 30.2 GFLOPS at 4 threads; x2.6 over one
-    thread as quoted in this project's issue 19) -> the Pi 5 thread curve of BLAS-backed PyTorch.
+    thread as quoted in this project's notes) -> the Pi 5 thread curve of BLAS-backed PyTorch.
   * Ultralytics' Raspberry Pi guide, YOLOv8 edition (github.com/ultralytics/ultralytics
     docs/en/guides/raspberry-pi.md, "Raspberry Pi 5 vs Raspberry Pi 4 YOLOv8 Benchmarks", PyTorch rows,
     fp32, 640 px, the default 4 threads): YOLOv8n 1,068.42 / 508.61 ms and YOLOv8s 2,589.58 / 969.49 ms
@@ -50,7 +50,7 @@ Every figure is fitted to published runs, listed with their sources in `latency.
     same two networks' marginal costs keep the published ratio, its per-call overhead 522 / 3.30 us
     (convolutions are not our matrix products, so the ratio, not their absolute speed, is used; both
     Pis' marginal costs then come out 13% above the published ones, the Pi 4's from the HAT fit alone).
-Cross-checks, not fitted (their harnesses are not our loop; figures in the closing note of issue 19):
+Cross-checks, not fitted (their harnesses are not our loop; figures in `python -m attnviz.bench --published`'s notes):
   * openai-whisper (PyTorch) tiny.en / base.en on 9 Common Voice clips, Pi 4 4 GB and Pi 5 4 / 8 / 16 GB
     (github.com/BotYue/Pi-Whisper-RSS25-Workshop, openai_latency_*.txt; the first clip, a warm-up,
     left out): with each clip's tokens, the torch fits predict the mean per clip +6% / +16% on the Pi 4,

@@ -26,7 +26,7 @@ import torch
 
 from attnviz.base.timing import Timing, measure
 from attnviz.core.attention import Variant, attend, parse_variant
-from attnviz.latency import costmodel as cm
+from attnviz.latency import costmodel
 from attnviz.latency.results import parse_synthetic
 from attnviz.weights.catalogue import load_model, random_model
 
@@ -116,8 +116,8 @@ def load(spec: str):
     """A bundled key, a local folder, or a synthetic spec (random weights: timing only)."""
     if spec.strip().startswith("synthetic:"):
         cfg = parse_synthetic(spec)
-        if cm.weights_mb(cfg) > memory_budget_mb():
-            raise ValueError(f"{spec} needs {cm.weights_mb(cfg):,.0f} MB of weights, more than half the "
+        if costmodel.weights_mb(cfg) > memory_budget_mb():
+            raise ValueError(f"{spec} needs {costmodel.weights_mb(cfg):,.0f} MB of weights, more than half the "
                              "memory available; choose fewer layers or a smaller d")
         return random_model(cfg, key=spec.strip())
     return load_model(spec)

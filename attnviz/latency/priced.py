@@ -15,7 +15,7 @@ import pandas as pd
 
 from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
-from attnviz.latency import costmodel as cm
+from attnviz.latency import costmodel
 from attnviz.latency.calibrate import host_profile
 from attnviz.latency.engines import engine_profile
 from attnviz.latency.measure import machine_metadata
@@ -52,7 +52,7 @@ def priced_rows(plan: SweepPlan, spec: str, *, own_process: bool = False) -> pd.
     profiles = []  # (backend, engine, dtype, threads, profile)
     for backend in plan.backends:
         if backend in PI_BACKENDS:
-            profiles += [(backend, e, d, int(t), engine_profile(cm.PROFILES[backend], e, d))
+            profiles += [(backend, e, d, int(t), engine_profile(costmodel.PROFILES[backend], e, d))
                          for t in plan.pi_threads for e, d in plan.engine_pairs()]
         else:
             profiles += [(backend, "torch", "fp32", int(t), host_profile(int(t), plan.clock, own_process=own_process))
@@ -62,7 +62,7 @@ def priced_rows(plan: SweepPlan, spec: str, *, own_process: bool = False) -> pd.
         for name in plan.variants:
             v = parse_variant(name)
             for n in plan.seq_lens:
-                pred = cm.predict(shape, int(n), prof, v, threads=threads)
+                pred = costmodel.predict(shape, int(n), prof, v, threads=threads)
                 rows.append(dict(base, backend=backend, engine=engine, dtype=dtype, threads=threads, variant=v.name,
                                  seq_len=int(n), median_ms=pred.total_ms, p10_ms=pred.total_ms, p90_ms=pred.total_ms,
                                  **{f"{g}_ms": ms for g, ms in pred.by_group.items()}))

@@ -131,7 +131,7 @@ def predicted(run: Run, profile=None) -> float:
 
 
 def table() -> list[dict]:
-    """Every run with its prediction and error (what the README and the report print)."""
+    """Every run with its prediction and error (what the README and `--published` print)."""
     out = []
     for r in RUNS:
         p = predicted(r)

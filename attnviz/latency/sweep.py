@@ -27,9 +27,9 @@ from attnviz.base.jobs import Cancel, Deadline, JobCancelled, JobTimeout, checks
 from attnviz.base.timing import CLOCKS, Timing
 from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
-from attnviz.latency import costmodel as cm
+from attnviz.latency import costmodel
 from attnviz.latency.calibrate import host_profile
-from attnviz.latency import crossover as xo
+from attnviz.latency.crossover import block_crossover, estimate_seconds, lengths, measure_block, measured_row, modelled_rows, repeats_at, steady_profile
 from attnviz.latency import decode
 from attnviz.latency.quantize import quantized_copy
 from attnviz.latency.child import measure_in_child
@@ -179,7 +179,7 @@ def configs_of(keys, loader=None) -> dict[str, Config]:
     return {k: parse_synthetic(k) if k.strip().startswith("synthetic:") else loader(k).cfg for k in keys}
 
 
-def estimate(plan: SweepPlan, configs: dict[str, Config], profile: cm.DeviceProfile = cm.HOST_GUESS) -> Estimate:
+def estimate(plan: SweepPlan, configs: dict[str, Config], profile: costmodel.DeviceProfile = costmodel.HOST_GUESS) -> Estimate:
     """Time and memory of a sweep from the cost model, before running it."""
     seconds, peak, pts = 0.0, 0.0, plan.points(configs)
     measured = "cpu" in plan.backends
@@ -189,12 +189,12 @@ def estimate(plan: SweepPlan, configs: dict[str, Config], profile: cm.DeviceProf
         cfg = configs[key]
         shape = cfg if k == cfg.n_heads else with_heads(cfg, k)
         if measured:
-            seconds += dtypes * runs * cm.predict(shape, n, profile, v, threads=t).total_ms / 1e3
+            seconds += dtypes * runs * costmodel.predict(shape, n, profile, v, threads=t).total_ms / 1e3
             # host memory: only what runs here (modelled rows build no model; `pi_memory` prices a Pi's)
-            peak = max(peak, cm.weights_mb(cfg) * (1 + (dtypes > 1)) + cm.activation_mb(cfg, n, v))
+            peak = max(peak, costmodel.weights_mb(cfg) * (1 + (dtypes > 1)) + costmodel.activation_mb(cfg, n, v))
     if plan.crossover and measured:
         v0 = parse_variant(plan.variants[0])
-        seconds += sum(xo.estimate_seconds(configs[key], profile, v0, plan.repeats, plan.warmup) for key in plan.models)
+        seconds += sum(estimate_seconds(configs[key], profile, v0, plan.repeats, plan.warmup) for key in plan.models)
     return Estimate(seconds, peak, len(pts))
 
 
@@ -218,7 +218,7 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
         check_budget(deadline.seconds, "the sweep's deadline (seconds)", zero_ok=True)
     pts = plan.points({k: m.cfg for k, m in models.items()})
     given = set(profiles or {})
-    profiles = dict(cm.PROFILES, **(profiles or {}))
+    profiles = dict(costmodel.PROFILES, **(profiles or {}))
     meta = dict(machine_metadata(), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     now = torch.get_num_threads()
     measured_here = "cpu" in plan.backends
@@ -246,9 +246,9 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
                     dtype="fp32", **meta)
 
     def modelled(row, cfg, tokens, v, prof, t):
-        pred = cm.predict(cfg, tokens, prof, v, threads=t)
+        pred = costmodel.predict(cfg, tokens, prof, v, threads=t)
         return dict(row, measured=False, seq_len=tokens, median_ms=pred.total_ms, p10_ms=pred.total_ms,
-                    p90_ms=pred.total_ms, peak_mem_mb=cm.activation_mb(cfg, tokens, v),
+                    p90_ms=pred.total_ms, peak_mem_mb=costmodel.activation_mb(cfg, tokens, v),
                     **{f"{g}_ms": ms for g, ms in pred.by_group.items()})
 
     # 1. every modelled row first: they cost nothing, so no budget stop can drop a configuration's model
@@ -271,22 +271,22 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
     blocks, t_block, v_block = [], plan.threads[0] if own_process else now, parse_variant(plan.variants[0])
     for key in plan.models if plan.crossover and measured_here else ():
         cfg = models[key].cfg
-        prof = xo.steady_profile(t_block, plan.clock, own_process=own_process)  # t_block: this process's own
-        n_cross = xo.block_crossover(cfg, prof, v_block)
+        prof = steady_profile(t_block, plan.clock, own_process=own_process)  # t_block: this process's own
+        n_cross = block_crossover(cfg, prof, v_block)
         if n_cross is not None:  # linear-cost variants never cross
-            ns = xo.lengths(n_cross)
-            rows += xo.modelled_rows(base(key, cfg.n_heads, v_block, t_block), cfg, prof, v_block, ns)
+            ns = lengths(n_cross)
+            rows += modelled_rows(base(key, cfg.n_heads, v_block, t_block), cfg, prof, v_block, ns)
             blocks += [(n / n_cross, j, key, n, n_cross) for j, n in enumerate(ns)]
     blocks.sort()  # shorter lengths of every model first: a budget stop loses the longest
     # 2. measured points interleaved across configurations (n by n, every configuration at each n):
     # a budget stop then loses the longest lengths of every configuration, never a configuration
     here = sorted(((*p, d) for p in pts if measured_here and p[3] not in elsewhere for d in dtypes),
                   key=lambda p: (p[4], pts.index(p[:5]), dtypes.index(p[5])))
-    total = len(here) + sum(xo.repeats_at(n, c, plan.repeats) for *_, n, c in blocks) + len(elsewhere)
+    total = len(here) + sum(repeats_at(n, c, plan.repeats) for *_, n, c in blocks) + len(elsewhere)
     done, stopped, block_runs = 0, "", {}  # (model, n) -> (block seconds, attention seconds)
 
     def block_rows():
-        out = [xo.measured_row(base(key, models[key].cfg.n_heads, v_block, t_block), n, Timing.of(b), Timing.of(a))
+        out = [measured_row(base(key, models[key].cfg.n_heads, v_block, t_block), n, Timing.of(b), Timing.of(a))
                for (key, n), (b, a) in block_runs.items()]
         block_runs.clear()
         return out
@@ -305,13 +305,13 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
             done += 1
         for r in range(plan.repeats):  # round by round across the lengths: a busy host's drift falls on all
             for _, _, key, n, n_cross in blocks:
-                if r >= xo.repeats_at(n, n_cross, plan.repeats):
+                if r >= repeats_at(n, n_cross, plan.repeats):
                     continue
                 check()
                 if progress:
                     progress(done, total, f"{key} · one block · {v_block.name} · {t_block} threads · n={n} · run {r + 1}")
                 with thread_count(t_block) if own_process else nullcontext():
-                    block, att = xo.measure_block(models[key], n, v_block, repeats=1, warmup=plan.warmup * (r == 0),
+                    block, att = measure_block(models[key], n, v_block, repeats=1, warmup=plan.warmup * (r == 0),
                                                   clock=plan.clock, check=check)
                 runs = block_runs.setdefault((key, n), ([], []))
                 runs[0].extend(block.times), runs[1].extend(att.times)
@@ -357,7 +357,7 @@ def decode_sweep(plan: SweepPlan, models: dict, depths: list[int], n_prompt: int
     each Pi backend x engine x dtype at the first Pi thread count, measured here (backend cpu) with
     the per-call KV cache (at the plan's first thread count when `own_process`, else at this process's).
     A deadline stops the measured part, keeping the modelled rows."""
-    profiles = dict(cm.PROFILES, **(profiles or {}))
+    profiles = dict(costmodel.PROFILES, **(profiles or {}))
     meta = dict(machine_metadata(), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     rows, stopped = [], ""
     for key in plan.models:

@@ -2,5 +2,3 @@
 
 Imports: streamlit; every layer below.
 """
-from attnviz.ui.common import *  # noqa: F401,F403  (pages call ui.model_picker(), ...)
-from attnviz.ui import common  # noqa: F401

@@ -8,16 +8,17 @@ from dataclasses import dataclass
 import streamlit as st
 import torch
 
-from attnviz.analysis import capture as outputs
+from attnviz.analysis import capture
 from attnviz.analysis import head_scores
-from attnviz.analysis import stats as analysis
+from attnviz.analysis import stats
 from attnviz.base import exports, jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.core.model import Model
-from attnviz.figures import attention as viz
-from attnviz.figures import lab as lf
-from attnviz.ui import common as ui
-from attnviz.ui import jobs as ui_jobs
+from attnviz.figures import attention_figures
+from attnviz.figures import render
+from attnviz.figures import lab_figures
+from attnviz.ui import common
+from attnviz.ui import job_controls
 
 PAGE = "attention"
 COMPARE_TEXT = "The creature stayed on the pavement because it was exhausted."
@@ -36,7 +37,7 @@ class Shown:
     model: Model
     model_id: str
     text: str
-    cap: outputs.TextCapture
+    cap: capture.TextCapture
     layer: int
     head: int
     per_head: bool
@@ -61,8 +62,8 @@ def window_attention(s: Shown) -> torch.Tensor:
     rows renormalised inside the window (exact for a decoder window starting at token 0)."""
     if s.cap.full:
         return s.cap.attentions
-    store = ui.shared_cache("attention.window", 2, LIMITS.result_cache_mb)
-    return ui.cached(store, s.owner, lambda: outputs.renormalise_rows(s.cap.attentions))
+    store = common.shared_cache("attention.window", 2, LIMITS.result_cache_mb)
+    return common.cached_result(store, s.owner, lambda: capture.renormalise_rows(s.cap.attentions))
 
 
 def window_special(s: Shown) -> torch.Tensor:
@@ -71,29 +72,29 @@ def window_special(s: Shown) -> torch.Tensor:
 
 def stats_of(s: Shown):
     """Head statistics of every head of the window (seconds for a long text: made on first use)."""
-    store = ui.shared_cache("attention.stats", 16, 64)
-    return ui.cached(store, s.owner, lambda: analysis.head_stats(
+    store = common.shared_cache("attention.stats", 16, 64)
+    return common.cached_result(store, s.owner, lambda: stats.head_stats(
         window_attention(s), window_special(s), causal=s.cfg.causal))
 
 
 def known_roles(s: Shown):
     """[L][H] roles for the overview's hover when the statistics exist already, else None: the
     overview never waits for them."""
-    stats = ui.shared_cache("attention.stats", 16, 64).get(s.owner)
-    if stats is None:
+    table = common.shared_cache("attention.stats", 16, 64).get(s.owner)
+    if table is None:
         return None
-    return stats.sort_values(["layer", "head"])["role"].to_numpy().reshape(s.cfg.n_layers,
+    return table.sort_values(["layer", "head"])["role"].to_numpy().reshape(s.cfg.n_layers,
                                                                            s.cfg.n_heads)
 
 
 def rollout_of(s: Shown) -> torch.Tensor:
-    store = ui.shared_cache("attention.rollout", 8, 64)
-    return ui.cached(store, s.owner, lambda: analysis.rollout(window_attention(s)))
+    store = common.shared_cache("attention.rollout", 8, 64)
+    return common.cached_result(store, s.owner, lambda: stats.rollout(window_attention(s)))
 
 
 def token_name(tokens: list[str]):
     """format_func of a token selector: "3: it" (None reads as every token)."""
-    return lambda i: "all tokens" if i is None else f"{i}: {viz.token_label(tokens[i])}"
+    return lambda i: "all tokens" if i is None else f"{i}: {attention_figures.token_label(tokens[i])}"
 
 
 def title(s: Shown) -> str:
@@ -104,13 +105,13 @@ def title(s: Shown) -> str:
 def detail(s: Shown):
     cfg = s.cfg
     matrix = s.cap.attentions[s.layer, s.head]
-    st.plotly_chart(viz.head_heatmap(matrix, s.tokens, title=title(s), causal=cfg.causal),
+    st.plotly_chart(attention_figures.head_heatmap(matrix, s.tokens, title=title(s), causal=cfg.causal),
                     key=key("detail"))
     # this head's statistics only: the whole table takes seconds on a long text
     one = s.cap.attentions[s.layer: s.layer + 1, s.head: s.head + 1]
     if not s.cap.full:
-        one = outputs.renormalise_rows(one)
-    row = analysis.head_stats(one, window_special(s), causal=cfg.causal).iloc[0]
+        one = capture.renormalise_rows(one)
+    row = stats.head_stats(one, window_special(s), causal=cfg.causal).iloc[0]
     st.caption(f"Role: **{row['role']}** · entropy {row['entropy']:.2f} nats · mean distance "
                f"{row['mean_distance']:.1f} tokens · mean of row maxima {row['max_weight']:.2f} · "
                f"brightest cell {float(matrix.max()):.2f}"
@@ -120,7 +121,7 @@ def detail(s: Shown):
 
 def lines(s: Shown):
     # The lines follow the chosen head; other heads of its layer can be added (reset on a new head).
-    ui.follow_owner(key("line_for"), (s.layer, s.head), {key("line_extra"): []})
+    common.follow_owner(key("line_for"), (s.layer, s.head), {key("line_extra"): []})
     extra = st.multiselect(f"Also draw heads of layer {s.layer}",
                            [h for h in range(s.cfg.n_heads) if h != s.head], key=key("line_extra"))
     query = st.selectbox("Only from query", [None] + list(range(len(s.tokens))), key=key("line_q"),
@@ -137,8 +138,8 @@ def lines(s: Shown):
         window = (start, start + LINES_WINDOW)
         st.caption(f"Tokens {start}–{start + LINES_WINDOW - 1} of {n}: lines within the window only. "
                    "Hover a token for its three strongest links.")
-    st.plotly_chart(viz.lines_figure(s.cap.attentions[s.layer], s.tokens, line_heads, query,
-                                     title=viz.lines_title(s.layer, line_heads), window=window), key=key("lines"))
+    st.plotly_chart(attention_figures.lines_figure(s.cap.attentions[s.layer], s.tokens, line_heads, query,
+                                     title=attention_figures.lines_title(s.layer, line_heads), window=window), key=key("lines"))
 
 
 def find_heads(s: Shown):
@@ -152,32 +153,32 @@ def find_heads(s: Shown):
     rank_k = col_k.selectbox("Key token", range(len(s.tokens)), key=key("rank_k"),
                              format_func=token_name(s.tokens), persist_state="page")
     try:
-        ranking = analysis.rank_heads(window_attention(s), rank_q, rank_k, causal=s.cfg.causal)
+        ranking = stats.rank_heads(window_attention(s), rank_q, rank_k, causal=s.cfg.causal)
     except ValueError as err:
-        st.info(ui.plain(str(err)))
+        st.info(common.plain(str(err)))
         return
-    stats = stats_of(s)
-    ranking = ranking.merge(stats[["layer", "head", "role"]], on=["layer", "head"], how="left")
+    table = stats_of(s)
+    ranking = ranking.merge(table[["layer", "head", "role"]], on=["layer", "head"], how="left")
     # what a selected row opens, for the next run (which then needs no ranking to pick)
     ss[key("rank_heads")] = [tuple(int(v) for v in r) for r in ranking[["layer", "head"]].to_numpy()]
-    pair = f"{viz.token_label(s.tokens[rank_q])} → {viz.token_label(s.tokens[rank_k])}"
+    pair = f"{attention_figures.token_label(s.tokens[rank_q])} → {attention_figures.token_label(s.tokens[rank_k])}"
     st.dataframe(ranking, hide_index=True, key=key("rank_table"), on_select="rerun",
                  selection_mode="single-row",
                  column_config={"weight": st.column_config.ProgressColumn(
                      "weight", format="%.3f", min_value=0.0, max_value=1.0)})
-    st.plotly_chart(viz.head_rank_figure(ranking, top=20, title=f"Top heads: {pair}"),
+    st.plotly_chart(attention_figures.head_rank_figure(ranking, top=20, title=f"Top heads: {pair}"),
                     key=key("rank_bars"))
     st.download_button("Ranking CSV", exports.csv_text(ranking), "head_ranking.csv",
                        "text/csv", key=key("rank_csv"), on_click="ignore")
 
 
 def statistics(s: Shown):
-    stats = stats_of(s)
-    st.plotly_chart(viz.role_map_figure(stats), key=key("roles"))
-    st.dataframe(stats, hide_index=True, key=key("table"),
+    table = stats_of(s)
+    st.plotly_chart(attention_figures.role_map_figure(table), key=key("roles"))
+    st.dataframe(table, hide_index=True, key=key("table"),
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
-                                for c in stats.columns if stats[c].dtype.kind == "f"})
-    st.download_button("Statistics CSV", exports.csv_text(stats), "head_stats.csv", "text/csv",
+                                for c in table.columns if table[c].dtype.kind == "f"})
+    st.download_button("Statistics CSV", exports.csv_text(table), "head_stats.csv", "text/csv",
                        key=key("csv"), on_click="ignore")
 
 
@@ -186,7 +187,7 @@ def head_score_table(model_id: str, seq_len: int, n_seqs: int, seed: int, _model
     """Previous-token / induction / duplicate-token scores of every head (model-wide, not of the
     text): one server-wide heavy-job slot and the importance time limit while computing; it
     stops between sequences when this browser session goes away."""
-    with ui_jobs.heavy_job("head scores") as cancel:
+    with job_controls.heavy_job("head scores") as cancel:
         return head_scores.head_scores(
             _model, seq_len, n_seqs, seed, cancel=cancel,
             deadline=jobs.Deadline(LIMITS.max_importance_seconds, "head scores"))
@@ -217,9 +218,9 @@ def scores_view(s: Shown):
                 ss[key("hs")] = head_score_table(s.model_id, int(seq_len), int(n_seqs), int(seed),
                                                  s.model)
             ss[key("hs_for")] = s.model_id
-            ui.clear_selection(key("hs_table"))
+            common.clear_selection(key("hs_table"))
         except ValueError as err:
-            st.error(ui.plain(err))
+            st.error(common.plain(err))
     scores = ss.get(key("hs")) if ss.get(key("hs_for")) == s.model_id else None
     if scores is None:
         st.info("Press Compute head scores (about 2 s for SmolLM2 at the defaults).")
@@ -231,19 +232,19 @@ def scores_view(s: Shown):
     shown = st.radio("Map of", SCORE_COLUMNS, horizontal=True, key=key("hs_map"),
                      format_func=lambda c: c.replace("_", "-") + " score")
     grid = scores.pivot(index="layer", columns="head", values=shown).to_numpy()   # (L, H)
-    st.plotly_chart(lf.head_grid_figure(grid, f"{shown.replace('_', '-')} score: layer × head"),
+    st.plotly_chart(lab_figures.head_grid_figure(grid, f"{shown.replace('_', '-')} score: layer × head"),
                     key=key("hs_grid"))
     st.download_button("Head scores CSV", exports.csv_text(scores), "head_scores.csv",
                        "text/csv", key=key("hs_csv"), on_click="ignore")
 
 
 def rollout(s: Shown):
-    st.plotly_chart(viz.head_heatmap(rollout_of(s), s.tokens,
+    st.plotly_chart(attention_figures.head_heatmap(rollout_of(s), s.tokens,
                                      title="Attention rollout through all layers",
                                      causal=s.cfg.causal), key=key("rollout"))
     flow_token = st.selectbox("Follow token", range(len(s.tokens)), key=key("flow_token"),
                               format_func=token_name(s.tokens), persist_state="page")
-    st.plotly_chart(viz.token_flow_figure(analysis.token_flow(window_attention(s), flow_token),
+    st.plotly_chart(attention_figures.token_flow_figure(stats.token_flow(window_attention(s), flow_token),
                                           s.tokens,
                                           title="Where it looks in each layer (heads averaged)"),
                     key=key("flow"))
@@ -251,7 +252,7 @@ def rollout(s: Shown):
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def embedding(model_id: str, text: str, _model) -> torch.Tensor:
-    return outputs.sentence_embedding(_model.trace(text, attentions=False).hidden)
+    return capture.sentence_embedding(_model.trace(text, attentions=False).hidden)
 
 
 def model_output(s: Shown):
@@ -259,8 +260,8 @@ def model_output(s: Shown):
     if s.cfg.task == "lm":
         position = st.selectbox("After position", range(cap.n), key=key("pos"),
                                 format_func=token_name(cap.tokens), persist_state="page")
-        ids, probs = outputs.next_token_topk(s.model, cap.hidden[position], k=10)
-        st.plotly_chart(viz.bar_topk(outputs.token_names(s.model, ids), probs,
+        ids, probs = capture.next_token_topk(s.model, cap.hidden[position], k=10)
+        st.plotly_chart(attention_figures.bar_topk(capture.candidate_labels(s.model, ids), probs,
                                      title=f"Next token after {token_name(cap.tokens)(position)}"
                                            ", top 10"), key=key("topk"))
         return
@@ -274,29 +275,29 @@ def model_output(s: Shown):
         st.info("Type a second sentence to compare.")
         return
     try:
-        mine = outputs.sentence_embedding(cap.hidden)
+        mine = capture.sentence_embedding(cap.hidden)
         score = float(mine @ embedding(s.model_id, other, s.model))
         st.metric("Cosine similarity (mean-pooled, normalised embeddings)", f"{score:.3f}")
     except ValueError as err:
-        st.error(ui.plain(err))
+        st.error(common.plain(err))
 
 
 def export(s: Shown):
     """Downloads (the figures and the NPZ are made only when clicked); a click keeps the page as it is."""
     cap, cfg = s.cap, s.cfg
-    ui.figure_downloads("Chosen head", cap.attentions[s.layer, s.head], s.tokens, s.tokens,
+    common.figure_downloads("Chosen head", cap.attentions[s.layer, s.head], s.tokens, s.tokens,
                         title(s), key=key("head_fig"), causal=cfg.causal,
                         file_name=exports.file_stem(s.model.info.key, s.text, names.head_name(s.layer, s.head)))
-    ui.figure_downloads("Rollout", lambda: rollout_of(s), s.tokens, s.tokens, "Attention rollout",
+    common.figure_downloads("Rollout", lambda: rollout_of(s), s.tokens, s.tokens, "Attention rollout",
                         key=key("rollout_fig"), causal=cfg.causal,
                         file_name=exports.file_stem(s.model.info.key, s.text, "rollout"))
     overview_title = (f"{s.model.info.key}: {cfg.n_layers} layers × {cfg.n_heads} heads, "
                       f"{cap.n:,} tokens" + (", each head scaled to its maximum" if s.per_head else ""))
-    st.download_button("Overview PNG", lambda: viz.overview_png(cap.overview, per_head=s.per_head,
+    st.download_button("Overview PNG", lambda: render.overview_png(cap.overview, per_head=s.per_head,
                                                                  title=overview_title),
                        exports.file_stem(s.model.info.key, s.text, "overview") + ".png", "image/png",
                        key=key("ov_png"), on_click="ignore")
-    st.download_button("Attentions NPZ", lambda: outputs.attention_npz(cap), "attentions.npz",
+    st.download_button("Attentions NPZ", lambda: capture.attention_npz(cap), "attentions.npz",
                        "application/octet-stream", key=key("npz"), on_click="ignore")
     st.download_button("Statistics CSV", exports.csv_text(stats_of(s)), "head_stats.csv",
                        "text/csv", key=key("csv2"), on_click="ignore")

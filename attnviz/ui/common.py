@@ -13,12 +13,13 @@ import streamlit as st
 from streamlit.errors import StreamlitPageNotFoundError
 
 from attnviz.base import names
-from attnviz.base.cache import LRU
+from attnviz.base.lru import LRU
 from attnviz.base.limits import LIMITS
 from attnviz.core.model import Model
-from attnviz.figures import attention as viz
+from attnviz.figures import attention_figures
+from attnviz.figures import render
 from attnviz.toys.tasks import TOYS
-from attnviz.weights import catalogue as loading
+from attnviz.weights import catalogue
 from attnviz.weights import folders
 from attnviz.weights.catalogue import BUNDLED, DEFAULT_MODEL
 
@@ -55,7 +56,7 @@ def _shared_model(key: str, _typed: str = "") -> Model:
         model = folders.load_dir(resolved, key=folders.local_folder_name(resolved, LIMITS), name=_typed,
                                  limits=LIMITS)
     else:
-        model = loading.load_model(key)
+        model = catalogue.load_model(key)
     settle_heap()
     return model
 
@@ -71,7 +72,7 @@ def settle_heap():
     gc.freeze()
 
 
-def load_model(key: str) -> Model:
+def shared_model(key: str) -> Model:
     """A model of the catalogue (bundled or toy), shared by every session. Never a path: typed
     folders go through `load_folder`, which applies the deployment's allow-list."""
     if key not in BUNDLED and key not in TOYS:
@@ -95,7 +96,7 @@ def loaded_with_status(notice, choice: str, typed: str | None) -> Model:
     server converting, the weights) shows in the main area what is loading and, when done, how
     long it took; later runs take the shared copy at once."""
     name = f"folder:{typed}" if typed is not None else choice
-    load = (lambda: load_folder(typed)) if typed is not None else (lambda: load_model(choice))
+    load = (lambda: load_folder(typed)) if typed is not None else (lambda: shared_model(choice))
     if name in LOADED:
         with st.spinner(plain(f"Loading {choice}…")):
             return load()
@@ -129,7 +130,7 @@ def local_folders_allowed() -> bool:
 def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: str | None = None):
     """Sidebar: bundled models of the given tasks, plus a typed local HF folder when the deployment
     allows some (ATTNVIZ_ALLOWED_MODEL_DIRS). Returns Model or None."""
-    infos = [m for m in loading.list_models() if m.task in tasks]
+    infos = [m for m in catalogue.list_models() if m.task in tasks]
     keys = [m.key for m in infos] + ([LOCAL] if local_folders_allowed() else [])
     default = default or (DEFAULT_MODEL if DEFAULT_MODEL in keys else keys[0])
     page_key = f"{MODEL_KEY}:{'/'.join(tasks)}"
@@ -176,7 +177,7 @@ def _fingerprint(key: str, _model: Model) -> str:
     return _model.fingerprint()
 
 
-def fingerprint(model: Model) -> str:
+def model_digest(model: Model) -> str:
     return _fingerprint(f"{model.info.key}@{id(model)}", model)
 
 
@@ -187,7 +188,7 @@ def bundled_models():
         dict(model=m.key, task=m.task,
              shape=f"{m.n_layers} layers × {m.n_heads} heads ({m.n_kv_heads or m.n_heads} K/V)",
              positions=m.max_positions or None, source=f"{m.family}: {m.source}", licence=m.licence)
-        for m in loading.list_models()]), hide_index=True, key="home_models", width="stretch",
+        for m in catalogue.list_models()]), hide_index=True, key="home_models", width="stretch",
         column_config={
             "model": st.column_config.TextColumn("model", width="small"),
             "task": st.column_config.TextColumn("task", width="small"),
@@ -218,7 +219,7 @@ def loaded_model(model: Model):
     with st.expander("Weights fingerprint"):
         st.caption("SHA-256 of every parameter of the model this server shares between all "
                    "sessions; it never changes while the server runs.")
-        st.code(fingerprint(model), language=None)
+        st.code(model_digest(model), language=None)
 
 
 def show_shape(model: Model):
@@ -286,10 +287,10 @@ def figure_downloads(name: str, matrix, xlabels: list[str], ylabels: list[str], 
     made = matrix if callable(matrix) else (lambda: matrix)
     left, right = st.columns(2)
     stem = file_name or key   # file_name: what it shows (base.exports.file_stem: model, text, head)
-    left.download_button(f"{name} PNG", lambda: viz.figure_png(made(), xlabels, ylabels, title, causal=causal),
+    left.download_button(f"{name} PNG", lambda: render.figure_png(made(), xlabels, ylabels, title, causal=causal),
                          file_name=f"{stem}.png", mime="image/png", key=f"{key}_png",
                          on_click="ignore")
-    right.download_button(f"{name} SVG", lambda: viz.figure_svg(made(), xlabels, ylabels, title, causal=causal),
+    right.download_button(f"{name} SVG", lambda: render.figure_svg(made(), xlabels, ylabels, title, causal=causal),
                           file_name=f"{stem}.svg", mime="image/svg+xml", key=f"{key}_svg",
                           on_click="ignore")
 
@@ -313,7 +314,7 @@ def shared_cache(name: str, max_entries: int, max_mb: float) -> LRU:
     return LRU(max_entries, int(max_mb * 2**20))
 
 
-def cached(cache: LRU, key, make):
+def cached_result(cache: LRU, key, make):
     """`cache[key]`, made (and kept if it fits the byte bound) on a miss."""
     value = cache.get(key)
     if value is None:
@@ -367,7 +368,7 @@ def page_list():
     for row in range(0, len(PAGES), 4):
         for col, (n, (name, line)) in zip(st.columns(4), enumerate(PAGES[row: row + 4], row + 1)):
             with col:
-                st.image(viz.page_thumbnail(name))
+                st.image(attention_figures.page_thumbnail(name))
                 st.markdown(f"**{n}. {name}** — {line}")
 
 

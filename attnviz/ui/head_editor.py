@@ -180,7 +180,7 @@ def presets(ed: Editor, scores, score_label: str, score_hint: str | None):
 
 
 def metric_delta(change: float, text: str, better: str, places: int = 2) -> dict:
-    """st.metric's delta arguments for a change a mask makes (issue 22.5): the arrow follows the
+    """st.metric's delta arguments for a change a mask makes: the arrow follows the
     change's sign, the colour whether it is good (`better`: "higher" or "lower" is good) — not
     the sign of the text; a change that rounds to zero at `places` decimals is grey, no arrow."""
     if better not in ("higher", "lower"):

@@ -1,7 +1,7 @@
 """The Heads page's tools below the mask, one at a time: importance, pruning curve, real pruning.
 
 Each holds one of the server's heavy-job slots while it runs, stops at its time budget, and stops
-between steps when its browser session goes away (`attnviz.ui.jobs`).
+between steps when its browser session goes away (`attnviz.ui.job_controls`).
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from attnviz.analysis import importance, pruning
 from attnviz.base import exports, jobs
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
-from attnviz.figures import attention as viz
-from attnviz.figures import heads as heads_viz
+from attnviz.figures import attention_figures
+from attnviz.figures import head_figures
 from attnviz.latency import speedup
 from attnviz.ui import common
-from attnviz.ui import jobs as ui_jobs
+from attnviz.ui import job_controls
 from attnviz.ui.head_editor import metric_delta
 
 PAGE = "heads"
@@ -93,7 +93,7 @@ def run_tracked(store, label, budget, fn) -> bool:
     nothing. False (with the reason shown) when the run could not start."""
     ss = st.session_state
     try:
-        with ui_jobs.heavy_job(label) as cancel:
+        with job_controls.heavy_job(label) as cancel:
             ss[store + ":running"] = True
             cancel_slot = st.empty()
             cancel_slot.button("Cancel", key=store + ":cancel")
@@ -163,9 +163,9 @@ def importance_tool(view, keep):
                    "zero, so the score adds the Gauss-Newton curvature (exact Hessian there)."))
         table = imp.table(normalised)
         if len(table):
-            figure = viz.stat_map_figure(table, "score" if normalised else "raw")
+            figure = attention_figures.stat_map_figure(table, "score" if normalised else "raw")
             figure.update_layout(title=f"{imp.method} importance, {imp.ablation} ablation")
-            st.plotly_chart(heads_viz.mark_off_heads(figure, keep), key=K("imp_map"))
+            st.plotly_chart(head_figures.mark_off_heads(figure, keep), key=K("imp_map"))
             if not keep.all():
                 st.caption("× marks the heads that are off in the applied mask.")
             st.dataframe(table, hide_index=True, key=K("imp_table"))
@@ -193,7 +193,7 @@ def curve_tool(view, keep):
     if store in ss and len(ss[store][0].table):
         summary = ss[store][0].summary()
         for metric in (("perplexity", "top1") if view.lm else ("cosine",)):
-            figure = heads_viz.curve_figure(summary, metric, log_y=metric == "perplexity")
+            figure = head_figures.curve_figure(summary, metric, log_y=metric == "perplexity")
             figure.update_layout(title=f"{metric}: heads removed by {ss[store][0].ablation} ablation",
                                  margin=dict(t=60))
             st.plotly_chart(figure, key=K(f"curve_{metric}"))
@@ -220,7 +220,7 @@ def measure_tracked(view, keep, lengths, repeats: int, store: str):
     ss = st.session_state
     code = pruning.encode_mask(keep)
     try:
-        with ui_jobs.heavy_job("prune and measure") as cancel:
+        with job_controls.heavy_job("prune and measure") as cancel:
             ss[store + ":running"] = True
             cancel_slot = st.empty()
             cancel_slot.button("Cancel", key=K("prune_cancel"))
@@ -277,7 +277,7 @@ def prune_tool(view, keep):
         removed, f"{removed:+.2f} M of {sp.params_full / 1e6:.2f} M", "lower"))
     c2.metric("heads kept", f"{sp.heads_kept} / {sp.heads_total}")
     modelled = sp.modelled()
-    st.plotly_chart(heads_viz.latency_figure(sp.table, modelled), key=K("latency"))
+    st.plotly_chart(head_figures.latency_figure(sp.table, modelled), key=K("latency"))
     st.dataframe(sp.table, hide_index=True, key=K("speed_table"))
     csv_download("Speed-up CSV", sp.table, f"pruning-speedup-{view.mkey}.csv", K("speed_csv"))
     st.caption("Medians of the runs; *_q1 / *_q3: their first and third quartiles (the IQR); speedup: "

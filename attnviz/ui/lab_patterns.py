@@ -9,14 +9,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from attnviz.analysis import patterns
+from attnviz.analysis import input_and_masks
 from attnviz.analysis.vision import resolution_options
 from attnviz.base import jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.base.timing import speed_words
-from attnviz.figures import patterns as pf
-from attnviz.ui import common as ui
-from attnviz.ui import jobs as ui_jobs
+from attnviz.figures import input_and_mask_figures
+from attnviz.ui import common
+from attnviz.ui import job_controls
 from attnviz.uploads import images
 
 PAGE = "lab"
@@ -42,7 +42,7 @@ def patterns_view(model):
     st.caption("Three steps every transformer takes before or around attention, on the real models: "
                "how an image becomes tokens, how a batch of unequal sentences is padded and masked, "
                "and what sparse attention patterns skip and cost.")
-    section = ui.view_choice(key("patterns"), list(SECTIONS), label="Section")
+    section = common.view_choice(key("patterns"), list(SECTIONS), label="Section")
     {SECTIONS[0]: patches_section, SECTIONS[1]: padding_section, SECTIONS[2]: sparse_section}[section](model)
 
 
@@ -55,9 +55,9 @@ def patch_tokens(vision, sample: str, size: int):
     """(photo, PatchTokens) per model, sample and input side, shared by sessions, bounded in bytes."""
     def make():
         photo = images.load_sample(sample)
-        return photo, patterns.patch_tokens(vision, photo, size)
+        return photo, input_and_masks.patch_tokens(vision, photo, size)
 
-    return ui.cached(ui.shared_cache("lab.patches", 8, 64), (model_id(vision), sample, size), make)
+    return common.cached_result(common.shared_cache("lab.patches", 8, 64), (model_id(vision), sample, size), make)
 
 
 def patches_section(_model):
@@ -67,27 +67,27 @@ def patches_section(_model):
         return
     try:
         with st.spinner(f"Loading {VISION}…"):
-            vision = ui.load_model(VISION)
+            vision = common.shared_model(VISION)
     except ValueError as err:
-        st.error(ui.plain(f"The patch view needs the bundled {VISION}: {err}"))
+        st.error(common.plain(f"The patch view needs the bundled {VISION}: {err}"))
         return
     cfg = vision.cfg
     c1, c2 = st.columns(2)
     sample = c1.selectbox("Sample photo (scikit-image)", list(samples), key=key("pat_sample"))
     sizes = resolution_options(cfg.patch_size)
-    ui.keep_in_options({key("pat_size"): (sizes, vision.image_size)})
+    common.keep_in_options({key("pat_size"): (sizes, vision.image_size)})
     size = c2.select_slider("Input side (pixels)", sizes, key=key("pat_size"),
                             help=f"{VISION} takes {vision.image_size} px; other sides change the patch count")
     try:
         photo, pt = patch_tokens(vision, sample, int(size))
     except ValueError as err:
-        st.error(ui.plain(str(err)))
+        st.error(common.plain(str(err)))
         return
     (w, h), (left, top, side), p = pt.photo_size, pt.crop, pt.patch_size
     gh, gw = pt.grid
     regs = f", then {pt.n_registers} register tokens" if pt.n_registers else " (this model has no register tokens)"
     st.markdown(
-        f"**{ui.plain(sample)}**: {w}×{h} px → the centre square {side}×{side} (from x = {left}, y = {top}; "
+        f"**{common.plain(sample)}**: {w}×{h} px → the centre square {side}×{side} (from x = {left}, y = {top}; "
         f"the sides are cut off, as DINOv2's processor does) → resized to {size}×{size} px (bicubic) and "
         f"normalised with ImageNet's mean and std → cut into a {gh}×{gw} grid of {p}×{p}-pixel patches. "
         f"**{pt.n_patches} patches → {pt.n_tokens} tokens**: [CLS] first{regs}, then the patches in raster "
@@ -96,9 +96,9 @@ def patches_section(_model):
         f"of **d_model = {pt.d_model}**, and a position embedding is added (learned for a "
         f"{pt.pos_grid}×{pt.pos_grid} grid, {pt.pos_grid * p} px, interpolated bicubically to {gh}×{gw}).")
     c1, c2 = st.columns(2)
-    c1.image(pf.crop_picture(photo, pt.crop), caption="The photo; red: the square the model keeps", width=380)
+    c1.image(input_and_mask_figures.crop_picture(photo, pt.crop), caption="The photo; red: the square the model keeps", width=380)
     zoom = max(1, 448 // int(size))
-    c2.image(pf.grid_picture(pt.rgb, p, zoom, numbers=zoom * p >= 20, first_token=pt.n_prefix),
+    c2.image(input_and_mask_figures.grid_picture(pt.rgb, p, zoom, numbers=zoom * p >= 20, first_token=pt.n_prefix),
              caption=f"The model input (the normalised tensor, un-normalised to draw), {gh}×{gw} patches; "
                      "numbers: each patch's token index", width=380)
     cols = st.columns(4)
@@ -111,7 +111,7 @@ def patches_section(_model):
     st.markdown(f"**The token sequence** ({pt.n_tokens} tokens, index under each; the thumbnails are "
                 "slices of the model's input tensor):")
     prefix = pt.tokens[:pt.n_prefix]
-    st.image(pf.token_strip([pt.patch_rgb(i) for i in range(pt.n_patches)], prefix,
+    st.image(input_and_mask_figures.token_strip([pt.patch_rgb(i) for i in range(pt.n_patches)], prefix,
                             per_row=24 if pt.n_tokens <= 600 else 40, cell=40 if pt.n_tokens <= 600 else 24))
     st.caption(f"Mean length of a patch embedding: {pt.patch_norm:.3g}; of the position embedding added to "
                f"it: {pt.position_norm:.3g}. The transformer never sees the grid: only this sequence of "
@@ -125,9 +125,9 @@ def clamp(name: str, upper: int):
 
 
 def padding_result(model, texts: tuple[str, ...], layer: int, head: int):
-    store = ui.shared_cache("lab.padding", 16, 64)
-    return ui.cached(store, (model_id(model), texts, layer, head),
-                     lambda: patterns.padding(model, list(texts), layer, head))
+    store = common.shared_cache("lab.padding", 16, 64)
+    return common.cached_result(store, (model_id(model), texts, layer, head),
+                     lambda: input_and_masks.padding(model, list(texts), layer, head))
 
 
 def padding_section(model):
@@ -146,14 +146,14 @@ def padding_section(model):
     try:
         r = padding_result(model, texts, layer, head)
     except ValueError as err:
-        st.error(ui.plain(str(err)))
+        st.error(common.plain(str(err)))
         return
-    st.markdown(f"{ui.plain(model.info.key)}'s tokenizer batches the two sentences ({r.lengths[0]} and "
+    st.markdown(f"{common.plain(model.info.key)}'s tokenizer batches the two sentences ({r.lengths[0]} and "
                 f"{r.lengths[1]} tokens) into one {len(r.lengths)} × {r.width} tensor, padding the shorter one "
-                f"on the right with **{ui.plain(r.pad_token)}**. Its attention_mask (1 = real, 0 = pad) becomes "
+                f"on the right with **{common.plain(r.pad_token)}**. Its attention_mask (1 = real, 0 = pad) becomes "
                 "the key-padding mask of every layer (`core.attention.padding_mask`): no query may look at a "
                 "pad key. The batch runs once through the model, and each sentence once alone.")
-    st.plotly_chart(pf.padded_grid_figure(r.tokens, r.attention_mask, r.pad_token), key=key("pad_grid"))
+    st.plotly_chart(input_and_mask_figures.padded_grid_figure(r.tokens, r.attention_mask, r.pad_token), key=key("pad_grid"))
     cols = st.columns(4)
     cols[0].metric("Pad-key weight, masked", f"{r.pad_weight:.3g}",
                    help=f"the most weight any real query of any head of layer {layer} gives a pad key")
@@ -170,7 +170,7 @@ def padding_section(model):
                    f"run alone to float precision ({r.row_diff:.2g} for this head, {r.layer_diff:.2g} over "
                    f"layer {layer}, {r.hidden_diff:.2g} for the final hidden states).")
     if r.causal:
-        st.info(f"{ui.plain(model.info.key)} is causal and the pads come after every real token: the causal "
+        st.info(f"{common.plain(model.info.key)} is causal and the pads come after every real token: the causal "
                 f"mask already hides them from real queries ({r.blocked_by_padding} query–key pairs are "
                 "blocked by the padding mask alone), so here it changes only the pad rows, which are "
                 "thrown away. With left padding, or an encoder, the mask is what keeps the rows exact.")
@@ -182,10 +182,10 @@ def padding_section(model):
         n, labels = r.lengths[b], r.tokens[b]
         st.markdown(f"**Sentence {b + 1}** ({n} real tokens, {r.width - n} pads)")
         c1, c2, c3 = st.columns(3)
-        c1.plotly_chart(pf.key_mask_figure(r.allowed[b], labels, "Mask (1 = may look)"), key=key(f"pad_mask{b}"))
-        c2.plotly_chart(pf.attention_figure(r.batched[b], labels, labels, f"{names.head_name(layer, head)} "
+        c1.plotly_chart(input_and_mask_figures.key_mask_figure(r.allowed[b], labels, "Mask (1 = may look)"), key=key(f"pad_mask{b}"))
+        c2.plotly_chart(input_and_mask_figures.attention_figure(r.batched[b], labels, labels, f"{names.head_name(layer, head)} "
                                             "in the padded batch", r.causal, zmax=1.0), key=key(f"pad_att{b}"))
-        c3.plotly_chart(pf.attention_figure(r.alone[b], labels[:n], labels[:n], "the sentence alone", r.causal,
+        c3.plotly_chart(input_and_mask_figures.attention_figure(r.alone[b], labels[:n], labels[:n], "the sentence alone", r.causal,
                                             zmax=1.0), key=key(f"pad_alone{b}"))
     st.caption("Pad rows (queries that are pads) are computed too and then ignored: their keys are the "
                "real tokens, so their weights are not zero; only the pad columns are.")
@@ -202,11 +202,11 @@ def sparse_section(model):
     causal = c5.toggle("Causal", model is not None and model.cfg.causal, key=key("sp_causal"),
                        help="also only keys j ≤ i")
     widths = {"full": 1, "local": w, "strided": s, "block": b}
-    labels = {k: patterns.pattern_name(k, widths[k]) for k in patterns.PATTERNS}
-    masks = {k: patterns.pattern_mask(k, n, widths[k], causal) for k in patterns.PATTERNS}
-    costs = {k: patterns.pattern_cost(labels[k], masks[k], d_head) for k in patterns.PATTERNS}
-    for col, k in zip(st.columns(4), patterns.PATTERNS):
-        col.image(pf.mask_picture(masks[k]),
+    labels = {k: input_and_masks.pattern_name(k, widths[k]) for k in input_and_masks.PATTERNS}
+    masks = {k: input_and_masks.pattern_mask(k, n, widths[k], causal) for k in input_and_masks.PATTERNS}
+    costs = {k: input_and_masks.pattern_cost(labels[k], masks[k], d_head) for k in input_and_masks.PATTERNS}
+    for col, k in zip(st.columns(4), input_and_masks.PATTERNS):
+        col.image(input_and_mask_figures.mask_picture(masks[k]),
                   caption=f"{labels[k]}: {costs[k].scores:,} scores ({costs[k].fraction:.1%} of n²)")
     st.caption(f"{n} × {n} masks, query rows down, key columns across; dark = computed. Strided is the "
                "strided half of the Sparse Transformer (Child et al. 2019), which pairs it with a local "
@@ -222,7 +222,7 @@ def sparse_section(model):
                "A kernel that skips what it masks pays the left columns; a dense kernel given the mask "
                "still computes all n² scores (and reads an n² mask) before throwing the masked ones "
                "away: masking alone saves nothing.")
-    st.plotly_chart(pf.fraction_figure(list(labels.values()), [c.fraction for c in costs.values()],
+    st.plotly_chart(input_and_mask_figures.fraction_figure(list(labels.values()), [c.fraction for c in costs.values()],
                                        "Scores computed"), key=key("sp_fraction"))
     measure_section(n, widths, d_head, causal, labels)
 
@@ -232,15 +232,15 @@ def measure_section(n: int, widths: dict, d_head: int, causal: bool, labels: dic
     if st.button("Measure on this CPU", key=key("sp_go")):
         deadline = jobs.Deadline(LIMITS.max_lab_seconds, "the sparse-pattern measurement")
         try:
-            with ui_jobs.heavy_job("a sparse-pattern measurement") as cancel, st.spinner("Measuring…"):
+            with job_controls.heavy_job("a sparse-pattern measurement") as cancel, st.spinner("Measuring…"):
                 def check():
                     deadline.check()
                     cancel.check()
 
-                st.session_state[key("sp_rows")] = (settings, patterns.measure_patterns(
-                    list(patterns.PATTERNS), n, widths, d_head, causal, check=check))
+                st.session_state[key("sp_rows")] = (settings, input_and_masks.measure_patterns(
+                    list(input_and_masks.PATTERNS), n, widths, d_head, causal, check=check))
         except (jobs.JobTimeout, ValueError) as err:
-            st.error(ui.plain(str(err)))
+            st.error(common.plain(str(err)))
     kept = st.session_state.get(key("sp_rows"))
     if not kept or kept[0] != settings:
         st.caption("Measure times each pattern on random Q, K, V (one head, these n and d_head) twice: "
@@ -265,7 +265,7 @@ def measured_caption(rows) -> str:
     spread = ("about the same for every pattern: it computes all n² scores whatever the mask" if same else
               "a spread wider than 20 %: the mask changed its cost here, or the machine was busy (rerun "
               "to see which)")
-    return (f"Wall-clock medians of {patterns.REPEATS} runs after warm-ups "
+    return (f"Wall-clock medians of {input_and_masks.REPEATS} runs after warm-ups "
             f"(base.timing.measure), alternating the two kernels. The dense kernel with a mask took "
             f"{min(dense):.3g}–{max(dense):.3g} ms across the patterns, {spread}. The skipping kernels "
             f"against it: {sparse}. They give the same attention (max |difference|); at short lengths "

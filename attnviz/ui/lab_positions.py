@@ -12,10 +12,10 @@ import torch
 from attnviz.analysis import lab
 from attnviz.base import jobs, names
 from attnviz.base.limits import LIMITS
-from attnviz.figures import attention as viz
-from attnviz.figures import lab as lf
-from attnviz.ui import common as ui
-from attnviz.ui import jobs as ui_jobs
+from attnviz.figures import attention_figures
+from attnviz.figures import lab_figures
+from attnviz.ui import common
+from attnviz.ui import job_controls
 
 PAGE = "lab"
 SHUFFLE_TEXT = "The cat chased the small mouse across the garden."
@@ -51,7 +51,7 @@ def shuffle(model, text: str, seed: int, layer: int) -> Shuffled:
     deadline = jobs.Deadline(LIMITS.max_lab_seconds, "the permutation test")
     bar = st.progress(0.0, "Running the model without positions, on both orders…")
     try:
-        with ui_jobs.heavy_job("a permutation test") as cancel:
+        with job_controls.heavy_job("a permutation test") as cancel:
             def check():   # before every block: the time limit, and whether the session is still there
                 deadline.check()
                 cancel.check()
@@ -69,7 +69,7 @@ def shuffle(model, text: str, seed: int, layer: int) -> Shuffled:
 
 def results():
     """Permutation results of every session, bounded in bytes (one layer each)."""
-    return ui.shared_cache("lab.permutations", 16, 256)
+    return common.shared_cache("lab.permutations", 16, 256)
 
 
 def permutation_view(model):
@@ -94,9 +94,9 @@ def permutation_view(model):
             results().put(wanted, shuffle(model, perm_text, int(seed), int(layer)))
             ss[key("perm_for")] = wanted
         except jobs.JobTimeout as err:
-            st.error(ui.plain(f"{err}. Use a shorter sentence."))
+            st.error(common.plain(f"{err}. Use a shorter sentence."))
         except ValueError as err:
-            st.error(ui.plain(str(err)))
+            st.error(common.plain(str(err)))
     result = results().get(ss.get(key("perm_for")))
     if result is None:
         st.info("Press Shuffle and compare: the model runs on the sentence and on a shuffled copy, "
@@ -107,7 +107,7 @@ def permutation_view(model):
 
 def draw_permutation(model, result: Shuffled):
     shuffled_tokens = [result.tokens[i] for i in result.order]
-    st.markdown(ui.plain("Shuffled: " + " ".join(shuffled_tokens)))
+    st.markdown(common.plain("Shuffled: " + " ".join(shuffled_tokens)))
     m1, m2 = st.columns(2)
     m1.metric("Without positions: max |difference|", f"{result.plain_diff:.1e}")
     m2.metric(f"With {model.cfg.positional} positions: max |difference|", f"{result.with_pos_diff:.3f}")
@@ -124,11 +124,11 @@ def draw_permutation(model, result: Shuffled):
     back_idx = torch.argsort(torch.tensor(result.order))
     back = result.shuffled[p_head][back_idx][:, back_idx]
     c1, c2, c3 = st.columns(3)
-    c1.plotly_chart(viz.head_heatmap(result.original[p_head], result.tokens, title="original order"),
+    c1.plotly_chart(attention_figures.head_heatmap(result.original[p_head], result.tokens, title="original order"),
                     key=key("perm_a"))
-    c2.plotly_chart(viz.head_heatmap(result.shuffled[p_head], shuffled_tokens, title="shuffled"),
+    c2.plotly_chart(attention_figures.head_heatmap(result.shuffled[p_head], shuffled_tokens, title="shuffled"),
                     key=key("perm_b"))
-    c3.plotly_chart(viz.head_heatmap(back, result.tokens, title="shuffled, put back in order"),
+    c3.plotly_chart(attention_figures.head_heatmap(back, result.tokens, title="shuffled, put back in order"),
                     key=key("perm_c"))
 
 
@@ -139,9 +139,9 @@ def positions_view(model):
     sim_sin = lab.cosine_similarity(sin)
     curves = {"sinusoidal": lab.by_distance(sim_sin)}
     c1, c2 = st.columns(2)
-    c1.plotly_chart(lf.table_figure(sin, "Sinusoidal: PE[p, 2i] = sin(p/10000^(2i/d)), "
+    c1.plotly_chart(lab_figures.table_figure(sin, "Sinusoidal: PE[p, 2i] = sin(p/10000^(2i/d)), "
                                          "PE[p, 2i+1] = cos(…)"), key=key("sin"))
-    c2.plotly_chart(lf.similarity_figure(sim_sin, "Sinusoidal: cosine similarity of positions"),
+    c2.plotly_chart(lab_figures.similarity_figure(sim_sin, "Sinusoidal: cosine similarity of positions"),
                     key=key("sin_sim"))
     table = lab.learned_table(model) if model is not None else None
     if table is not None:
@@ -150,8 +150,8 @@ def positions_view(model):
         name = html.escape(model.info.key)
         curves[f"learned ({name})"] = lab.by_distance(sim_learned)
         c1, c2 = st.columns(2)
-        c1.plotly_chart(lf.table_figure(table, f"Learned: {name}'s position table"), key=key("learned"))
-        c2.plotly_chart(lf.similarity_figure(sim_learned, "Learned: cosine similarity of positions"),
+        c1.plotly_chart(lab_figures.table_figure(table, f"Learned: {name}'s position table"), key=key("learned"))
+        c2.plotly_chart(lab_figures.similarity_figure(sim_learned, "Learned: cosine similarity of positions"),
                         key=key("learned_sim"))
     else:
         st.caption("The model in the sidebar has no learned position table (pick minilm to see one).")
@@ -160,22 +160,22 @@ def positions_view(model):
     rope_sim = lab.rope_similarity(n_pos, d_rope, theta)
     curves[f"rotary (d_head {d_rope}, θ {theta:g})"] = lab.by_distance(rope_sim)
     c1, c2 = st.columns(2)
-    c1.plotly_chart(lf.table_figure(lab.rope_angles(n_pos, d_rope, theta),
+    c1.plotly_chart(lab_figures.table_figure(lab.rope_angles(n_pos, d_rope, theta),
                                     f"Rotary: angle of each pair (d_head {d_rope}, θ = {theta:g}"
                                     f"{', SmolLM2' if not rotary else ''})", x_title="pair"),
                     key=key("rope"))
-    c2.plotly_chart(lf.similarity_figure(rope_sim, "Rotary: q·k of one vector at positions i and j"),
+    c2.plotly_chart(lab_figures.similarity_figure(rope_sim, "Rotary: q·k of one vector at positions i and j"),
                     key=key("rope_sim"))
     n_alibi = model.cfg.n_heads if model is not None else 8
     alibi = lab.alibi_table(n_pos, n_alibi)
     c1, c2 = st.columns(2)
-    c1.plotly_chart(lf.matrix_figure(alibi[0], f"ALiBi: score bias of head 0 of {n_alibi} "
+    c1.plotly_chart(lab_figures.matrix_figure(alibi[0], f"ALiBi: score bias of head 0 of {n_alibi} "
                                                "(−slope × distance)",
                                      row_title="query", col_title="key", height=420), key=key("alibi"))
-    c2.plotly_chart(lf.distance_curves_figure({f"head {h}": alibi[h, -1].flip(0) for h in range(n_alibi)},
+    c2.plotly_chart(lab_figures.distance_curves_figure({f"head {h}": alibi[h, -1].flip(0) for h in range(n_alibi)},
                                               "score bias", "ALiBi: bias against distance per head"),
                     key=key("alibi_lines"))
-    st.plotly_chart(lf.distance_curves_figure(curves, "mean similarity",
+    st.plotly_chart(lab_figures.distance_curves_figure(curves, "mean similarity",
                                               "Position-to-position similarity against distance"),
                     key=key("curves"))
     permutation_view(model)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from attnviz.analysis import lab, steps
+from attnviz.analysis import lab, guided_steps
 from attnviz.base import names
 from attnviz.base.limits import LIMITS
-from attnviz.figures import lab as lf
-from attnviz.figures import steps as sf
-from attnviz.ui import common as ui
+from attnviz.figures import lab_figures
+from attnviz.figures import step_figures
+from attnviz.ui import common
 
 PAGE = "lab"
 SENTENCE = "The animal didn't cross the street because it was too tired."
@@ -35,7 +35,7 @@ def clamp_choice(model, name: str, upper: int, what: str):
     """A number kept in session state may be out of range after a model change: say so, fix it."""
     value = st.session_state.get(name, 0)
     if value > upper:
-        st.warning(ui.plain(f"{what} {value} is out of range for {model.info.key} (0..{upper}); "
+        st.warning(common.plain(f"{what} {value} is out of range for {model.info.key} (0..{upper}); "
                             f"showing {what} {upper}."))
         st.session_state[name] = upper
 
@@ -43,30 +43,30 @@ def clamp_choice(model, name: str, upper: int, what: str):
 def encoded(model, text: str):
     """Token ids of ``text`` and their number, tokenized once per model and text (a rerun for a
     slider, a head or a mask does not tokenize again)."""
-    store = ui.shared_cache("lab.ids", 32, 64)
-    return ui.cached(store, (model_id(model), text), lambda: model.encode_text(text)[0])
+    store = common.shared_cache("lab.ids", 32, 64)
+    return common.cached_result(store, (model_id(model), text), lambda: model.encode_text(text)[0])
 
 
 def trace_states(model, text: str, layer: int):
     """One layer's pattern and every block input, for at most LIMITS.lab_max_tokens tokens (the
     steps hold several n x n matrices); shared by sessions, bounded in bytes; nothing mutates it."""
     ids = encoded(model, text)
-    store = ui.shared_cache("lab.states", LIMITS.trace_cache_entries, LIMITS.result_cache_mb)
-    return ui.cached(store, (model_id(model), text, layer), lambda: model.trace(
+    store = common.shared_cache("lab.states", LIMITS.trace_cache_entries, LIMITS.result_cache_mb)
+    return common.cached_result(store, (model_id(model), text, layer), lambda: model.trace(
         ids[: LIMITS.lab_max_tokens], states=True, layers=[layer])), len(ids)
 
 
-def opening_head(model, text: str) -> steps.OpeningHead | None:
+def opening_head(model, text: str) -> guided_steps.OpeningHead | None:
     """The head a first walk opens on (`steps.opening_head`), from one trace of every layer, made
     once per model and text for every session; None (L0H0) when the text has no "it" after an
     "animal", or is not the model's kind of text (a toy's symbols)."""
     def make():
         try:
-            return (steps.opening_head(model, encoded(model, text)[: LIMITS.lab_max_tokens]),)
+            return (guided_steps.opening_head(model, encoded(model, text)[: LIMITS.lab_max_tokens]),)
         except ValueError:        # the view below says what is wrong with the text
             return (None,)
-    store = ui.shared_cache("lab.opening", 32, 4)
-    return ui.cached(store, (model_id(model), text), make)[0]   # a 1-tuple: "no pair" is kept too
+    store = common.shared_cache("lab.opening", 32, 4)
+    return common.cached_result(store, (model_id(model), text), make)[0]   # a 1-tuple: "no pair" is kept too
 
 
 def chose_head():
@@ -74,7 +74,7 @@ def chose_head():
     st.session_state[key("head_chosen")] = True
 
 
-def open_on_default_head(model, text: str) -> steps.OpeningHead | None:
+def open_on_default_head(model, text: str) -> guided_steps.OpeningHead | None:
     """Before the user chooses a layer or head, each model opens (once) on its `opening_head`;
     after a choice nothing is set again. Returns the opening head while it is shown, on its text."""
     ss = st.session_state
@@ -88,10 +88,10 @@ def open_on_default_head(model, text: str) -> steps.OpeningHead | None:
     return found if opened_text == text else None
 
 
-def opening_caption(found: steps.OpeningHead | None):
+def opening_caption(found: guided_steps.OpeningHead | None):
     """One line on why this head: its name and the real weight from "it" to "animal"."""
     if found is not None:
-        q, k = (ui.plain(steps.quoted(found.tokens, i)) for i in (found.query, found.key))
+        q, k = (common.plain(guided_steps.quoted(found.tokens, i)) for i in (found.query, found.key))
         st.caption(f"Opened on {names.head_name(found.layer, found.head)}, the head where {q} looks "
                    f"most at {k} ({found.weight:.2f}); choose any other above.")
 
@@ -126,7 +126,7 @@ def steps_view(model):
         result = lab.head_steps(model, tr, int(layer), int(head), temperature=temperature,
                                 causal=causal, hidden_keys=tuple(hidden))
     except ValueError as err:
-        st.error(ui.plain(str(err)))
+        st.error(common.plain(str(err)))
         return
     if result.changed:
         st.info(f"Temperature or mask changed: this pattern differs from the one the model "
@@ -153,19 +153,19 @@ def every_step(result, tokens: list[str], causal: bool):
     for stage in STAGES:
         present = [k for k in stage if k in result.steps]
         for col, k in zip(st.columns(len(stage)), present):
-            col.plotly_chart(lf.step_figure(result.steps[k], tokens, causal), key=key(f"step_{k}"))
+            col.plotly_chart(lab_figures.step_figure(result.steps[k], tokens, causal), key=key(f"step_{k}"))
 
 
 def move_step(delta: int):
     """Back / Next: a callback, so the step radio shows the new step in the same rerun."""
     ss = st.session_state
-    ss[key("step")] = min(max(ss.get(key("step"), 0) + delta, 0), len(steps.GUIDE) - 1)
+    ss[key("step")] = min(max(ss.get(key("step"), 0) + delta, 0), len(guided_steps.GUIDE) - 1)
 
 
 def pick_query(tokens: list[str], where) -> int:
     """The followed token: a meaningful one by default ("it"), chosen again only when the tokens
     change (another sentence or model); another layer, head or mask keeps it."""
-    ui.follow_owner(key("query_for"), tuple(tokens), {key("query"): steps.default_query(tokens)})
+    common.follow_owner(key("query_for"), tuple(tokens), {key("query"): guided_steps.default_query(tokens)})
     return where.selectbox("Follow the query token", range(len(tokens)), key=key("query"),
                            persist_state="session", format_func=lambda i: f"{i}: {tokens[i]}",
                            help="its row is highlighted in every step")
@@ -173,11 +173,11 @@ def pick_query(tokens: list[str], where) -> int:
 
 def pick_step(where) -> int:
     """The step shown, kept for the session (another sentence, head or mode keeps it)."""
-    ss, last = st.session_state, len(steps.GUIDE) - 1
+    ss, last = st.session_state, len(guided_steps.GUIDE) - 1
     if ss.get(key("step")) not in range(last + 1):
         ss[key("step")] = 0
     step = where.radio("Step", range(last + 1), key=key("step"), horizontal=True,
-                       persist_state="session", format_func=lambda i: f"{i + 1} {steps.GUIDE[i][1]}")
+                       persist_state="session", format_func=lambda i: f"{i + 1} {guided_steps.GUIDE[i][1]}")
     back, fwd, _ = where.columns([1, 1, 4])
     back.button("◀ Back", key=key("back"), on_click=move_step, args=(-1,), disabled=step == 0,
                 width="stretch")
@@ -192,14 +192,14 @@ def guided(result, tokens: list[str], causal: bool):
     pick, walk_through = st.columns([1, 3])
     query = pick_query(tokens, pick)
     step = pick_step(walk_through)
-    walk = steps.guide(result, query)
+    walk = guided_steps.guide(result, query)
     g = walk[step]
-    st.info(f"**Step {step + 1} of {len(walk)} · {g.title}.** {ui.plain(g.sentence)}")
+    st.info(f"**Step {step + 1} of {len(walk)} · {g.title}.** {common.plain(g.sentence)}")
     left, right = st.columns([3, 2])
-    left.plotly_chart(sf.guided_heatmap(result.steps[g.key], tokens, query, causal), key=key("guide_heat"))
-    right.plotly_chart(sf.guide_bars(g, tokens, query), key=key("guide_bars"))
+    left.plotly_chart(step_figures.guided_heatmap(result.steps[g.key], tokens, query, causal), key=key("guide_heat"))
+    right.plotly_chart(step_figures.guide_bars(g, tokens, query), key=key("guide_bars"))
     if g.key == "weighted":
-        st.plotly_chart(sf.parts_figure(steps.contributions(result, query),
+        st.plotly_chart(step_figures.parts_figure(guided_steps.contributions(result, query),
                                         result.steps["weighted"].value[query], tokens, query),
                         key=key("guide_parts"))
     st.caption("Numbers are the head's own, read from the recomputation verified above; hover a "

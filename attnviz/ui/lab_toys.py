@@ -11,12 +11,12 @@ import torch
 
 from attnviz.base import names
 from attnviz.base.limits import LIMITS
-from attnviz.figures import attention as viz
-from attnviz.figures import lab as lf
-from attnviz.toys import tasks as toys
-from attnviz.toys import training as toy_training
-from attnviz.ui import common as ui
-from attnviz.ui import jobs as ui_jobs
+from attnviz.figures import attention_figures
+from attnviz.figures import lab_figures
+from attnviz.toys import tasks
+from attnviz.toys import training
+from attnviz.ui import common
+from attnviz.ui import job_controls
 from attnviz.ui.head_editor import head_editor, metric_delta
 
 PAGE = "lab"
@@ -29,7 +29,7 @@ def key(name: str) -> str:
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def shipped_toy(toy_key: str):
-    return toys.load_toy(toy_key)
+    return tasks.load_toy(toy_key)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -37,18 +37,18 @@ def toy_accuracy(_toy, toy_key: str, off: tuple[str, ...]) -> float:
     mask = torch.ones(_toy.cfg.n_layers, _toy.cfg.n_heads)
     for name in off:
         mask[names.parse_head_name(name)] = 0
-    return toys.evaluate(_toy, mask).exact
+    return tasks.evaluate(_toy, mask).exact
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def toy_answer(_toy, toy_key: str, prompt: str):
-    return toys.complete(_toy, prompt)
+    return tasks.complete(_toy, prompt)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def toy_report(_toy, toy_key: str):
     """Accuracy, head scores and one example's attention (toy_key names the toy: shipped or trained)."""
-    return dict(score=toys.evaluate(_toy), heads=toys.head_scores(_toy), example=toys.example(_toy))
+    return dict(score=tasks.evaluate(_toy), heads=tasks.head_scores(_toy), example=tasks.example(_toy))
 
 
 def off_heads(keep: torch.Tensor) -> tuple[str, ...]:
@@ -61,12 +61,12 @@ def train_form():
     ss = st.session_state
     with st.form(key("toy_form")):
         c1, c2, c3, c4 = st.columns(4)
-        task_name = c1.selectbox("Task", list(toys.TASKS), key=key("toy_task"))
+        task_name = c1.selectbox("Task", list(tasks.TASKS), key=key("toy_task"))
         length = c1.slider("Length", 2, 16, 8, key=key("toy_len"))
         heads = c2.select_slider("Heads", [2, 4, 8], 4, key=key("toy_heads"))
         n_layers = c2.slider("Layers", 1, 4, 2, key=key("toy_layers"))
         d_model = c3.select_slider("Width d_model", [32, 64, 128], 64, key=key("toy_width"))
-        positional = c3.selectbox("Positions", list(toys.POSITIONALS), 0, key=key("toy_pos"))
+        positional = c3.selectbox("Positions", list(tasks.POSITIONALS), 0, key=key("toy_pos"))
         variant = c4.selectbox("Attention", ["softmax", "linear", "relu", "local:4", "topk:4"],
                                key=key("toy_var"))
         steps = c4.number_input("Steps", 50, 5000, 600, 50, key=key("toy_steps"))
@@ -74,15 +74,15 @@ def train_form():
                          key=key("toy_ckpt"))
         train_go = st.form_submit_button("Train", key=key("toy_train"))
     try:
-        settings = toy_training.TrainSettings(
-            task=toys.Task(task_name, length, n_keys=max(16, length)), n_layers=n_layers, n_heads=heads,
+        settings = training.TrainSettings(
+            task=tasks.Task(task_name, length, n_keys=max(16, length)), n_layers=n_layers, n_heads=heads,
             d_model=d_model, positional=positional, variant=variant, steps=int(steps), checkpoint=ckpt)
-        st.caption(f"Estimated training time: {toy_training.estimate_seconds(settings):.0f} s "
+        st.caption(f"Estimated training time: {training.estimate_seconds(settings):.0f} s "
                    f"(budget {LIMITS.max_train_seconds:.0f} s on two cores). Copy, reverse and sort "
                    "learn in a few hundred steps; recall needs about 1,000 (its induction heads form "
                    "suddenly).")
         if train_go:
-            toy_training.check_settings(settings)
+            training.check_settings(settings)
             # the live progress bar and loss chart sit in one placeholder, emptied when training
             # ends however it ends: the result below replaces them (no stale bar left on screen)
             live = st.empty()
@@ -99,15 +99,15 @@ def train_form():
             # free); the training itself stops at its time budget (LIMITS.max_train_seconds)
             # and stops between steps when this browser session goes away
             try:
-                with ui_jobs.heavy_job("a toy training") as cancel:
-                    res = toy_training.train(settings, report, eval_every=max(50, settings.steps // 10),
+                with job_controls.heavy_job("a toy training") as cancel:
+                    res = training.train(settings, report, eval_every=max(50, settings.steps // 10),
                                              should_stop=cancel)
-                    mem = toy_training.training_memory(settings, check=cancel.check)
+                    mem = training.training_memory(settings, check=cancel.check)
             finally:
                 live.empty()
             ss[key("toy_trained")] = (res, mem, f"trained:{uuid.uuid4().hex}")
     except ValueError as err:
-        st.error(ui.plain(str(err)))
+        st.error(common.plain(str(err)))
     trained = ss.get(key("toy_trained"))
     if not trained:
         return None, None
@@ -115,7 +115,7 @@ def train_form():
     msg = f"Trained {res.steps_done} steps in {res.seconds:.1f} s"
     (st.warning if res.stopped_early else st.success)(
         msg + (" — stopped at the time budget." if res.stopped_early else "."))
-    st.plotly_chart(lf.loss_figure(res.losses, res.history), key=key("toy_loss"))
+    st.plotly_chart(lab_figures.loss_figure(res.losses, res.history), key=key("toy_loss"))
     st.caption(f"Peak training memory of one step, measured: {mem.step_peak / 1e6:.2f} MB of "
                f"activations and gradients + {mem.resident / 1e6:.2f} MB parameters and optimizer "
                f"state ({'with' if mem.checkpoint else 'without'} gradient checkpointing).")
@@ -136,9 +136,9 @@ def heads_off(toy, toy_key: str, source: torch.Tensor, exact: float):
     curves = st.session_state.setdefault(key("toy_curves"), {})  # results outlive the click
     if st.button("Pruning curve (switch heads off one by one)", key=key("toy_prune")):
         with st.spinner("evaluating every head…"):
-            curves[toy_key] = toys.pruning_curve(toy)
+            curves[toy_key] = tasks.pruning_curve(toy)
     if toy_key in curves:
-        st.plotly_chart(lf.pruning_figure(curves[toy_key]), key=key("toy_curve"))
+        st.plotly_chart(lab_figures.pruning_figure(curves[toy_key]), key=key("toy_curve"))
 
 
 def toy_details(toy, toy_key: str):
@@ -152,15 +152,15 @@ def toy_details(toy, toy_key: str):
     try:
         answer, truth = toy_answer(toy, toy_key, prompt)
         (st.success if answer == truth else st.error)(
-            ui.plain(f"model: {' '.join(answer)} · exact answer: {' '.join(truth)}"))
+            common.plain(f"model: {' '.join(answer)} · exact answer: {' '.join(truth)}"))
     except ValueError as err:
-        st.error(ui.plain(str(err)))
+        st.error(common.plain(str(err)))
     scores = report["heads"]
     c1, c2 = st.columns(2)
-    c1.plotly_chart(lf.head_grid_figure(scores["source"],
+    c1.plotly_chart(lab_figures.head_grid_figure(scores["source"],
                                         "Weight on the answer's source (copy / induction heads)"),
                     key=key("toy_src"))
-    c2.plotly_chart(lf.head_grid_figure(scores["previous"],
+    c2.plotly_chart(lab_figures.head_grid_figure(scores["previous"],
                                         "Weight on the previous token (previous-token heads)"),
                     key=key("toy_prev"))
     tokens, att = report["example"]
@@ -169,11 +169,11 @@ def toy_details(toy, toy_key: str):
     c1, c2 = st.columns(2)
     shown = c1.selectbox("Head to show (default: the strongest source head)", range(len(all_heads)), best,
                          format_func=lambda i: all_heads[i], key=key(f"toy_show_{toy_key}"))
-    c1.plotly_chart(viz.head_heatmap(att[divmod(shown, toy.cfg.n_heads)], tokens, causal=True,
+    c1.plotly_chart(attention_figures.head_heatmap(att[divmod(shown, toy.cfg.n_heads)], tokens, causal=True,
                                      title=f"{all_heads[shown]}: source weight "
                                            f"{scores['source'].flatten()[shown]:.2f}"),
                     key=key("toy_best"))
-    c2.plotly_chart(viz.head_heatmap(att[divmod(prev, toy.cfg.n_heads)], tokens, causal=True,
+    c2.plotly_chart(attention_figures.head_heatmap(att[divmod(prev, toy.cfg.n_heads)], tokens, causal=True,
                                      title=f"Strongest previous-token head {all_heads[prev]}: weight "
                                            f"on the previous token {scores['previous'].flatten()[prev]:.2f}"),
                     key=key("toy_prevmap"))
@@ -186,15 +186,15 @@ def toy_details(toy, toy_key: str):
 def compare_and_memory():
     ss = st.session_state
     st.subheader("4 vs 8 heads, and gradient checkpointing")
-    pair = [k for k in toys.TOYS if toys.TOYS[k].get("compare")]
+    pair = [k for k in tasks.TOYS if tasks.TOYS[k].get("compare")]
     if len(pair) >= 2 and st.button("Compare the shipped 4- and 8-head models", key=key("toy_cmp")):
         rows = []
         for k in pair:
             m = shipped_toy(k)
             rows.append({"model": k, "heads": m.cfg.n_heads, "d_head": m.cfg.d_head,
-                         "exact accuracy": toys.evaluate(m).exact, "parameters": m.num_params(),
-                         "ms (1 prompt)": 1000 * toy_training.latency(m, 1),
-                         "ms (256 prompts)": 1000 * toy_training.latency(m, 256, repeats=10)})
+                         "exact accuracy": tasks.evaluate(m).exact, "parameters": m.num_params(),
+                         "ms (1 prompt)": 1000 * training.latency(m, 1),
+                         "ms (256 prompts)": 1000 * training.latency(m, 256, repeats=10)})
         ss[key("toy_cmp_rows")] = rows
     if key("toy_cmp_rows") in ss:
         st.dataframe(pd.DataFrame(ss[key("toy_cmp_rows")]), hide_index=True, column_config={
@@ -202,16 +202,16 @@ def compare_and_memory():
         st.caption("Same width (d_model) split into 4 or 8 heads: the same parameters, smaller heads, "
                    "more of them to run; times measured on this machine when you clicked.")
     if st.button("Measure peak training memory with and without checkpointing", key=key("toy_mem")):
-        s = toy_training.TrainSettings(task=toys.Task("copy", 16), n_layers=4, d_model=128, batch_size=64)
+        s = training.TrainSettings(task=tasks.Task("copy", 16), n_layers=4, d_model=128, batch_size=64)
         try:
-            with ui_jobs.heavy_job("a training-memory measurement") as cancel:
-                ss[key("toy_mem_reports")] = [toy_training.training_memory(s, c, check=cancel.check)
+            with job_controls.heavy_job("a training-memory measurement") as cancel:
+                ss[key("toy_mem_reports")] = [training.training_memory(s, c, check=cancel.check)
                                               for c in (False, True)]
         except ValueError as err:
-            st.error(ui.plain(str(err)))
+            st.error(common.plain(str(err)))
     if key("toy_mem_reports") in ss:
         reports = ss[key("toy_mem_reports")]
-        st.plotly_chart(lf.bars_figure(["without checkpointing", "with checkpointing"],
+        st.plotly_chart(lab_figures.bars_figure(["without checkpointing", "with checkpointing"],
                                        [r.step_peak / 1e6 for r in reports],
                                        "Peak memory of one training step (MB, measured)", "MB", ".2f"),
                         key=key("toy_membars"))
@@ -223,18 +223,18 @@ def compare_and_memory():
 def toys_view(model):
     """`model` (the sidebar's) is not used: the toys are their own models."""
     st.markdown("Synthetic tasks with exact answers, learnt by our own modules: "
-                + "; ".join(f"**{k}**: {v}" for k, v in toys.TASKS.items()) + ".")
+                + "; ".join(f"**{k}**: {v}" for k, v in tasks.TASKS.items()) + ".")
     source = st.radio("Model", ["shipped checkpoint", "train one now"], horizontal=True,
                       key=key("toy_source"))
     toy, toy_key = None, None
     if source == "shipped checkpoint":
-        if not toys.TOYS:
+        if not tasks.TOYS:
             st.error("No toy checkpoints are installed (attnviz/data/toys is empty); run "
                      "scripts/train_toys.py.")
         else:
-            toy_key = st.selectbox("Checkpoint", list(toys.TOYS), key=key("toy_key"),
+            toy_key = st.selectbox("Checkpoint", list(tasks.TOYS), key=key("toy_key"),
                                    format_func=lambda k: f"{k} — stated exact accuracy "
-                                                         f"{toys.TOYS[k]['accuracy']['exact']:.1%}")
+                                                         f"{tasks.TOYS[k]['accuracy']['exact']:.1%}")
             toy = shipped_toy(toy_key)
     else:
         toy, toy_key = train_form()

@@ -1,6 +1,6 @@
 """The Lab's toy translator: an encoder-decoder trained on an SVO -> SOV language pair where the
 right alignment of every target word is known, and how often each layer's cross-attention peak
-falls on it (`attnviz.toys.translation`)."""
+falls on it (`attnviz.toys.toy_translator`)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -8,8 +8,8 @@ import streamlit as st
 
 from attnviz.analysis import alignment
 from attnviz.base import names
-from attnviz.figures import translate as tfig
-from attnviz.toys import translation as toy
+from attnviz.figures import translation_figures
+from attnviz.toys import toy_translator
 from attnviz.ui.common import plain
 
 PAGE = "lab"
@@ -21,7 +21,7 @@ def key(name: str) -> str:
 
 @st.cache_resource(max_entries=1, show_spinner=False)
 def shipped():
-    return toy.load()
+    return toy_translator.load()
 
 
 def toy_translator_view(_model=None):
@@ -47,13 +47,13 @@ def toy_translator_view(_model=None):
                                "head average": [f"{x:.0%}" for x in a["layers"]],
                                **{f"H{h}": [f"{row[h]:.0%}" for row in a["heads"]] for h in range(c.n_heads)}}),
                  hide_index=True, key=key("table"))
-    st.caption("Trained by `python -m attnviz.toys.translation` (about a minute on one core); "
-               f"{toy.HELD_OUT:.0%} of the {len(toy.sentences()):,} possible sentences were never trained on.")
+    st.caption("Trained by `python -m attnviz.toys.toy_translator` (about a minute on one core); "
+               f"{toy_translator.HELD_OUT:.0%} of the {len(toy_translator.sentences()):,} possible sentences were never trained on.")
     cols = st.columns(4)
-    words = [cols[0].selectbox("Subject", toy.SUBJECTS, key=key("s")),
-             cols[1].selectbox("Verb", toy.VERBS, index=2, key=key("v")),
-             cols[2].selectbox("Adjective", toy.ADJECTIVES, key=key("a")),
-             cols[3].selectbox("Object", toy.OBJECTS, index=1, key=key("o"))]
+    words = [cols[0].selectbox("Subject", toy_translator.SUBJECTS, key=key("s")),
+             cols[1].selectbox("Verb", toy_translator.VERBS, index=2, key=key("v")),
+             cols[2].selectbox("Adjective", toy_translator.ADJECTIVES, key=key("a")),
+             cols[3].selectbox("Object", toy_translator.OBJECTS, index=1, key=key("o"))]
     source = " ".join(words)
     try:
         tr = model.translate(source)
@@ -65,5 +65,5 @@ def toy_translator_view(_model=None):
     layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, key=key("layer"))
     tgt_words, src_words, m = alignment.word_alignment(tr.cross_attentions[layer].mean(0),
                                                        tr.source_tokens, tr.target_tokens)
-    st.plotly_chart(tfig.alignment_figure(m, src_words, tgt_words, title=f"Layer {layer}, average of heads"),
+    st.plotly_chart(translation_figures.alignment_figure(m, src_words, tgt_words, title=f"Layer {layer}, average of heads"),
                     key=key("lines"))

@@ -8,8 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from attnviz.base.names import session_key
-from attnviz.figures.crossover import crossover_figure
-from attnviz.latency import crossover as xo
+from attnviz.figures.crossover_figures import crossover_figure
+from attnviz.latency import crossover
 from attnviz.latency import results
 from attnviz.ui import common
 
@@ -19,7 +19,7 @@ def crossover_view(df: pd.DataFrame | None):
     if df is None or "test" not in df.columns or not (df["test"] == "block").any():
         return
     blocks = df[df["test"] == "block"]
-    table = xo.crossover_table(blocks)
+    table = crossover.crossover_table(blocks)
     for i, r in enumerate(table.itertuples()):
         rows = blocks[(blocks["model"] == r.model) & (blocks["variant"] == r.variant) & (blocks["threads"] == r.threads)]
         cfg = results.row_config(rows.iloc[0])

@@ -8,7 +8,7 @@ import streamlit as st
 
 from attnviz.base import exports
 from attnviz.base.names import session_key
-from attnviz.figures.calibration import calibration_figure
+from attnviz.figures.calibration_figures import calibration_figure
 from attnviz.latency import engines, published
 
 PAGE = "latency"

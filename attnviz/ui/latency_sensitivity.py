@@ -8,7 +8,7 @@ import streamlit as st
 from attnviz.base.names import session_key
 from attnviz.latency import quantize
 from attnviz.ui import common
-from attnviz.ui import jobs as ui_jobs
+from attnviz.ui import job_controls
 
 PAGE = "latency"
 MODELS = ("smollm2", "minilm", "dinov2")
@@ -20,8 +20,8 @@ def K(name: str) -> str:
 
 @st.cache_data(max_entries=3, show_spinner="Quantizing the model once per kind of linear layer…")
 def sensitivity_table(key: str):
-    with ui_jobs.heavy_job("an int8 sensitivity scan") as cancel:  # a closed tab stops it between copies
-        return quantize.sensitivity(common.load_model(key), check=cancel.check)
+    with job_controls.heavy_job("an int8 sensitivity scan") as cancel:  # a closed tab stops it between copies
+        return quantize.sensitivity(common.shared_model(key), check=cancel.check)
 
 
 def sensitivity_section():

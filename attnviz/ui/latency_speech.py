@@ -1,7 +1,7 @@
 """The Latency page's speech section: what transcribing costs with Whisper, split into one encoding
 of a fixed 30 s window (1,500 audio frames, however short the speech) and one decoding step per text
 token; modelled for a Raspberry Pi 4 / 5 per engine at once, measured on this CPU on request
-(`attnviz.latency.speech`, also `python -m attnviz.bench --model whisper-tiny-en`)."""
+(`attnviz.latency.speech_latency`, also `python -m attnviz.bench --model whisper-tiny-en`)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -9,9 +9,9 @@ import streamlit as st
 
 from attnviz.base import jobs
 from attnviz.base.names import session_key
-from attnviz.latency import speech
+from attnviz.latency import speech_latency
 from attnviz.latency.engines import ENGINE_DTYPES, ENGINES
-from attnviz.ui.common import load_model, plain
+from attnviz.ui.common import shared_model, plain
 
 PAGE = "latency"
 KEY = "whisper-tiny-en"
@@ -38,7 +38,7 @@ def speech_section():
     if not st.toggle("Show what transcribing costs (whisper-tiny-en): a 30 s encoding and per-token decoding",
                      key=K("show")):
         return
-    if not speech.is_speech(KEY):
+    if not speech_latency.is_speech(KEY):
         st.info(f"{KEY} is not bundled here.")
         return
     with st.container(border=True):
@@ -53,12 +53,12 @@ def speech_section():
         dtypes = list(dict.fromkeys(d for e in engines for d in ENGINE_DTYPES[e]))  # each engine at its dtypes
         backends = ["pi4", "pi5"] + (["cpu"] if measure_here else [])
         try:
-            models = {KEY: load_model(KEY)}
+            models = {KEY: shared_model(KEY)}
             if measure_here:
                 with jobs.heavy_job("a Whisper latency measurement"), st.spinner("Measuring…"):
-                    df = speech.sweep(models, backends, engines, dtypes, repeats=1, warmup=1)
+                    df = speech_latency.sweep(models, backends, engines, dtypes, repeats=1, warmup=1)
             else:
-                df = speech.sweep(models, backends, engines, dtypes)
+                df = speech_latency.sweep(models, backends, engines, dtypes)
         except ValueError as err:
             st.error(plain(str(err)))
             return

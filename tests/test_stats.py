@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attnviz.analysis import stats as analysis
+from attnviz.analysis.stats import RANK_COLUMNS, ROLES, STAT_COLUMNS, attention_received, downsample_attention, head_stats, is_causal, mean_attention_distance, patch_grid_coords, rank_heads, rollout, rollout_per_layer, to_patch_grid, token_flow
 
 N = 8
 
@@ -30,7 +30,7 @@ def causal_uniform(n=N):
 
 
 def stats_of(*patterns, **kwargs):
-    return analysis.head_stats(torch.stack(patterns)[None], **kwargs)   # (1, H, n, n)
+    return head_stats(torch.stack(patterns)[None], **kwargs)   # (1, H, n, n)
 
 
 def test_previous_token_head_in_a_decoder():
@@ -48,7 +48,7 @@ def test_previous_token_head_in_an_encoder():
     assert stats.loc[0, "role"] == "previous-token"
     assert stats.loc[0, "prev_share"] == pytest.approx(1.0)
     assert stats.loc[0, "mean_distance"] == pytest.approx(1.0)
-    assert analysis.mean_attention_distance(torch.stack([previous_token(first_row_key=1)])[None],
+    assert mean_attention_distance(torch.stack([previous_token(first_row_key=1)])[None],
                                             causal=False)[0, 0] == pytest.approx(1.0)
 
 
@@ -82,7 +82,7 @@ def test_uniform_encoder_head():
 
 def test_causal_uniform_head_has_normalised_entropy_one():
     row = stats_of(causal_uniform()).iloc[0]
-    assert analysis.is_causal(causal_uniform()[None, None])
+    assert is_causal(causal_uniform()[None, None])
     assert row["norm_entropy"] == pytest.approx(1.0, abs=1e-6)
     assert row["uniform"]
     # Without causal handling the same head would look far from uniform.
@@ -99,15 +99,15 @@ def test_local_and_long_range_roles():
     far[torch.arange(n), torch.arange(n).flip(0)] = 0.4
     far[torch.arange(n), (torch.arange(n).flip(0) + 1) % n] += 0.3
     far[torch.arange(n), (torch.arange(n).flip(0) - 1) % n] += 0.3
-    stats = analysis.head_stats(torch.stack([window, far])[None], causal=False)
+    stats = head_stats(torch.stack([window, far])[None], causal=False)
     assert list(stats["role"]) == ["local", "long-range"]
-    assert set(stats["role"]) <= set(analysis.ROLES)
+    assert set(stats["role"]) <= set(ROLES)
 
 
 def test_stats_table_shape_and_columns():
     attn = torch.softmax(torch.randn(3, 4, 5, 5, generator=torch.Generator().manual_seed(0)), -1)
-    stats = analysis.head_stats(attn)
-    assert list(stats.columns) == list(analysis.STAT_COLUMNS)
+    stats = head_stats(attn)
+    assert list(stats.columns) == list(STAT_COLUMNS)
     assert len(stats) == 12
     assert list(stats["layer"]) == [0] * 4 + [1] * 4 + [2] * 4
     assert stats["norm_entropy"].between(0, 1 + 1e-6).all()
@@ -115,81 +115,81 @@ def test_stats_table_shape_and_columns():
 
 def test_rollout_of_identity_is_identity():
     attn = torch.eye(N).expand(4, 3, N, N)
-    torch.testing.assert_close(analysis.rollout(attn), torch.eye(N))
-    torch.testing.assert_close(analysis.rollout(attn, residual=False), torch.eye(N))
+    torch.testing.assert_close(rollout(attn), torch.eye(N))
+    torch.testing.assert_close(rollout(attn, residual=False), torch.eye(N))
 
 
 def test_rollout_rows_sum_to_one_and_match_a_hand_computation():
     gen = torch.Generator().manual_seed(1)
     attn = torch.softmax(torch.randn(3, 2, 6, 6, generator=gen), -1)
-    per_layer = analysis.rollout_per_layer(attn)
+    per_layer = rollout_per_layer(attn)
     assert per_layer.shape == (3, 6, 6)
     torch.testing.assert_close(per_layer.sum(-1), torch.ones(3, 6))
     mixed = [0.5 * attn[layer].mean(0) + 0.5 * torch.eye(6) for layer in range(3)]
     torch.testing.assert_close(per_layer[-1], mixed[2] @ mixed[1] @ mixed[0])
-    torch.testing.assert_close(analysis.rollout(attn), per_layer[-1])
+    torch.testing.assert_close(rollout(attn), per_layer[-1])
 
 
 def test_rollout_head_mask_averages_only_kept_heads():
     attn = torch.stack([torch.eye(N), all_on_first()])[None]          # (1, 2, n, n)
     keep_identity = torch.tensor([[1.0, 0.0]])
-    torch.testing.assert_close(analysis.rollout(attn, residual=False, head_mask=keep_identity),
+    torch.testing.assert_close(rollout(attn, residual=False, head_mask=keep_identity),
                                torch.eye(N))
     # Every head removed: the layer passes the residual stream through unchanged.
-    torch.testing.assert_close(analysis.rollout(attn, head_mask=torch.zeros(1, 2)), torch.eye(N))
+    torch.testing.assert_close(rollout(attn, head_mask=torch.zeros(1, 2)), torch.eye(N))
     with pytest.raises(ValueError, match="head_mask"):
-        analysis.rollout(attn, head_mask=torch.ones(2, 2))
+        rollout(attn, head_mask=torch.ones(2, 2))
 
 
 def test_token_flow_and_received_attention():
     attn = torch.stack([torch.eye(N), all_on_first()])[None].expand(2, 2, N, N)
-    flow = analysis.token_flow(attn, 3)
+    flow = token_flow(attn, 3)
     expected = torch.zeros(N)
     expected[0], expected[3] = 0.5, 0.5
     torch.testing.assert_close(flow, expected.expand(2, N))
-    torch.testing.assert_close(analysis.token_flow(attn, -1), analysis.token_flow(attn, N - 1))
-    assert analysis.attention_received(attn).sum(-1).allclose(torch.ones(2))
+    torch.testing.assert_close(token_flow(attn, -1), token_flow(attn, N - 1))
+    assert attention_received(attn).sum(-1).allclose(torch.ones(2))
     with pytest.raises(ValueError, match="out of range"):
-        analysis.token_flow(attn, N)
+        token_flow(attn, N)
 
 
 def test_patch_distance_excludes_cls_and_uses_grid_coordinates():
-    coords, mask = analysis.patch_grid_coords(3, 3, n_prefix=1)     # CLS + 9 patches
+    coords, mask = patch_grid_coords(3, 3, n_prefix=1)     # CLS + 9 patches
     n = 10
     pattern = torch.zeros(n, n)
     pattern[:, 0] = 0.5                                              # half the mass on CLS
     right_neighbour = [1 + 3 * (p // 3) + (p % 3 + 1) % 3 for p in range(9)]
     pattern[torch.arange(1, n), torch.tensor(right_neighbour)] += 0.5
     pattern[0, 0] = 1.0
-    distance = analysis.mean_attention_distance(pattern[None, None], coords=coords, mask=mask)
+    distance = mean_attention_distance(pattern[None, None], coords=coords, mask=mask)
     # Two of three patches in a row move by 1 column, the wrapping one by 2: mean 4/3.
     assert distance.shape == (1, 1)
     assert distance[0, 0] == pytest.approx(4 / 3, abs=1e-6)
-    assert analysis.to_patch_grid(torch.arange(n), 1, (3, 3)).tolist() == [
+    assert to_patch_grid(torch.arange(n), 1, (3, 3)).tolist() == [
         [1, 2, 3], [4, 5, 6], [7, 8, 9]]
 
 
 def test_downsample_keeps_rows_distributions():
     gen = torch.Generator().manual_seed(2)
     attn = torch.softmax(torch.randn(2, 3, 50, 50, generator=gen), -1)
-    pooled = analysis.downsample_attention(attn, 16)                  # block 4 -> 13, ragged end
+    pooled = downsample_attention(attn, 16)                  # block 4 -> 13, ragged end
     assert pooled.shape == (2, 3, 13, 13)
     torch.testing.assert_close(pooled.sum(-1), torch.ones(2, 3, 13))
     torch.testing.assert_close(pooled[..., 0, 0], attn[..., :4, :4].sum(-1).mean(-1))
-    assert torch.equal(analysis.downsample_attention(attn, 64), attn)   # already small enough
+    assert torch.equal(downsample_attention(attn, 64), attn)   # already small enough
 
 
 @pytest.mark.parametrize("bad", [torch.ones(4, 4), torch.ones(1, 2, 3, 4), torch.ones(1, 1, 0, 0)])
 def test_wrong_shapes_raise_clear_errors(bad):
     with pytest.raises(ValueError, match=r"\[layers, heads, n, n\]"):
-        analysis.head_stats(bad)
+        head_stats(bad)
     with pytest.raises(ValueError, match=r"\[layers, heads, n, n\]"):
-        analysis.rollout(bad)
+        rollout(bad)
 
 
 def test_special_mask_of_wrong_length_raises():
     with pytest.raises(ValueError, match="special"):
-        analysis.head_stats(torch.eye(N)[None, None], special=torch.zeros(N + 1, dtype=torch.bool))
+        head_stats(torch.eye(N)[None, None], special=torch.zeros(N + 1, dtype=torch.bool))
 
 
 # --- Finding heads: query -> key ranking ------------------------------------------------------
@@ -197,8 +197,8 @@ def test_rank_heads_orders_every_head_by_the_query_key_weight():
     gen = torch.Generator().manual_seed(3)
     attn = torch.softmax(torch.randn(3, 4, 6, 6, generator=gen), -1)
     attn[1, 2, 4] = torch.tensor([0.0, 0.9, 0.1, 0.0, 0.0, 0.0])   # the head that sends 4 -> 1
-    table = analysis.rank_heads(attn, query=4, key=1)
-    assert list(table.columns) == list(analysis.RANK_COLUMNS)
+    table = rank_heads(attn, query=4, key=1)
+    assert list(table.columns) == list(RANK_COLUMNS)
     assert len(table) == 12 and set(zip(table["layer"], table["head"])) == {
         (la, h) for la in range(3) for h in range(4)}
     assert (table.loc[0, "layer"], table.loc[0, "head"]) == (1, 2)
@@ -210,17 +210,17 @@ def test_rank_heads_orders_every_head_by_the_query_key_weight():
         row = attn[layer, head, 4]
         assert weight == pytest.approx(float(row[1]))
         assert key_rank == int((row > row[1]).sum()) + 1
-    negative = analysis.rank_heads(attn, query=-2, key=-5)            # same as (4, 1)
+    negative = rank_heads(attn, query=-2, key=-5)            # same as (4, 1)
     assert negative.equals(table)
 
 
 def test_rank_heads_ties_keep_layer_head_order_and_bad_input_is_refused():
     attn = (torch.ones(2, 3, 4, 4) / 4)                                # every weight 0.25
-    table = analysis.rank_heads(attn, 0, 3)
+    table = rank_heads(attn, 0, 3)
     assert list(zip(table["layer"], table["head"])) == [(la, h) for la in range(2) for h in range(3)]
     causal = torch.stack([causal_uniform(4)] * 2)[None]              # (1, 2, 4, 4)
     with pytest.raises(ValueError, match="cannot attend to the later token"):
-        analysis.rank_heads(causal, query=1, key=3)
-    assert analysis.rank_heads(causal, query=3, key=1)["weight"].tolist() == pytest.approx([0.25, 0.25])
+        rank_heads(causal, query=1, key=3)
+    assert rank_heads(causal, query=3, key=1)["weight"].tolist() == pytest.approx([0.25, 0.25])
     with pytest.raises(ValueError, match="out of range"):
-        analysis.rank_heads(attn, 4, 0)
+        rank_heads(attn, 4, 0)

@@ -2,7 +2,7 @@
 a Raspberry Pi; a CSV from a real Pi overlays measured on modelled.
 
 Widgets, session state, caches and the heavy jobs live here; the work is in `attnviz.latency`
-(sweeps, cost model, calibration, analyses) and the figures in `attnviz.figures.latency`. Only
+(sweeps, cost model, calibration, analyses) and the figures in `attnviz.figures.latency_figures`. Only
 the chosen results view computes (`common.view_choice`): the cost-model views calibrate this CPU
 and model every point, which no rerun of another view should pay for.
 """
@@ -16,11 +16,11 @@ import streamlit as st
 from attnviz.base import jobs
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
-from attnviz.figures import latency as lf
+from attnviz.figures import latency_figures
 from attnviz.latency import calibrate, compare, engines, measure, pi_memory, quantize, results, sweep, tradeoff
-from attnviz.latency import costmodel as cm
+from attnviz.latency import costmodel
 from attnviz.ui import common, latency_crossover
-from attnviz.ui import jobs as ui_jobs
+from attnviz.ui import job_controls
 from attnviz.weights.catalogue import BUNDLED
 
 PAGE = "latency"
@@ -47,7 +47,7 @@ def synthetic(spec: str):
 
 
 def get_model(key: str):
-    return synthetic(key) if key.startswith("synthetic:") else common.load_model(key)
+    return synthetic(key) if key.startswith("synthetic:") else common.shared_model(key)
 
 
 def host(threads: int, clock: str):
@@ -134,8 +134,8 @@ def run_form(form: dict, here: int):
         crossover=bool(form.get("crossover", True))).check()
     configs = sweep.configs_of(plan.models, loader=get_model)  # synthetic shapes: parsed, not built
     max_s, max_mb = form["max_s"], form["max_mb"]
-    sweep.estimate(plan, configs, cm.HOST_GUESS).check(None, max_mb)  # memory does not need a calibration
-    with ui_jobs.heavy_job("a latency sweep") as cancel:
+    sweep.estimate(plan, configs, costmodel.HOST_GUESS).check(None, max_mb)  # memory does not need a calibration
+    with job_controls.heavy_job("a latency sweep") as cancel:
         with st.spinner("Calibrating this CPU…"):
             here_profile = calibrate.host_profile(here, plan.clock)
         est = sweep.estimate(plan, configs, here_profile)
@@ -188,13 +188,13 @@ def results_views():
         st.info("These results hold decode rows only: choose the Decode view.")
         return
     {"Latency": latency_view, "Split and fit": split_and_fit, "Memory": memory_view, "Comparisons": comparisons_view,
-     "Tokens/s": lambda d: st.plotly_chart(lf.throughput_figure(d), key=K("fig_tps")),
+     "Tokens/s": lambda d: st.plotly_chart(latency_figures.throughput_figure(d), key=K("fig_tps")),
      "Model error": model_error_view}[chosen](df)
 
 
 def latency_view(df):
-    st.plotly_chart(lf.latency_figure(df), key=K("fig_linear"))
-    st.plotly_chart(lf.growth_figure(df), key=K("fig_log"))
+    st.plotly_chart(latency_figures.latency_figure(df), key=K("fig_linear"))
+    st.plotly_chart(latency_figures.growth_figure(df), key=K("fig_log"))
     latency_crossover.crossover_view(st.session_state.get(RESULTS))  # one block: test "block" rows
 
 
@@ -202,15 +202,15 @@ def decode_view(df):
     if "test" not in df.columns or not (df["test"] == "tg").any():
         st.info("Give decode depths (e.g. 0,128,512) and a causal model (SmolLM2), then press Run.")
         return
-    st.plotly_chart(lf.decode_figure(df), key=K("fig_decode"))
-    st.dataframe(lf.decode_table(df), hide_index=True, key=K("decode_table"))
+    st.plotly_chart(latency_figures.decode_figure(df), key=K("fig_decode"))
+    st.dataframe(latency_figures.decode_table(df), hide_index=True, key=K("decode_table"))
     st.caption("llama-bench's meaning: pp = prompt tokens / s of one pass over the prompt; tg = generated tokens "
                "/ s, one token at a time, reading the KV cache of `depth` earlier tokens (-d).")
 
 
 def memory_view(df):
-    st.plotly_chart(lf.memory_figure(df), key=K("fig_memory"))
-    for same in lf.same_devices(df):
+    st.plotly_chart(latency_figures.memory_figure(df), key=K("fig_memory"))
+    for same in latency_figures.same_devices(df):
         st.caption(f"{same}: the memory model does not depend on the device (the activations are the same "
                    "tensors on any CPU), so their curves are one line.")
 
@@ -225,38 +225,38 @@ def split_and_fit(df):
     sel = df[(df["model"] == key) & (df["variant"] == variant)]
     sel = sel[sel["n_heads"] == sel["n_heads"].max()]
     cfg, b, run_clock = results.row_config(sel.iloc[0]), names[where], str(df["clock"].iloc[0])
-    prof = host(sel["threads"].min(), run_clock) if b is None else st.session_state[PROFILES].get(b, cm.PROFILES[b])
+    prof = host(sel["threads"].min(), run_clock) if b is None else st.session_state[PROFILES].get(b, costmodel.PROFILES[b])
     if prof is None:
         return
     ns = sorted(sel["seq_len"].unique())
     split = compare.split_table(cfg, ns, prof, variant)
-    st.plotly_chart(lf.split_figure(split, f"Where the time goes on {where} (cost model)"), key=K("fig_split"))
+    st.plotly_chart(latency_figures.split_figure(split, f"Where the time goes on {where} (cost model)"), key=K("fig_split"))
     pts = sel[sel["backend"] == ("cpu" if b is None else b)]
     pts = pts[pts["threads"] == pts["threads"].min()]
     if pts.empty:  # that device was not in the sweep: fit the model's own curve
         pts = split.assign(median_ms=split.drop(columns="seq_len").sum(axis=1), measured=False)
-    cross = cm.attention_crossover(cfg, prof, variant)
+    cross = costmodel.attention_crossover(cfg, prof, variant)
     att = compare.attention_only(cfg, ns, prof, "eager" if variant == "fused" else variant, model=key)
-    st.plotly_chart(lf.growth_figure(att, title=f"One layer's attention alone on {where} (QKᵀ, softmax, ·V; "
+    st.plotly_chart(latency_figures.growth_figure(att, title=f"One layer's attention alone on {where} (QKᵀ, softmax, ·V; "
                                                 "cost model)"), key=K("fig_attention_only"))
     if pts["seq_len"].nunique() >= 3:
-        st.plotly_chart(lf.fit_figure(pts["seq_len"], pts["median_ms"], f"{key} · {where}", cross,
+        st.plotly_chart(latency_figures.fit_figure(pts["seq_len"], pts["median_ms"], f"{key} · {where}", cross,
                                     measured=bool(pts["measured"].all())), key=K("fig_fit"))
     else:
         st.info("The quadratic fit needs at least three sequence lengths.")
     st.caption(f"Attention takes half the time from n ≈ {cross:,} on {where}." if cross else
                f"With {variant}, attention never takes half the time on {where} (up to 65,536 tokens).")
     st.caption(f"Pruning half the heads can speed {common.plain(key)} up by at most "
-               f"{cm.speedup_bound(cfg, ns[-1], 0.5, prof, variant):.2f}× at n = {ns[-1]} (only the per-head "
+               f"{costmodel.speedup_bound(cfg, ns[-1], 0.5, prof, variant):.2f}× at n = {ns[-1]} (only the per-head "
                "work shrinks: attention and the Q/K/V/output projections; the MLP stays).")
 
 
 def comparisons_view(df):
-    cmp = compare.compare(df)
+    cmp = compare.seed_claims(df)
     if cmp.empty:
         st.info("Comparisons need n and n/2, several head counts, or fused beside another variant.")
         return
-    st.plotly_chart(lf.comparison_figure(cmp), key=K("fig_compare"))
+    st.plotly_chart(latency_figures.comparison_figure(cmp), key=K("fig_compare"))
     st.dataframe(cmp, hide_index=True, key=K("compare_table"))
 
 
@@ -270,7 +270,7 @@ def model_error_view(df):
         st.error(common.plain(str(problem)))
         return
     st.metric("Largest cost-model error here", f"{err['error_pct'].abs().max():.1f} %")
-    st.plotly_chart(lf.error_figure(err), key=K("fig_error"))
+    st.plotly_chart(latency_figures.error_figure(err), key=K("fig_error"))
     st.caption("On a busy machine choose the cpu clock with one thread: wall time then includes other "
                "programs, which no cost model can predict.")
 
@@ -278,9 +278,9 @@ def model_error_view(df):
 # ---------------------------------------------------------------- edge questions: quantization, heads
 @st.cache_data(max_entries=2, show_spinner="Quantizing and measuring each bundled model…")
 def quantization_tables(rounds: int):
-    with ui_jobs.heavy_job("quantization") as cancel:  # a closed tab stops it between copies
-        return (quantize.quantization_table(rounds=rounds, loader=common.load_model, check=cancel.check),
-                quantize.probabilities_int8(common.load_model("minilm")))
+    with job_controls.heavy_job("quantization") as cancel:  # a closed tab stops it between copies
+        return (quantize.quantization_table(rounds=rounds, loader=common.shared_model, check=cancel.check),
+                quantize.probabilities_int8(common.shared_model("minilm")))
 
 
 @st.cache_data(max_entries=1, show_spinner=False)
@@ -318,7 +318,7 @@ def edge_views():
 def checked_csv(data: bytes):
     """read_results on these bytes once, in a heavy-job slot: (table, None) or (None, the reason it
     is refused). A busy server or a deadline raises (and is not cached)."""
-    with ui_jobs.heavy_job("a latency CSV import"):
+    with job_controls.heavy_job("a latency CSV import"):
         try:
             imported = results.read_results(data)
             if not imported["measured"].any():
@@ -336,10 +336,10 @@ def modelled_csv(data: bytes, base: str, recalibrate: bool):
     and this profile, made once (a rerun, a download or another view reuses it) in a heavy-job
     slot with a deadline; or the reason the fit failed, as text."""
     imported, _ = checked_csv(data)
-    with ui_jobs.heavy_job("a latency CSV import") as cancel:
+    with job_controls.heavy_job("a latency CSV import") as cancel:
         check = jobs.checks(jobs.Deadline(LIMITS.max_sweep_seconds, "modelling the CSV"), cancel)
         try:
-            prof = compare.recalibrate_from(imported, cm.PROFILES[base], check) if recalibrate else cm.PROFILES[base]
+            prof = compare.recalibrate_from(imported, costmodel.PROFILES[base], check) if recalibrate else costmodel.PROFILES[base]
         except (jobs.ServerBusy, jobs.JobTimeout, jobs.JobCancelled):
             raise
         except ValueError as err:
@@ -347,9 +347,9 @@ def modelled_csv(data: bytes, base: str, recalibrate: bool):
         meas = imported[imported["measured"]]
         twins = compare.modelled_like(meas, prof, check=check)
         err = compare.model_error(meas, prof, twins)
-        fig = lf.overlay_figure(meas, twins, f"Measured on the device vs {prof.name}")
-    series = lf.series_count(meas)
-    return prof, err, fig, min(series, lf.MAX_SERIES), series
+        fig = latency_figures.overlay_figure(meas, twins, f"Measured on the device vs {prof.name}")
+    series = latency_figures.series_count(meas)
+    return prof, err, fig, min(series, latency_figures.MAX_SERIES), series
 
 
 def device_import():

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.analysis import ablation, effects, importance, pruning
+from attnviz.analysis import head_ablation, effects, importance, pruning
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
-from attnviz.figures import heads as heads_viz
+from attnviz.figures import head_figures
 from attnviz.ui import common
 from attnviz.weights.catalogue import list_models
 from attnviz.ui.head_editor import applied_mask, head_editor, metric_delta
 from attnviz.ui.heads_tools import tools
-from attnviz.ui.readouts import head_means
+from attnviz.ui.readouts_page import head_means
 
 PAGE = "heads"
 TASKS = ("encoder", "lm")
@@ -25,7 +25,7 @@ LIVE_CHARTS = ("next token", "per-token loss", "attention change", "all three")
 LIVE_THEME = dict(theme=None)
 SENTENCES = ["A kitten is resting on a rug.", "The dog sleeps on the sofa.", "A man is playing a guitar.",
              "Stock markets fell sharply today.", "The cat is lying on a carpet."]
-# Bounds of the typed boxes (issue 17.6): a token box holds one token, so a few dozen characters
+# Bounds of the typed boxes: a token box holds one token, so a few dozen characters
 # are plenty; the ranking sentences are short sentences, not documents.
 TOKEN_BOX_CHARS = effects.TOKEN_CHARS  # the library refuses longer before tokenising, too
 SENTENCE_LINES, SENTENCE_CHARS = 20, 300
@@ -174,7 +174,7 @@ class View:
             st.warning(common.plain(runs))
             return
         ids, n_ids, layer, sentences, note, full, masked = runs
-        st.caption(f"Heads off: {ablation.describe(masked.ablation)}.")
+        st.caption(f"Heads off: {head_ablation.describe(masked.ablation)}.")
         if n_ids > LIMITS.live_max_tokens:
             st.caption(f"The live view uses the first {LIMITS.live_max_tokens} of {n_ids} tokens.")
         c1, c2, c3 = st.columns([1, 1, 2])
@@ -194,7 +194,7 @@ class View:
                          help=f"at most {SENTENCE_LINES} sentences of {SENTENCE_CHARS} characters")
             if note:
                 c3.caption(note)
-        cmp = effects.compare(full, masked, list(sentences))
+        cmp = effects.output_change(full, masked, list(sentences))
         if self.lm:
             self.lm_numbers(cmp, ids, full, masked, chart)
         else:
@@ -205,7 +205,7 @@ class View:
                            "sentence(s) change rank under the mask.")
                 st.dataframe(cmp["ranking"], hide_index=True, key=K("ranking"))
         if chart in ("attention change", "all three"):
-            st.plotly_chart(heads_viz.difference_heatmap(
+            st.plotly_chart(head_figures.difference_heatmap(
                 full.attention[head], masked.attention[head], full.tokens, causal=self.cfg.causal,
                 title=f"layer {layer}, head {head}: attention masked − full"), key=K("diff"), **LIVE_THEME)
             note = effects.attention_note(keep, layer)
@@ -224,13 +224,13 @@ class View:
             -flips, f"{flips} of {len(ids)} positions flip" if flips else "no position flips", "higher", 0))
         self.last_position_view(full, masked)
         if chart in ("next token", "all three"):
-            st.plotly_chart(heads_viz.topk_pair(full.top_k(10, tok), masked.top_k(10, tok)),
+            st.plotly_chart(head_figures.topk_pair(full.top_k(10, tok), masked.top_k(10, tok)),
                             key=K("topk"), **LIVE_THEME)
         if chart in ("per-token loss", "all three"):
             if len(ids) < 2:
                 st.info("Type at least two tokens to see the per-token loss and the perplexity.")
             else:
-                st.plotly_chart(heads_viz.token_loss_figure(full.tokens, full.token_loss, masked.token_loss),
+                st.plotly_chart(head_figures.token_loss_figure(full.tokens, full.token_loss, masked.token_loss),
                                 key=K("token_loss"), **LIVE_THEME)
 
 
@@ -256,7 +256,7 @@ def page():
                     if view.lm else "The cat sits on the mat.")
     view.text = st.text_area("Text", default_text, key=K(f"text:{'lm' if view.lm else 'enc'}"), height=80,
                              max_chars=LIMITS.max_text_chars)
-    view.ablation = st.radio("Heads switched off are removed by", ablation.MODES, key=K("ablation"),
+    view.ablation = st.radio("Heads switched off are removed by", head_ablation.MODES, key=K("ablation"),
                              horizontal=True, format_func=lambda m: f"{m} ablation",
                              help="zero: a head off outputs 0 (what pruning does); mean: it outputs its mean over "
                                   "the evaluation text. Used by the live effect, importance and pruning curves.")

@@ -11,7 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attnviz.figures.render import tick_positions
-from attnviz.figures.attention import HEAD_COLOURS, head_heatmap, token_label
+from attnviz.figures.attention_figures import HEAD_COLOURS, head_heatmap, token_label
 
 MAX_TICKS = 40
 

@@ -317,7 +317,7 @@ def decode_figure(df: pd.DataFrame) -> go.Figure:
 
 
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
-    """pp and tg tokens/s per model, backend, engine, dtype and depth (what the report prints)."""
+    """pp and tg tokens/s per model, backend, engine, dtype and depth (the throughput table the Latency page shows)."""
     rows = df[df["test"].isin(["pp", "tg"])]
     return rows[["model", "backend", "measured", "engine", "dtype", "threads", "test", "n_prompt", "depth",
                  "pp_tps", "tg_tps"]].reset_index(drop=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.attention import token_label
-from attnviz.figures.lab import matrix_figure, step_figure
+from attnviz.figures.attention_figures import token_label
+from attnviz.figures.lab_figures import matrix_figure, step_figure
 from attnviz.figures.render import tick_positions
 
 QUERY_ROW = "query row"       # the outline's shape name: tests and readers find the row by it

@@ -12,13 +12,13 @@ import numpy as np
 import streamlit as st
 import torch
 
-from attnviz.analysis import ablation
+from attnviz.analysis import head_ablation
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS, sizes
-from attnviz.figures import speech as sfig
-from attnviz.ui.common import load_model, plain, sidebar_nav, view_choice
+from attnviz.figures import speech_figures
+from attnviz.ui.common import shared_model, plain, sidebar_nav, view_choice
 from attnviz.ui.head_editor import head_editor
-from attnviz.ui.translate import diff_markdown
+from attnviz.ui.translate_page import diff_markdown
 
 PAGE = "speech"
 MODEL = "whisper-tiny-en"
@@ -64,7 +64,7 @@ def inputs():
         data = rec.getvalue()
     try:
         with st.spinner(f"Loading {MODEL}…"):
-            model = load_model(MODEL)
+            model = shared_model(MODEL)
     except ValueError as err:
         st.error(plain(str(err)))
         return None
@@ -152,7 +152,7 @@ def rows_of(model, tr, choice: str):
 def attention(model, tr):
     choice = st.selectbox("Cross-attention of", head_options(model), key=key("head"),
                           help="★ marks the alignment heads (config.json) that time the words.")
-    fig = sfig.spectrogram_and_attention(tr.features, rows_of(model, tr, choice), tr.tokens, tr.audio_frames,
+    fig = speech_figures.spectrogram_and_attention(tr.features, rows_of(model, tr, choice), tr.tokens, tr.audio_frames,
                                          tr.words, title=f"cross-attention · {choice} · tokens × time")
     st.plotly_chart(fig, key=key("spectrogram"))
     st.caption("Row t: where in the sound the decoder listened while choosing token t (the first row is "
@@ -160,7 +160,7 @@ def attention(model, tr):
 
 
 def every_head(model, tr):
-    st.plotly_chart(sfig.heads_grid(tr.cross_attentions, tr.audio_frames, model.alignment_heads),
+    st.plotly_chart(speech_figures.heads_grid(tr.cross_attentions, tr.audio_frames, model.alignment_heads),
                     key=key("grid"))
     st.caption("Every decoder layer and head, tokens × time over the audio; ★ the alignment heads.")
 
@@ -169,7 +169,7 @@ def words(model, tr):
     if not tr.words:
         st.info("No words to time (nothing was heard, or the model has no alignment heads).")
         return
-    st.plotly_chart(sfig.words_figure(tr.audio.samples, 16_000, tr.words), key=key("words_fig"))
+    st.plotly_chart(speech_figures.words_figure(tr.audio.samples, 16_000, tr.words), key=key("words_fig"))
     st.dataframe([{"word": w.text.strip(), "start (s)": round(w.start, 2), "end (s)": round(w.end, 2),
                    "probability": round(w.probability, 3)} for w in tr.words], hide_index=True)
     for i, w in enumerate(tr.words[:MAX_PLAYERS]):
@@ -189,7 +189,7 @@ def heads_off(model, data: bytes, tr):
     for l, h in model.alignment_heads:
         marked[l, h] = 1.0
     st.caption("Cross-attention heads of the decoder. Coloured: the alignment heads (1) and the rest (0).")
-    mode = st.radio("Heads switched off are removed by", ablation.MODES, key=key("ablation"), horizontal=True,
+    mode = st.radio("Heads switched off are removed by", head_ablation.MODES, key=key("ablation"), horizontal=True,
                     format_func=lambda m: f"{m} ablation",
                     help="zero: the head's output is zeroed before the output projection; mean: it is "
                          "replaced by its mean over this clip's transcript with every head on.")
@@ -203,14 +203,14 @@ def heads_off(model, data: bytes, tr):
         except ValueError as err:
             st.error(plain(str(err)))
             return None
-        masked = transcript(model, data, keep, None if means is None else ablation.fill(keep, mode, means))
+        masked = transcript(model, data, keep, None if means is None else head_ablation.fill(keep, mode, means))
         if masked is None:
             return None
 
         def draw():
             st.markdown("**With those heads off:** " + plain(masked.text or "(nothing)"))
             st.markdown(diff_markdown(tr.text, masked.text).replace("translation", "transcript"))
-            st.plotly_chart(sfig.heads_grid(masked.cross_attentions, masked.audio_frames, model.alignment_heads,
+            st.plotly_chart(speech_figures.heads_grid(masked.cross_attentions, masked.audio_frames, model.alignment_heads,
                                             off=np.asarray(keep.numpy() == 0)), key=key("off_grid"))
         return draw
 
@@ -230,3 +230,17 @@ def views(model, data: bytes, tr):
     """The chosen view only (st.tabs would compute all four on every rerun); the choice is kept
     across buttons, the head editor's Apply and page switches."""
     VIEWS[view_choice(PAGE, list(VIEWS))](model, data, tr)
+
+
+def page():
+    """The page in reading order: the audio, what the model is, the transcript, then the chosen view."""
+    picked = inputs()
+    if picked is None:
+        return
+    model, data = picked
+    explain(model)
+    tr = transcript(model, data)
+    if tr is None:
+        return
+    summary(model, tr)
+    views(model, data, tr)

@@ -1,7 +1,7 @@
 """The public object of speech models: `SpeechModel.transcribe(audio)` -> `Transcript`.
 
 A `Seq2SeqModel` (the translation models' object: its greedy loop; the checks, info and
-fingerprint every `BaseModel` has) over `attnviz.core.whisper.Whisper`: the audio's log-mel frames
+fingerprint every `BaseModel` has) over `attnviz.core.whisper_net.Whisper`: the audio's log-mel frames
 are encoded once, then the decoder runs greedy and incremental from Whisper's prompt, the configured
 tokens suppressed as Whisper does. `trace(audio)` is `transcribe(audio)`. What comes back:
 
@@ -24,8 +24,8 @@ from attnviz.base.limits import LIMITS
 from attnviz.core.attention import parse_variant
 from attnviz.core.base_model import ModelInfo
 from attnviz.uploads.audio import RATE, Audio, log_mel, read_audio
-from attnviz.core.translate import Seq2SeqModel
-from attnviz.core.whisper import FRAMES_PER_SECOND, HOP, Whisper, WhisperConfig
+from attnviz.core.translator import Seq2SeqModel
+from attnviz.core.whisper_net import FRAMES_PER_SECOND, HOP, Whisper, WhisperConfig
 
 MEDIAN_WIDTH = 7               # Whisper's median filter over time, in encoder frames (140 ms)
 PREPENDED = "\"'“¿([{-"       # punctuation joined to the word after it (Whisper's lists)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from attnviz.analysis import ablation as ablations
+from attnviz.analysis import head_ablation
 from attnviz.analysis.effects import token_names
 from attnviz.analysis.importance import is_lm
 from attnviz.base import jobs, memory
@@ -103,7 +103,7 @@ def generate(model, prompt, max_new: int = 20, *, temperature: float = 0.0, top_
         raise ValueError(f"{model.info.key} is not a language model: pick SmolLM2, GPT-2 or a toy LM")
     check_settings(temperature, top_k, top_p, max_new)
     mask = model.check_head_mask(head_mask)
-    fill = ablations.fill(mask, ablation, means)
+    fill = head_ablation.fill(mask, ablation, means)
     inp = model.inputs(prompt)
     ids = inp["ids"]
     net, cfg = model.net, model.cfg

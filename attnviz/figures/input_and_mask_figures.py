@@ -9,9 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image, ImageDraw
 
-from attnviz.figures.attention import head_heatmap, token_label
-from attnviz.figures.images import display_image
-from attnviz.figures.lab import matrix_figure
+from attnviz.figures.attention_figures import head_heatmap, token_label
+from attnviz.figures.image_figures import display_image
+from attnviz.figures.lab_figures import matrix_figure
 from attnviz.figures.render import label_font
 
 GRID_COLOUR = (255, 255, 0)

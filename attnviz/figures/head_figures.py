@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import torch
 
 from attnviz.base.names import head_name
-from attnviz.figures.attention import head_heatmap, token_label
+from attnviz.figures.attention_figures import head_heatmap, token_label
 
 ORDER_COLOURS = {"importance": "#1f77b4", "random": "#ff7f0e"}
 # The live view's charts are redrawn on every head toggle, and a browser spends most of a redraw
@@ -170,7 +170,7 @@ def latency_figure(table: pd.DataFrame, modelled: pd.DataFrame | None = None) ->
 
 def mark_off_heads(figure: go.Figure, keep) -> go.Figure:
     """Cross out the heads that are off (`keep` [L, H] bool, False = off) on a layer x head map,
-    so a score is never read as a switched-off head's (issue 22.11)."""
+    so a score is never read as a switched-off head's."""
     off = torch.nonzero(~torch.as_tensor(keep, dtype=torch.bool)).tolist()     # [(layer, head)]
     if off:
         figure.add_trace(go.Scatter(

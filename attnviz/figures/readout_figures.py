@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attnviz.base import names
-from attnviz.figures.attention import MAX_TICK_LABELS, tick_positions, token_label
+from attnviz.figures.attention_figures import MAX_TICK_LABELS, token_label
+from attnviz.figures.render import tick_positions
 
 LENS_TEXT_MAX_CELLS = 2500  # beyond this many cells the top-token text is left to the hover (unreadable anyway)
 

@@ -25,16 +25,16 @@ def cache_root() -> Path:
 CACHE_VERSION = 2
 
 
-def fingerprint(path: Path) -> str:
+def source_key(path: Path) -> str:
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{CACHE_VERSION}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def cached(key: str, source: Path, make):
+def converted(key: str, source: Path, make):
     """Return (config dict, state, folder) from the cache, or run `make(folder)` once and store it."""
     from safetensors.torch import load_file, save_file
-    folder = cache_root() / f"{key}-{fingerprint(source)}"
+    folder = cache_root() / f"{key}-{source_key(source)}"
     done = folder / "config.json"
     if done.exists():
         try:

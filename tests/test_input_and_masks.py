@@ -1,4 +1,4 @@
-"""Issue 22.2: an image cut into the patches DINOv2 gets, the padding mask of a real batch, sparse
+"""An image cut into the patches DINOv2 gets, the padding mask of a real batch, sparse
 attention patterns with their cost (analysis.patterns), and the Lab view that draws them."""
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from streamlit.testing.v1 import AppTest
 
 import attnviz
-from attnviz.analysis import patterns
+from attnviz.analysis import input_and_masks
 from attnviz.ui import lab_patterns
 from attnviz.uploads.images import load_sample
 
@@ -31,7 +31,7 @@ def minilm():
 @pytest.mark.parametrize("size", [224, 112])
 def test_patch_grid_is_the_models_token_sequence(dinov2, size):
     photo = load_sample("cat")                                     # 451 x 300: a centre crop happens
-    pt = patterns.patch_tokens(dinov2, photo, size)
+    pt = input_and_masks.patch_tokens(dinov2, photo, size)
     tr = dinov2.trace(photo, image_size=size, attentions=False, saliency=False)
     p = dinov2.cfg.patch_size
     assert p == 14 and pt.patch_size == p and pt.grid == tr.grid == (size // p, size // p)
@@ -57,7 +57,7 @@ def test_patch_grid_is_the_models_token_sequence(dinov2, size):
 
 def test_patch_view_refuses_a_text_model(minilm):
     with pytest.raises(ValueError, match="not a vision model"):
-        patterns.patch_tokens(minilm, load_sample("cat"))
+        input_and_masks.patch_tokens(minilm, load_sample("cat"))
 
 
 # ---------------------------------------------------------------- (b) padding
@@ -65,7 +65,7 @@ TEXTS = ["The cat sat.", "A much longer sentence about the dog that ran all the 
 
 
 def test_padding_gives_pad_keys_zero_weight_and_real_rows_unchanged(minilm):
-    r = patterns.padding(minilm, TEXTS, layer=1, head=3)
+    r = input_and_masks.padding(minilm, TEXTS, layer=1, head=3)
     assert r.lengths == [len(minilm.encode_text(t)[0]) for t in TEXTS] and r.width == max(r.lengths)
     assert r.lengths[0] < r.width and r.tokens[0][r.lengths[0]:] == ["[PAD]"] * (r.width - r.lengths[0])
     short = r.lengths[0]
@@ -84,18 +84,18 @@ def test_padding_gives_pad_keys_zero_weight_and_real_rows_unchanged(minilm):
 
 def test_padding_on_a_causal_lm():
     lm = attnviz.load_model("smollm2")
-    r = patterns.padding(lm, TEXTS, layer=2, head=1)
+    r = input_and_masks.padding(lm, TEXTS, layer=2, head=1)
     assert r.causal and r.pad_weight == 0.0 and r.row_diff < 1e-6 and r.hidden_diff < 1e-4
     assert r.blocked_by_padding == 0       # right-padded: the causal mask already hides the pads
 
 
 def test_padding_refusals(minilm):
     with pytest.raises(ValueError, match="two sentences"):
-        patterns.padding(minilm, ["one", "  "])
+        input_and_masks.padding(minilm, ["one", "  "])
     with pytest.raises(ValueError, match="layer must lie"):
-        patterns.padding(minilm, TEXTS, layer=6)
+        input_and_masks.padding(minilm, TEXTS, layer=6)
     with pytest.raises(ValueError, match="cannot pad a batch"):
-        patterns.padding(attnviz.load_model("toy-copy"), ["0123", "01"])
+        input_and_masks.padding(attnviz.load_model("toy-copy"), ["0123", "01"])
 
 
 # ---------------------------------------------------------------- (c) sparse patterns
@@ -111,27 +111,27 @@ def brute(kind, n, width, causal):
 @pytest.mark.parametrize("n,width", [(1, 1), (16, 4), (50, 7), (64, 64), (30, 100)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_sparse_mask_counts_are_exact(n, width, causal):
-    for kind in patterns.PATTERNS:
-        mask = patterns.pattern_mask(kind, n, width, causal)
+    for kind in input_and_masks.PATTERNS:
+        mask = input_and_masks.pattern_mask(kind, n, width, causal)
         assert mask.shape == (n, n) and int(mask.sum()) == brute(kind, n, width, causal), kind
     w = min(width, n)   # closed forms, non-causal
     if not causal:
-        assert int(patterns.pattern_mask("local", n, width).sum()) == n + 2 * sum(n - d for d in range(1, w))
+        assert int(input_and_masks.pattern_mask("local", n, width).sum()) == n + 2 * sum(n - d for d in range(1, w))
         blocks = [min(width, n - s) for s in range(0, n, width)]
-        assert int(patterns.pattern_mask("block", n, width).sum()) == sum(b * b for b in blocks)
+        assert int(input_and_masks.pattern_mask("block", n, width).sum()) == sum(b * b for b in blocks)
         phases = [len(range(r, n, width)) for r in range(w)]
-        assert int(patterns.pattern_mask("strided", n, width).sum()) == sum(g * g for g in phases)
+        assert int(input_and_masks.pattern_mask("strided", n, width).sum()) == sum(g * g for g in phases)
 
 
 def test_pattern_cost_numbers():
-    mask = patterns.pattern_mask("block", 64, 16)
-    c = patterns.pattern_cost("block:16", mask, 32)
+    mask = input_and_masks.pattern_mask("block", 64, 16)
+    c = input_and_masks.pattern_cost("block:16", mask, 32)
     assert c.scores == 4 * 16 * 16 and c.fraction == 0.25 and c.score_bytes == 4 * c.scores
     assert c.flops_qk == c.flops_av == 2 * c.scores * 32
     assert c.dense_scores == 64 * 64 and c.dense_bytes == 5 * 64 * 64
-    assert patterns.pattern_name("local", 8) == "local:8" and patterns.pattern_name("full", 3) == "full"
+    assert input_and_masks.pattern_name("local", 8) == "local:8" and input_and_masks.pattern_name("full", 3) == "full"
     with pytest.raises(ValueError, match="unknown pattern"):
-        patterns.pattern_mask("dilated", 8, 2)
+        input_and_masks.pattern_mask("dilated", 8, 2)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -141,24 +141,24 @@ def test_skipping_kernels_equal_the_dense_kernel_with_the_mask(causal):
     # widths that do not divide n (one call per block or phase) and that do (one batched call)
     for kind, width in (("full", 1), ("local", 9), ("strided", 7), ("block", 13), ("strided", 10),
                         ("block", 20), ("block", 100), ("strided", 1)):
-        mask = patterns.pattern_mask(kind, 100, width, causal)
+        mask = input_and_masks.pattern_mask(kind, 100, width, causal)
         dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        assert torch.allclose(patterns.sliced_attention(kind, q, k, v, width, causal), dense, atol=1e-5), \
+        assert torch.allclose(input_and_masks.sliced_attention(kind, q, k, v, width, causal), dense, atol=1e-5), \
             (kind, width)
-    rows = patterns.measure_patterns(list(patterns.PATTERNS), 64, {"local": 8, "strided": 4, "block": 16},
+    rows = input_and_masks.measure_patterns(list(input_and_masks.PATTERNS), 64, {"local": 8, "strided": 4, "block": 16},
                                      16, causal, repeats=1)
     assert [r.name for r in rows] == ["full", "local:8", "strided:4", "block:16"]
     assert all(r.max_diff < 1e-5 and r.dense_ms > 0 and r.sliced_ms > 0 for r in rows)
 
 
 def test_measured_caption_says_what_the_numbers_say():
-    rows = [patterns.Measured("full", 10.0, 5.0, 0.0), patterns.Measured("local:8", 10.5, 20.0, 1e-7),
-            patterns.Measured("block:16", 11.0, 1.0, 0.0)]
+    rows = [input_and_masks.Measured("full", 10.0, 5.0, 0.0), input_and_masks.Measured("local:8", 10.5, 20.0, 1e-7),
+            input_and_masks.Measured("block:16", 11.0, 1.0, 0.0)]
     text = lab_patterns.measured_caption(rows)
     assert "10–11 ms" in text and "about the same for every pattern" in text
     assert "local:8 0.53× (slower)" in text and "block:16 11.00× (faster)" in text
-    spread = lab_patterns.measured_caption([patterns.Measured("full", 10.0, 10.2, 0.0),
-                                            patterns.Measured("block:16", 3.0, 1.0, 0.0)])
+    spread = lab_patterns.measured_caption([input_and_masks.Measured("full", 10.0, 10.2, 0.0),
+                                            input_and_masks.Measured("block:16", 3.0, 1.0, 0.0)])
     assert "wider than 20 %" in spread and "full 0.98× (about as fast)" in spread
 
 
@@ -222,7 +222,7 @@ def test_lab_view_sparse_section_counts_and_measures():
     assert not at.exception
     costs = next(d.value for d in at.dataframe if "scores computed" in d.value.columns)
     assert list(costs["pattern"]) == ["full", "local:5", "strided:8", "block:32"]
-    want = [int(patterns.pattern_mask(k, 128, w).sum()) for k, w in
+    want = [int(input_and_masks.pattern_mask(k, 128, w).sum()) for k, w in
             (("full", 1), ("local", 5), ("strided", 8), ("block", 32))]
     assert list(costs["scores computed"]) == want and want[0] == 128 * 128
     assert (costs["dense kernel + mask: scores"] == 128 * 128).all()

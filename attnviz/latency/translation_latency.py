@@ -17,7 +17,7 @@ from attnviz.base.exports import csv_text
 from attnviz.base.timing import measure
 from attnviz.core.attention import SOFTMAX
 from attnviz.core.seq2seq import Seq2SeqConfig
-from attnviz.core.translate import Seq2SeqModel
+from attnviz.core.translator import Seq2SeqModel
 from attnviz.latency.costmodel import F32, PROFILES, Op, gemm_op, layer_ops, op_seconds
 from attnviz.latency.sweep import parse_int_list
 from attnviz.weights.catalogue import BUNDLED, load_model

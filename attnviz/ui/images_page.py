@@ -17,9 +17,9 @@ from attnviz.base import exports
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.core import pixels
-from attnviz.figures import images as pictures
+from attnviz.figures import image_figures
 from attnviz.figures import render
-from attnviz.figures.attention import distance_figure
+from attnviz.figures.attention_figures import distance_figure
 from attnviz.ui import common
 from attnviz.ui.head_editor import head_editor, metric_delta
 from attnviz.uploads import images
@@ -39,7 +39,7 @@ def decoded(image_key: str, _data: bytes):
     """Decoded photo (and its display copy) per content digest: reruns never decode the same
     bytes twice."""
     photo = images.open_image(_data)
-    return photo, pictures.display_image(photo)
+    return photo, image_figures.display_image(photo)
 
 
 SCALES = {"own range": "each tile scaled to its own range (dark = its weakest patch, bright = its strongest)",
@@ -54,7 +54,7 @@ def squared(image_key: str, fit: str, _photo, _fill):
     """The photo made square as the model sees it (core.pixels.fit_square) and its display copy,
     per photo and fit: the overlays lie over exactly the pixels the model saw."""
     square = pixels.fit_square(_photo, fit, _fill)
-    return square, pictures.display_image(square)
+    return square, image_figures.display_image(square)
 
 
 @st.cache_resource(max_entries=3, show_spinner=False)
@@ -65,7 +65,7 @@ def traced(model_key: str, image_key: str, size: int, mask_key: bytes, _model, _
 
 def usable(candidate, patch_size: int):
     """(photo, display copy) of (label, image key, bytes) if this model can trace it; else
-    ValueError. A file that failed once is not decoded again (issue 17.4): its message is kept
+    ValueError. A file that failed once is not decoded again: its message is kept
     in this session, per content digest, and said again at once."""
     ss = st.session_state
     failed = ss.setdefault(K("failed"), {})
@@ -176,9 +176,9 @@ class View:
         maps = vision.cls_maps(tr)                                              # (L, H, gh, gw)
         shown = self.shown if shown is None else shown
         if every:
-            return pictures.head_overlays(shown, maps, tr.layers, tile=tile // 2, alpha=self.alpha, off=off,
+            return image_figures.head_overlays(shown, maps, tr.layers, tile=tile // 2, alpha=self.alpha, off=off,
                                           shared=shared)
-        return pictures.head_overlays(shown, maps[layer:layer + 1], [layer], tile=tile,
+        return image_figures.head_overlays(shown, maps[layer:layer + 1], [layer], tile=tile,
                                       alpha=self.alpha, off=off[layer:layer + 1], shared=shared)
 
     def scale_choice(self) -> bool:
@@ -191,10 +191,10 @@ class View:
     def scale_bar(self, maps, shared: bool, what: str):
         """The colour bar under the overlays: its ends are the shared range's values, or each tile's own."""
         if shared:
-            low, high = pictures.map_range(maps)
-            st.image(pictures.colour_bar(f"{low:.3g}", f"{high:.3g}", title=what + ", one scale for all tiles"))
+            low, high = image_figures.map_range(maps)
+            st.image(image_figures.colour_bar(f"{low:.3g}", f"{high:.3g}", title=what + ", one scale for all tiles"))
         else:
-            st.image(pictures.colour_bar("tile's min", "tile's max", title=what + ", each tile its own range"))
+            st.image(image_figures.colour_bar("tile's min", "tile's max", title=what + ", each tile its own range"))
 
     def cls_view(self, tr, off, head_mask):
         every = st.radio("Show", ["One layer", "Every layer × head"], key=K("view"), horizontal=True)
@@ -204,7 +204,7 @@ class View:
         outline = st.checkbox("Outline the high-norm artefact patches", key=K("outline"),
                               help="attention sinks, flagged as in the artefacts view")
         found = self.artefacts(tr) if outline else None
-        shown = None if not (found and found.patches) else pictures.mark_patches(self.shown, found.patches, tr.grid)
+        shown = None if not (found and found.patches) else image_figures.mark_patches(self.shown, found.patches, tr.grid)
         shared = self.scale_choice()
         st.image(self.cls_overlay(tr, off, every != "One layer", layer, shown=shown, shared=shared),
                  caption="Attention from CLS to each patch; " + SCALES[
@@ -219,9 +219,9 @@ class View:
         col = int(cols[1].number_input("Patch column", 0, self.grid - 1, key=K("col")))
         q_layer = cols[2].slider("Layer", 0, self.cfg.n_layers - 1, key=K("q_layer"))
         query = vision.patch_query_maps(tr, row, col)                          # (L, H, gh, gw)
-        marked = pictures.mark_patches(self.shown, [(row, col)], tr.grid)
+        marked = image_figures.mark_patches(self.shown, [(row, col)], tr.grid)
         shared = self.scale_choice()
-        st.image(pictures.head_overlays(marked, query[q_layer:q_layer + 1], [q_layer], tile=224,
+        st.image(image_figures.head_overlays(marked, query[q_layer:q_layer + 1], [q_layer], tile=224,
                                         alpha=self.alpha, off=off[q_layer:q_layer + 1], shared=shared),
                  caption=f"Where patch ({row}, {col}) (outlined) attends, per head of layer {q_layer}; "
                  + SCALES["one scale for all tiles" if shared else "own range"])
@@ -233,7 +233,7 @@ class View:
                                     "(flagged as in the artefacts view), and they are outlined")
         found = self.artefacts(tr) if discount else None
         drop = None if found is None else vision.artefact_tokens(tr, found)
-        shown = self.shown if not (found and found.patches) else pictures.mark_patches(self.shown, found.patches, tr.grid)
+        shown = self.shown if not (found and found.patches) else image_figures.mark_patches(self.shown, found.patches, tr.grid)
         left, middle, right = st.columns(3)
         left.image(self.shown, caption="Photo")
         middle.image(render.overlay_patch_map(shown, vision.rollout_map(tr, head_mask, discount=drop), self.alpha),
@@ -256,7 +256,7 @@ class View:
                        0, self.cfg.n_layers, key=K("a_layer"))
         cols[1].slider("Flag norms above median + k·MAD; k =", 2.0, 20.0, vision.ARTEFACT_K, 0.5, key=K("k"))
         found = self.artefacts(tr)
-        st.image(render.overlay_patch_map(pictures.mark_patches(self.shown, found.patches, tr.grid),
+        st.image(render.overlay_patch_map(image_figures.mark_patches(self.shown, found.patches, tr.grid),
                                           found.norms, self.alpha),
                  caption="Hidden-state norm per patch, scaled to its own range; flagged patches outlined")
         st.write(f"Median norm {found.median:.2f}, MAD {found.mad:.2f}, threshold {found.threshold:.2f}: "
@@ -313,7 +313,7 @@ class View:
                            f"{stem}_{self.size}px_cls_view.png", "image/png", key=K("png_view"))
         st.download_button(
             "PNG: every head's CLS → patch overlay",
-            lambda: render.image_png(pictures.head_overlays(self.shown, vision.cls_maps(tr), tr.layers,
+            lambda: render.image_png(image_figures.head_overlays(self.shown, vision.cls_maps(tr), tr.layers,
                                                             tile=160, alpha=self.alpha, off=off)),
             f"{stem}_{self.size}px_heads.png", "image/png", key=K("png"))
         query = (int(ss.get(K("row"), self.grid // 2)), int(ss.get(K("col"), self.grid // 2)))

@@ -1,6 +1,6 @@
 """Whisper's cost, split as it runs: one encoding of a fixed 30 s window (1,500 audio frames after
 the convolutions, however short the speech) and one decoding step per text token; measured here on
-our Whisper (`attnviz.core.speech`) and modelled for a Raspberry Pi 4 / 5 per engine and dtype
+our Whisper (`attnviz.core.speech_model`) and modelled for a Raspberry Pi 4 / 5 per engine and dtype
 (`latency.engines`: the Pi 5 and Pi 4 whisper.cpp encoder runs of `latency.published` are the
 anchor of ggml fp16).
 
@@ -17,12 +17,12 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from attnviz.core.speech import SpeechModel
+from attnviz.core.speech_model import SpeechModel
 from attnviz.latency.costmodel import F32, PROFILES, Op, op_seconds
 from attnviz.latency.engines import DTYPES, check_engine, engine_dtypes, engine_profile
 from attnviz.latency.published import RUNS, WHISPER_SHAPES, whisper_shape
 from attnviz.latency.sweep import PI_CORES, parse_int_list
-from attnviz.latency.translation import DECODE_STEPS, encode_ops, step_ops, time_encode_decode, write_csv
+from attnviz.latency.translation_latency import DECODE_STEPS, encode_ops, step_ops, time_encode_decode, write_csv
 from attnviz.weights.catalogue import BUNDLED, load_model
 
 COLUMNS = ["model", "backend", "engine", "dtype", "threads", "phase", "frames", "tokens", "ms", "published_ms"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.analysis import ablation, generate
+from attnviz.analysis import head_ablation, generation
 from attnviz.analysis.effects import token_names
 from attnviz.base import exports, names
 from attnviz.base.limits import LIMITS
-from attnviz.figures import attention as viz
-from attnviz.figures import readouts as figs
-from attnviz.ui import head_editor, jobs as ui_jobs
+from attnviz.figures import attention_figures
+from attnviz.figures import readout_figures
+from attnviz.ui import head_editor, job_controls
 from attnviz.ui.common import plain
 
 
@@ -40,18 +40,18 @@ def view(model, text: str, page: str, head_means):
         seed = c[4].number_input("Seed", 0, 10_000, 0, key=key("seed"))
         compare = st.checkbox(f"Also generate with the {n_off} head(s) switched off in the Attribution view's "
                               "head editor", key=key("compare"), disabled=n_off == 0)
-        mode = st.radio("Ablation of those heads", ablation.MODES, key=key("ablation"), horizontal=True,
+        mode = st.radio("Ablation of those heads", head_ablation.MODES, key=key("ablation"), horizontal=True,
                         format_func=lambda m: f"{m} ablation")
         go = st.form_submit_button("Generate", type="primary", key=key("go"))
     if go:
         settings = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), seed=int(seed))
-        cancel = ui_jobs.session_cancel()
+        cancel = job_controls.session_cancel()
         with st.spinner("Generating…"):
-            full = generate.generate(model, text, int(max_new), cancel=cancel, **settings)
+            full = generation.generate(model, text, int(max_new), cancel=cancel, **settings)
             masked = None
             if compare and n_off:
                 means = head_means(model) if mode == "mean" else None
-                masked = generate.generate(model, text, int(max_new), head_mask=mask, ablation=mode, means=means,
+                masked = generation.generate(model, text, int(max_new), head_mask=mask, ablation=mode, means=means,
                                            cancel=cancel, **settings)
         st.session_state[key("result")] = (model.info.key, text, full, masked)
         st.session_state[key("step")] = 0
@@ -69,7 +69,7 @@ def view(model, text: str, page: str, head_means):
             st.caption({"eos": "stopped at the end-of-text token", "positions": "stopped at the model's positions",
                         "time": f"stopped at the time limit ({LIMITS.max_generate_seconds:g} s)"}[gen.stopped])
     if masked is not None:
-        j = generate.first_difference(full, masked)
+        j = generation.first_difference(full, masked)
         st.caption("The two continuations agree on every step." if j is None else
                    f"The continuations first differ at step {j}.")
     show = st.radio("Steps of", [label for label, _ in runs], key=key("run"), horizontal=True) if masked else runs[0][0]
@@ -90,12 +90,12 @@ def view(model, text: str, page: str, head_means):
     chosen = token_names(tok, [step.token])[0]
     left, right = st.columns(2)
     tops = token_names(tok, step.top_ids)
-    left.plotly_chart(viz.bar_topk(tops, step.top_probs, f"Step {j}: chose {chosen} (p = {step.prob:.3f})"),
+    left.plotly_chart(attention_figures.bar_topk(tops, step.top_probs, f"Step {j}: chose {chosen} (p = {step.prob:.3f})"),
                       key=key("bars"), width="stretch")
     layer = right.selectbox("Layer", range(cfg.n_layers), index=cfg.n_layers - 1, key=key("layer"))
-    keys = generate.step_tokens(gen, tok)[:step.attention.shape[-1]]
-    right.plotly_chart(figs.rows_figure(step.attention[layer], keys,
+    keys = generation.step_tokens(gen, tok)[:step.attention.shape[-1]]
+    right.plotly_chart(readout_figures.rows_figure(step.attention[layer], keys,
                                         f"Layer {layer}: where the query that predicted {chosen} looked"),
                        key=key("rows"), width="stretch")
-    st.download_button("Steps CSV", lambda: exports.csv_text(generate.steps_frame(gen, tok)),
+    st.download_button("Steps CSV", lambda: exports.csv_text(generation.steps_frame(gen, tok)),
                        file_name="generation.csv", mime="text/csv", key=key("csv"), on_click="ignore")

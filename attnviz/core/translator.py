@@ -25,11 +25,11 @@ from attnviz.base.jobs import Deadline, heavy_job
 from attnviz.base.limits import LIMITS
 from attnviz.core import decoding
 from attnviz.core.base_model import BaseModel, ModelInfo
-from attnviz.core.decoding import TOP_K, Decoded
+from attnviz.core.decoding import Decoded
 from attnviz.core.seq2seq import Seq2Seq, Seq2SeqConfig
-from attnviz.core.translation import Pieces, Shortlist, Translation
+from attnviz.core.translation_parts import Pieces, Shortlist, Translation
 
-__all__ = ["Seq2SeqModel", "Translation", "Decoded", "Pieces", "Shortlist", "MAX_BEAM", "TOP_K"]
+__all__ = ["Seq2SeqModel", "MAX_BEAM"]
 
 MAX_BEAM = 5
 LENGTH_FACTOR = 2.5         # decoding stops at 2.5 x source + 5 tokens (Marian's max-length-factor)

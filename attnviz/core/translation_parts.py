@@ -1,5 +1,5 @@
 """What a translation is made of, apart from the model: its result (`Translation`), the tokenizer
-adapter (`Pieces`) and the lexical shortlist (`Shortlist`). `attnviz.core.translate` decodes."""
+adapter (`Pieces`) and the lexical shortlist (`Shortlist`). `attnviz.core.translator` decodes."""
 from __future__ import annotations
 
 from dataclasses import dataclass

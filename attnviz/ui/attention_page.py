@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.analysis import capture as outputs
-from attnviz.analysis.steps import REFERENT
+from attnviz.analysis.capture import TextCapture, capture_text, truncation_message, window_size
+from attnviz.analysis.guided_steps import REFERENT
 from attnviz.base import texts
 from attnviz.base.limits import LIMITS
-from attnviz.core import tokens as token_text
-from attnviz.figures import attention as viz
-from attnviz.ui import attention_views as views
-from attnviz.ui import common as ui
-from attnviz.ui import jobs as ui_jobs
+from attnviz.core import tokens
+from attnviz.figures import attention_figures
+from attnviz.ui import attention_views
+from attnviz.ui import common
+from attnviz.ui import job_controls
 from attnviz.ui.attention_views import PAGE, Shown, key
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
@@ -23,17 +23,17 @@ DEFAULT_PAIR = REFERENT
 OWN = "(your own text)"
 
 
-def capture(model, model_id: str, text: str, start: int) -> outputs.TextCapture:
+def capture(model, model_id: str, text: str, start: int) -> TextCapture:
     """The capture of ``text``: from the shared store, or made now under a progress bar. The work
     runs outside any st.cache_* function, so the bar is live and never replayed from a cache;
     each bar update is also where Streamlit's Stop (or a new Run) interrupts a long scan.
     Tensors are shared as they are (cache_data would pickle up to 128 MB on every rerun); nothing
     downstream mutates a capture."""
-    store = ui.shared_cache("attention.captures", LIMITS.trace_cache_entries, LIMITS.result_cache_mb)
+    store = common.shared_cache("attention.captures", LIMITS.trace_cache_entries, LIMITS.result_cache_mb)
     cache_key = (model_id, text, start)
     cap = store.get(cache_key)
     if cap is None:
-        window = outputs.window_size(model.cfg.n_layers, model.cfg.n_heads)
+        window = window_size(model.cfg.n_layers, model.cfg.n_heads)
         bar = st.progress(0.0, text="Running the model…")
         note = (" A long text is scanned layer by layer to keep memory bounded; press Stop, or "
                 "Run another text, to cancel." if len(text) > 4 * window else "")
@@ -42,9 +42,9 @@ def capture(model, model_id: str, text: str, start: int) -> outputs.TextCapture:
             bar.progress(done / total, text=f"Running the model: layer {done} of {total}.{note}")
 
         try:
-            cap = outputs.capture_text(model, text, start=start, progress=report,
-                                      max_cell=viz.overview_cells(model.cfg.n_layers),
-                                      cancel=ui_jobs.session_cancel())  # a closed tab stops the scan
+            cap = capture_text(model, text, start=start, progress=report,
+                                      max_cell=attention_figures.overview_cells(model.cfg.n_layers),
+                                      cancel=job_controls.session_cancel())  # a closed tab stops the scan
         finally:
             bar.empty()
         store.put(cache_key, cap)
@@ -53,7 +53,7 @@ def capture(model, model_id: str, text: str, start: int) -> outputs.TextCapture:
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def vocabulary_warning(model_id: str, text: str, _model) -> str | None:
-    return token_text.vocabulary_warning(_model.tokenizer, text, _model.info.key)
+    return tokens.vocabulary_warning(_model.tokenizer, text, _model.info.key)
 
 
 def use_sample():
@@ -80,7 +80,7 @@ def text_input(cfg):
                        "The result below is for the previous text.")
 
 
-def captured(model, model_id: str) -> outputs.TextCapture:
+def captured(model, model_id: str) -> TextCapture:
     """The capture of the current text; on an error (too long for the time limit, server busy,
     bad input) the message and the last text that worked."""
     ss = st.session_state
@@ -88,7 +88,7 @@ def captured(model, model_id: str) -> outputs.TextCapture:
         cap = capture(model, model_id, ss[key("text")], ss.get(key("start"), 0))
         ss[key("good")], ss[key("good_start")] = ss[key("text")], ss.get(key("start"), 0)
     except ValueError as err:
-        st.error(ui.plain(f"{err} (showing the previous text instead)"))
+        st.error(common.plain(f"{err} (showing the previous text instead)"))
         ss[key("text")] = ss[key("good")]
         try:
             cap = capture(model, model_id, ss[key("good")], ss[key("good_start")])
@@ -97,13 +97,13 @@ def captured(model, model_id: str) -> outputs.TextCapture:
     return cap
 
 
-def notes(model, model_id: str, cap: outputs.TextCapture):
+def notes(model, model_id: str, cap: TextCapture):
     """Truncation, vocabulary and window notes, the window start, and the text's tokens."""
     ss = st.session_state
-    if (cut := outputs.truncation_message(cap, model.cfg.max_positions)):
+    if (cut := truncation_message(cap, model.cfg.max_positions)):
         st.warning(cut)
     if model.tokenizer is not None and (oov := vocabulary_warning(model_id, ss[key("text")], model)):
-        st.warning(ui.plain(oov))
+        st.warning(common.plain(oov))
     if not cap.full:
         st.info(f"{cap.n:,} tokens. The overview pools the whole text; the detail views, "
                 f"statistics and rollout use the {cap.size} tokens from position {cap.start} (rows "
@@ -112,11 +112,11 @@ def notes(model, model_id: str, cap: outputs.TextCapture):
         st.number_input("Window start (token)", 0, cap.n - cap.size, step=max(1, cap.size // 2),
                         key=key("start"))
     st.caption(f"{cap.n:,} tokens: "
-               + ui.plain(" · ".join(viz.token_label(t) for t in cap.tokens[:200]))
+               + common.plain(" · ".join(attention_figures.token_label(t) for t in cap.tokens[:200]))
                + (" …" if cap.n > 200 else ""))
 
 
-def follow_text(model_id: str, cap: outputs.TextCapture) -> list[int]:
+def follow_text(model_id: str, cap: TextCapture) -> list[int]:
     """Token choices belong to one text (and window). On a new one they are SET to their defaults,
     never popped: a popped key leaves the browser showing the old label ("After position 50: .")
     while the page uses the default; an assigned value is sent to the browser. Returns the
@@ -125,11 +125,11 @@ def follow_text(model_id: str, cap: outputs.TextCapture) -> list[int]:
     content = [i for i, special in enumerate(cap.special[cap.start: cap.start + cap.size].tolist())
                if not special] or list(range(cap.size))
     rank_q, rank_k = default_pair(cap, content)
-    ui.follow_owner(key("pos_for"), (model_id, text), {key("pos"): cap.n - 1})
-    ui.follow_owner(key("window_for"), (model_id, text, cap.start),
+    common.follow_owner(key("pos_for"), (model_id, text), {key("pos"): cap.n - 1})
+    common.follow_owner(key("window_for"), (model_id, text, cap.start),
                     {key("flow_token"): cap.size - 1, key("line_q"): None,
                      key("rank_q"): rank_q, key("rank_k"): rank_k})
-    ui.keep_in_options({key("pos"): (range(cap.n), cap.n - 1),
+    common.keep_in_options({key("pos"): (range(cap.n), cap.n - 1),
                         key("flow_token"): (range(cap.size), cap.size - 1),
                         key("line_q"): ([None, *range(cap.size)], None),
                         key("rank_q"): (range(cap.size), rank_q),
@@ -142,7 +142,7 @@ def word(token: str) -> str:
     return token.lstrip("Ġ▁ ").removeprefix("##").lower()
 
 
-def default_pair(cap: outputs.TextCapture, content: list[int]) -> tuple[int, int]:
+def default_pair(cap: TextCapture, content: list[int]) -> tuple[int, int]:
     """Find heads' (query, key) window positions: the last "it" and the "animal" before it when
     the text has them (the default text does), else the last and the first content token."""
     words = [word(cap.tokens[cap.start + i]) for i in range(cap.size)]
@@ -163,11 +163,11 @@ def pick_head(picked_key: str, picked: tuple[int, int] | None):
 
 def picked_row(table_key: str, heads: list[tuple[int, int]] | None) -> tuple[int, int] | None:
     """The (layer, head) of the row selected in a table whose rows are ``heads``."""
-    rows = ui.selected_rows(table_key) if heads else []
+    rows = common.selected_rows(table_key) if heads else []
     return heads[rows[0]] if rows and rows[0] < len(heads) else None
 
 
-def head_picks(model_id: str, cap: outputs.TextCapture, n_heads: int):
+def head_picks(model_id: str, cap: TextCapture, n_heads: int):
     """A selected row of the ranking or of the head scores, or a click on the overview, opens
     that head. The rows' heads were stored when their view drew them, so picking needs no
     recomputation here."""
@@ -176,7 +176,7 @@ def head_picks(model_id: str, cap: outputs.TextCapture, n_heads: int):
     pair = (model_id, text, cap.start, ss[key("rank_q")], ss[key("rank_k")])
     if ss.get(key("rank_for")) != pair:     # another text or pair: the old selection is stale
         ss[key("rank_for")] = pair
-        ui.clear_selection(key("rank_table"))
+        common.clear_selection(key("rank_table"))
         ss[key("rank_picked")] = None
         ss[key("rank_heads")] = None
     pick_head(key("rank_picked"), picked_row(key("rank_table"), ss.get(key("rank_heads"))))
@@ -184,15 +184,15 @@ def head_picks(model_id: str, cap: outputs.TextCapture, n_heads: int):
     hs_heads = [tuple(int(v) for v in r) for r in scores[["layer", "head"]].to_numpy()] \
         if scores is not None else None
     pick_head(key("hs_picked"), picked_row(key("hs_table"), hs_heads))
-    pick_head(key("picked"), ui.picked_cell(key("overview"), n_heads))
+    pick_head(key("picked"), common.picked_cell(key("overview"), n_heads))
 
 
 def overview(s: Shown):
     """Every layer x head as one image; a click or the selectors choose the head."""
     cfg = s.cfg
-    st.plotly_chart(ui.clickable_overview(viz.overview_figure(
+    st.plotly_chart(common.clickable_overview(attention_figures.overview_figure(
                         s.cap.overview, per_head=s.per_head, selected=(s.layer, s.head),
-                        hover_text=views.known_roles(s))),
+                        hover_text=attention_views.known_roles(s))),
                     key=key("overview"), on_select="rerun", selection_mode="points", width="content")
     st.caption(f"{cfg.n_layers} layers × {cfg.n_heads} heads. Click a head, or choose it above; "
                "hover shows its role once the statistics are computed.")
@@ -218,7 +218,7 @@ def page():
     ss.setdefault(key("good"), DEFAULT_TEXT)     # the last text that ran without an error
     ss.setdefault(key("good_start"), 0)          # ... and its window start
     ss.setdefault(key("text_input"), ss[key("text")])
-    model = ui.model_picker(tasks=("encoder", "lm"))
+    model = common.model_picker(tasks=("encoder", "lm"))
     if model is None:
         st.stop()
     model_id = f"{model.info.key}@{id(model)}"
@@ -232,5 +232,5 @@ def page():
               head=head, per_head=per_head, content=content)
     overview(s)
     st.subheader(f"Layer {layer}, head {head}")
-    choice = ui.view_choice(PAGE, list(views.VIEWS))
-    views.VIEWS[choice](s)
+    choice = common.view_choice(PAGE, list(attention_views.VIEWS))
+    attention_views.VIEWS[choice](s)

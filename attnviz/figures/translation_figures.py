@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attnviz.base.names import head_name
-from attnviz.figures.attention import token_label
+from attnviz.figures.attention_figures import token_label
 
 ALIGN_THRESHOLD = 0.1   # alignment lines below this weight are not drawn (uncluttered)
 
@@ -106,7 +106,7 @@ def source_row_figure(row, source_tokens: list[str], title: str = "") -> go.Figu
 
 
 def translation_cost_figure(df) -> go.Figure:
-    """Rows of `attnviz.latency.translation.sweep` (model, backend, source_tokens, encode_ms,
+    """Rows of `attnviz.latency.translation_latency.sweep` (model, backend, source_tokens, encode_ms,
     decode_ms_per_token): encoding (once per sentence) and one decoding step against source length."""
     figure = make_subplots(rows=1, cols=2, subplot_titles=("encoding (once per sentence)",
                                                            "decoding (per target token)"))

@@ -10,13 +10,13 @@ import numpy as np
 import streamlit as st
 import torch
 
-from attnviz.analysis import ablation, alignment
+from attnviz.analysis import head_ablation, alignment
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
-from attnviz.figures import attention as viz
-from attnviz.figures import translate as tfig
-from attnviz.core.translate import Seq2SeqModel
-from attnviz.ui.common import LOCAL, load_folder, load_model, local_folders_allowed, plain, sidebar_nav, view_choice
+from attnviz.figures import attention_figures
+from attnviz.figures import translation_figures
+from attnviz.core.translator import Seq2SeqModel
+from attnviz.ui.common import LOCAL, load_folder, shared_model, local_folders_allowed, plain, sidebar_nav, view_choice
 from attnviz.ui.head_editor import head_editor
 from attnviz.weights.catalogue import list_models
 
@@ -60,7 +60,7 @@ def inputs():
         return None
     try:
         with st.spinner(f"Loading {typed or direction}…"):
-            model = load_folder(typed) if direction == LOCAL else load_model(direction)
+            model = load_folder(typed) if direction == LOCAL else shared_model(direction)
     except ValueError as err:
         st.error(plain(str(err)))
         return None
@@ -170,9 +170,9 @@ def cross_attention(model, tr):
     att = tr.cross_attentions[layer]
     matrix = att.mean(0) if head == AVERAGE else att[head]
     title = f"Layer {layer}, " + ("average of heads" if head == AVERAGE else names.head_name(layer, head))
-    st.plotly_chart(viz.head_heatmap(matrix, tr.target_tokens, tr.source_tokens, title=title, zmax=1),
+    st.plotly_chart(attention_figures.head_heatmap(matrix, tr.target_tokens, tr.source_tokens, title=title, zmax=1),
                     key=key("cross_heatmap"))
-    st.plotly_chart(tfig.cross_grid_figure(tr.cross_attentions, tr.source_tokens, tr.target_tokens),
+    st.plotly_chart(translation_figures.cross_grid_figure(tr.cross_attentions, tr.source_tokens, tr.target_tokens),
                     key=key("cross_grid"))
 
 
@@ -182,9 +182,9 @@ def alignment_lines(model, tr):
     tgt_words, src_words, m = alignment.word_alignment(tr.cross_attentions[layer].mean(0),
                                                        tr.source_tokens, tr.target_tokens)
     st.caption("Source words on top, target words below; a line per head-averaged weight ≥ "
-               f"{tfig.ALIGN_THRESHOLD:g}, the strongest of each target word in red. Lines cross where "
+               f"{translation_figures.ALIGN_THRESHOLD:g}, the strongest of each target word in red. Lines cross where "
                "the word order changes.")
-    st.plotly_chart(tfig.alignment_figure(m, src_words, tgt_words, title=f"Layer {layer}, average of heads"),
+    st.plotly_chart(translation_figures.alignment_figure(m, src_words, tgt_words, title=f"Layer {layer}, average of heads"),
                     key=key("align_fig"))
 
 
@@ -200,26 +200,26 @@ def steps(model, tr):
                 f"(log-probability {float(tr.logprobs[step]):.3f})")
     left, right = st.columns(2)
     row = tr.cross_attentions[layer, :, step].mean(0)
-    left.plotly_chart(tfig.source_row_figure(row, tr.source_tokens,
+    left.plotly_chart(translation_figures.source_row_figure(row, tr.source_tokens,
                                              title=f"Cross-attention at step {step} (layer {layer}, head average)"),
                       key=key("step_row"))
     label = model.pieces.label if model.pieces else str
     tokens = [label(int(i)) for i in tr.top_ids[step]]
-    right.plotly_chart(viz.bar_topk(tokens, tr.top_logprobs[step].exp(), title="Top-10 next pieces"),
+    right.plotly_chart(attention_figures.bar_topk(tokens, tr.top_logprobs[step].exp(), title="Top-10 next pieces"),
                        key=key("step_top"))
 
 
 def encoder(model, tr):
     c = model.cfg
     st.caption("The encoder's self-attention over the source, with the Attention page's views.")
-    st.plotly_chart(viz.overview_figure(tr.encoder_attentions), key=key("enc_overview"))
+    st.plotly_chart(attention_figures.overview_figure(tr.encoder_attentions), key=key("enc_overview"))
     c1, c2 = st.columns(2)
     layer = c1.selectbox("Layer", list(range(c.n_enc_layers)), index=c.n_enc_layers - 1, key=key("enc_layer"))
     head = c2.selectbox("Head", list(range(c.n_heads)), key=key("enc_head"))
-    st.plotly_chart(viz.head_heatmap(tr.encoder_attentions[layer, head], tr.source_tokens,
+    st.plotly_chart(attention_figures.head_heatmap(tr.encoder_attentions[layer, head], tr.source_tokens,
                                      title=names.head_name(layer, head)), key=key("enc_heatmap"))
-    st.plotly_chart(viz.lines_figure(tr.encoder_attentions[layer], tr.source_tokens, [head],
-                                     title=viz.lines_title(layer, [head])), key=key("enc_lines"))
+    st.plotly_chart(attention_figures.lines_figure(tr.encoder_attentions[layer], tr.source_tokens, [head],
+                                     title=attention_figures.lines_title(layer, [head])), key=key("enc_lines"))
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ def heads_off(model, text: str, beam: int, tr):
     c = model.cfg
     st.caption("Switch cross-attention heads off (a layer box switches the whole layer), then Apply: the "
                "sentence is translated again.")
-    mode = st.radio("Heads switched off are removed by", ablation.MODES, key=key("ablation"), horizontal=True,
+    mode = st.radio("Heads switched off are removed by", head_ablation.MODES, key=key("ablation"), horizontal=True,
                     format_func=lambda m: f"{m} ablation",
                     help="zero: the head's output is zeroed before the output projection; mean: it is "
                          "replaced by its mean over this sentence's translation with every head on, which "
@@ -248,7 +248,7 @@ def masked_effect(model, text: str, beam: int, tr, keep: torch.Tensor, mode: str
     if bool(keep.all()):
         return lambda: st.info("Every head is on: switch some off in the grid (e.g. the layer 1 box), then Apply.")
     try:
-        fill = None if mode == "zero" else ablation.fill(keep, mode, _means(model.info.key, text, beam, model, tr))
+        fill = None if mode == "zero" else head_ablation.fill(keep, mode, _means(model.info.key, text, beam, model, tr))
         mk = _mask_key(keep, fill)
         masked = _translated(model.info.key, text, beam, mk, model, keep, fill)
         same_text = _traced(model.info.key, text, tuple(tr.target_ids.tolist()), mk, model, keep, fill)
@@ -265,7 +265,7 @@ def masked_effect(model, text: str, beam: int, tr, keep: torch.Tensor, mode: str
         c2.metric("original translation's log-probability", f"{same_text.logprob:.3f}",
                   f"{same_text.logprob - tr.logprob:+.3f}")
         c3.metric("first differing step", "none" if first is None else str(first))
-        st.plotly_chart(tfig.cross_grid_figure(masked.cross_attentions, masked.source_tokens,
+        st.plotly_chart(translation_figures.cross_grid_figure(masked.cross_attentions, masked.source_tokens,
                                                masked.target_tokens, off=np.asarray(keep.numpy() == 0)),
                         key=key("off_grid"))
     return draw
@@ -295,3 +295,17 @@ def views(model, text: str, beam: int, tr):
     """The chosen view only (st.tabs would compute all five on every rerun); the choice is kept
     across buttons, the head editor's Apply and page switches."""
     VIEWS[view_choice(PAGE, list(VIEWS))](model, text, beam, tr)
+
+
+def page():
+    """The page in reading order: the input, what the model is, the translation, then the chosen view."""
+    picked = inputs()
+    if picked is None:
+        return
+    model, text, beam = picked
+    explain(model)
+    tr = translation(model, text, beam)
+    if tr is None:
+        return
+    summary(model, tr)
+    views(model, text, beam, tr)

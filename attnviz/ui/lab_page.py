@@ -11,9 +11,9 @@ from attnviz.base import jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.base.timing import speed_words
 from attnviz.base.texts import eval_text
-from attnviz.figures import lab as lf
-from attnviz.ui import common as ui
-from attnviz.ui import jobs as ui_jobs
+from attnviz.figures import lab_figures
+from attnviz.ui import common
+from attnviz.ui import job_controls
 from attnviz.ui import lab_patterns, lab_positions, lab_steps, lab_toys, lab_translate
 
 PAGE = "lab"
@@ -33,7 +33,7 @@ def measure_variants(model, specs: list[str], layers: list[int], text: str) -> l
     rows, bar = [], st.progress(0.0, "measuring…")
     deadline = jobs.Deadline(LIMITS.max_lab_seconds, "the variants measurement")
     try:
-        with ui_jobs.heavy_job("a variants measurement") as cancel:
+        with job_controls.heavy_job("a variants measurement") as cancel:
             def check():
                 deadline.check()
                 cancel.check()
@@ -43,10 +43,10 @@ def measure_variants(model, specs: list[str], layers: list[int], text: str) -> l
                 rows.append(lab.variant_fidelity(model, text, {layer: spec for layer in layers},
                                                  label=spec, check=check))
     except jobs.JobTimeout as err:
-        st.error(ui.plain(f"{err}, after {len(rows)} of {len(specs)} variants. Choose fewer "
+        st.error(common.plain(f"{err}, after {len(rows)} of {len(specs)} variants. Choose fewer "
                           "variants or layers, or a shorter text."))
     except ValueError as err:
-        st.error(ui.plain(str(err)))
+        st.error(common.plain(str(err)))
     finally:
         bar.empty()
     return rows
@@ -92,9 +92,9 @@ def variants_view(model):
     st.dataframe(table, hide_index=True)
     metric = "top-1 agreement" if rows[0].kl is not None else "sentence cosine"
     c1, c2 = st.columns(2)
-    c1.plotly_chart(lf.bars_figure(list(table["variant"]), table[metric], f"Fidelity: {metric}"),
+    c1.plotly_chart(lab_figures.bars_figure(list(table["variant"]), table[metric], f"Fidelity: {metric}"),
                     key=key("var_fid"))
-    c2.plotly_chart(lf.bars_figure(list(table["variant"]), table["speed-up"],
+    c2.plotly_chart(lab_figures.bars_figure(list(table["variant"]), table["speed-up"],
                                    "Measured speed-up over fused softmax (>1 is faster)"),
                     key=key("var_speed"))
     st.caption(speed_caption(rows))
@@ -132,5 +132,5 @@ VIEWS = {"Step by step": lab_steps.steps_view, "Positional encodings": lab_posit
 def page():
     """The whole Lab page below its title."""
     st.caption("Check each claim about attention on real weights, and on a model you train in a minute.")
-    model = ui.model_picker(tasks=("encoder", "lm"))
-    VIEWS[ui.view_choice(PAGE, list(VIEWS))](model)
+    model = common.model_picker(tasks=("encoder", "lm"))
+    VIEWS[common.view_choice(PAGE, list(VIEWS))](model)

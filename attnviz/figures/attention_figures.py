@@ -17,11 +17,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from attnviz.analysis.stats import ROLES
-from attnviz.figures.render import (  # noqa: F401  (re-exported: pages import everything from viz)
-    apply_colormap, cjk_font_families, colour_lut, figure_png, figure_svg, grid_of_overlays,
-    image_png, overlay_patch_map, overview_export_figure, overview_geometry, overview_image,
-    overview_png, tick_positions, visible_token,
-)
+from attnviz.figures.render import apply_colormap, image_png, overview_geometry, overview_image, tick_positions, visible_token
 
 MAX_TICK_LABELS = 60          # beyond this, show every k-th token label (hover still names all)
 HOVER_TOKEN_MAX_CELLS = 70_000  # token names in hover up to ~264 x 264 (DINOv2's 257 tokens);

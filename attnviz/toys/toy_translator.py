@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.core.seq2seq import Seq2Seq, Seq2SeqConfig
-from attnviz.core.translate import Seq2SeqModel
+from attnviz.core.translator import Seq2SeqModel
 
 SUBJECTS = ("cat", "dog", "bird", "girl", "boy", "man", "woman", "child")
 VERBS = ("sees", "likes", "chases", "helps", "finds", "calls")
@@ -139,7 +139,7 @@ def load() -> tuple[Seq2SeqModel, dict]:
 
 
 def main():
-    """`python -m attnviz.toys.translation`: train, score on the held-out split, ship."""
+    """`python -m attnviz.toys.toy_translator`: train, score on the held-out split, ship."""
     net, meta = train()
     _, held_out = split(meta["seed"])
     meta["alignment"] = alignment_hits(model_of(net), held_out)

@@ -1,17 +1,17 @@
 """The Readouts page: logit lens, direct logit attribution (with heads switched off live),
-generation (attnviz.ui.generate) and two prompts side by side. Only the chosen view computes."""
+generation (attnviz.ui.generation_view) and two prompts side by side. Only the chosen view computes."""
 from __future__ import annotations
 
 import streamlit as st
 import torch
 
-from attnviz.analysis import ablation, prompt_pair, readouts
+from attnviz.analysis import head_ablation, prompt_pair, readouts
 from attnviz.analysis.effects import TOKEN_CHARS, single_token, token_names
 from attnviz.base import exports, names
 from attnviz.base.limits import LIMITS
-from attnviz.figures import attention as viz
-from attnviz.figures import readouts as figs
-from attnviz.ui import common, generate as generate_view, head_editor, jobs as ui_jobs
+from attnviz.figures import attention_figures
+from attnviz.figures import readout_figures
+from attnviz.ui import common, generation_view, head_editor, job_controls
 from attnviz.ui.common import plain
 
 PAGE = "readouts"
@@ -48,8 +48,8 @@ def head_means(model) -> torch.Tensor:
     store, mid = _means(), model_id(model)
     if mid not in store:
         with st.spinner("Mean ablation: every head's mean output over the evaluation text (once per model)…"), \
-                ui_jobs.heavy_job("the heads' means") as cancel:
-            means = ablation.head_means(model, check=cancel.check)
+                job_controls.heavy_job("the heads' means") as cancel:
+            means = head_ablation.head_means(model, check=cancel.check)
         while len(store) >= LIMITS.model_cache_entries:
             store.pop(next(iter(store)))
         store[mid] = means
@@ -81,14 +81,14 @@ def page():
         elif view == "Attribution":
             attribution_view(model, text)
         else:
-            generate_view.view(model, text, PAGE, head_means)
+            generation_view.view(model, text, PAGE, head_means)
     except ValueError as err:
         st.error(plain(err))
 
 
 # ---------------------------------------------------------------- logit lens
 def lens_view(model, text: str):
-    lens = common.cached(results(), ("lens", model_id(model), text), lambda: readouts.logit_lens(model, text))
+    lens = common.cached_result(results(), ("lens", model_id(model), text), lambda: readouts.logit_lens(model, text))
     tok = model.tokenizer
     n_rows, n = len(lens.rows), len(lens.tokens)
     chart_key, row_key, pos_key = key("lens_chart"), key("lens_row"), key("lens_pos")
@@ -107,14 +107,14 @@ def lens_view(model, text: str):
                f"probability it gives the model's final prediction at that position. At the last position "
                f"the final prediction {plain(repr(final_labels[-1]))} is first top-1 at "
                f"**{lens.rows[first] if first is not None else 'no layer'}**. Click a cell for its top-10.")
-    figure = figs.lens_figure(lens.final_probs, top_labels, lens.top_probs[:, :, 0], lens.tokens, lens.rows,
+    figure = readout_figures.lens_figure(lens.final_probs, top_labels, lens.top_probs[:, :, 0], lens.tokens, lens.rows,
                               final_labels)
     st.plotly_chart(figure, key=chart_key, on_select="rerun", selection_mode="points", width="stretch")
     left, right = st.columns(2)
     row = left.selectbox("Layer", range(n_rows), key=row_key, format_func=lambda r: lens.rows[r])
     pos = right.selectbox("Position", range(n), key=pos_key, format_func=lambda j: f"{j}: {lens.tokens[j]}")
     cell = readouts.cell_top(lens, row, pos, tok)
-    st.plotly_chart(viz.bar_topk(list(cell["token"]), cell["probability"].to_numpy(),
+    st.plotly_chart(attention_figures.bar_topk(list(cell["token"]), cell["probability"].to_numpy(),
                                  f"Top-10 after {lens.rows[row]} at position {pos} ({lens.tokens[pos]})"),
                     key=key("lens_top"), width="stretch")
     st.download_button("Logit lens CSV", lambda: exports.csv_text(readouts.lens_frame(lens, tok)),
@@ -139,7 +139,7 @@ def tokens_asked(model) -> tuple[int, int | None]:
 
 def attribution_view(model, text: str):
     target, minus = tokens_asked(model)
-    att = common.cached(results(), ("dla", model_id(model), text, target, minus),
+    att = common.cached_result(results(), ("dla", model_id(model), text, target, minus),
                         lambda: readouts.attribution(model, text, target, minus))
     label = "logit difference" if minus is not None else "logit"
     a, b, c = st.columns(3)
@@ -147,7 +147,7 @@ def attribution_view(model, text: str):
     b.metric("Sum of the parts", f"{att.total:.4f}")
     c.metric("Embeddings + biases", f"{att.embed + att.bias:.4f}")
     st.caption(FROZEN_NOTE + f" Here the sum differs from the model's {label} by {abs(att.total - att.logit_diff):.1e}.")
-    st.plotly_chart(figs.head_map(att.heads, f"Direct contribution to the {label} (last position)",
+    st.plotly_chart(readout_figures.head_map(att.heads, f"Direct contribution to the {label} (last position)",
                                   "contribution", diverging=True, mlps=att.mlps),
                     key=key("dla_map"), width="stretch")
     frame = readouts.attribution_frame(att)
@@ -164,17 +164,17 @@ def switch_off(model, text: str, att, target: int, minus: int | None):
     st.subheader("Switch the top contributors off")
     left, mid, right = st.columns([1, 2, 2], vertical_alignment="bottom")
     k = left.number_input("k", 1, cfg.n_layers * cfg.n_heads, 5, key=key("top_k"))
-    mode = mid.radio("Ablation", ablation.MODES, key=key("ablation"), horizontal=True,
+    mode = mid.radio("Ablation", head_ablation.MODES, key=key("ablation"), horizontal=True,
                      format_func=lambda m: f"{m} ablation")
     right.button(f"Switch the top {int(k)} heads off", key=key("top_off"), type="primary",
                  on_click=lambda: head_editor.set_applied(cfg, PAGE, readouts.top_off_mask(att, int(k)), mkey))
-    full = common.cached(results(), ("logits", model_id(model), text),
-                         lambda: ablation.logits(model, text)[-1])
+    full = common.cached_result(results(), ("logits", model_id(model), text),
+                         lambda: head_ablation.logits(model, text)[-1])
 
     def effect(keep):
         means = head_means(model) if mode == "mean" and not keep.all() else None
-        masked = common.cached(results(), ("logits", model_id(model), text, mode, tuple(keep.flatten().tolist())),
-                               lambda: ablation.logits(model, text, keep, mode, means)[-1])
+        masked = common.cached_result(results(), ("logits", model_id(model), text, mode, tuple(keep.flatten().tolist())),
+                               lambda: head_ablation.logits(model, text, keep, mode, means)[-1])
 
         def draw():
             def diff(lg):
@@ -185,7 +185,7 @@ def switch_off(model, text: str, att, target: int, minus: int | None):
                        f"{diff(masked) - diff(full):+.3f} from {diff(full):.3f}")
             two.metric("p(target)", f"{p_masked:.3f}", f"{p_masked - p_full:+.3f} from {p_full:.3f}")
             top = token_names(model.tokenizer, [int(full.argmax()), int(masked.argmax())])
-            st.caption(f"{ablation.describe(mode).capitalize()}. Top-1: {plain(top[0])} with every head on, "
+            st.caption(f"{head_ablation.describe(mode).capitalize()}. Top-1: {plain(top[0])} with every head on, "
                        f"{plain(top[1])} with this mask.")
         return draw
 
@@ -204,13 +204,13 @@ def pair_view(model):
     if not text_a.strip() or not text_b.strip():
         st.info("Type two prompts.")
         return
-    pair = common.cached(results(), ("pair", model_id(model), text_a, text_b),
-                         lambda: prompt_pair.compare(model, text_a, text_b))
+    pair = common.cached_result(results(), ("pair", model_id(model), text_a, text_b),
+                         lambda: prompt_pair.compare_prompts(model, text_a, text_b))
     st.caption("How much each head's pattern differs between the prompts: the mean over query rows of the "
                "total-variation distance between the two rows (0 = the same, 1 = nothing in common). A causal "
                "model's rows before the first different token are identical, so only the rows from there on "
                "add to it." + (f" {pair.note}" if pair.note else " Both have as many tokens: compared position by position."))
-    st.plotly_chart(figs.head_map(pair.difference, "Pattern difference per head", "difference"),
+    st.plotly_chart(readout_figures.head_map(pair.difference, "Pattern difference per head", "difference"),
                     key=key("pair_map"), width="stretch")
     layer0, head0, _ = pair.top(1)[0]
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -224,7 +224,7 @@ def pair_view(model):
     name = names.head_name(layer, head)
     cols = st.columns(2)
     for j, col in enumerate(cols):
-        col.plotly_chart(viz.head_heatmap(pair.attentions[j][layer, head], pair.tokens[j], title=f"{name}, prompt {j + 1}",
+        col.plotly_chart(attention_figures.head_heatmap(pair.attentions[j][layer, head], pair.tokens[j], title=f"{name}, prompt {j + 1}",
                                           causal=model.cfg.causal), key=key(f"pair_head_{j}"), width="stretch")
     st.download_button("Differences CSV", lambda: exports.csv_text(prompt_pair.difference_frame(pair)),
                        file_name="prompt_pair.csv", mime="text/csv", key=key("pair_csv"), on_click="ignore")
