@@ -390,7 +390,7 @@ def test_one_token_as_typed_or_a_message_saying_how_it_splits():
 
 
 def test_last_position_probability_logit_difference_and_flip():
-    from attnviz.analysis.effects import Outputs, compare, last_position
+    from attnviz.analysis.effects import Outputs, last_position, output_change
     def run(last_logits):
         logits = torch.zeros(3, 5)
         logits[-1] = torch.tensor(last_logits)
@@ -403,7 +403,7 @@ def test_last_position_probability_logit_difference_and_flip():
     assert n["logit_diff_full"] == pytest.approx(2.0) and n["logit_diff_masked"] == pytest.approx(-1.5)
     assert n["flipped"] and (n["top1_full"], n["top1_masked"]) == (0, 1)
     assert not last_position(full, full, 0, 1)["flipped"]
-    assert compare(full, masked)["flipped_positions"] == 1        # only the last position differs
+    assert output_change(full, masked)["flipped_positions"] == 1        # only the last position differs
     with pytest.raises(ValueError, match="outside the vocabulary"):
         last_position(full, masked, target=5)
 

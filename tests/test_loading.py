@@ -322,13 +322,13 @@ def test_app_offers_no_local_folders_without_an_allow_list(tmp_path):
     at = home(**{PICK: "local folder…", "model_custom_dir": str(tmp_path)})
     assert not at.exception and at.sidebar.selectbox(key=PICK).value == "minilm"
     assert not any(str(tmp_path) in c.value for c in at.caption)
-    from attnviz import common
+    from attnviz.ui import common
     with pytest.raises(ValueError, match="unknown model"):
         common.shared_model(str(tmp_path))                  # the app's cached loader takes no paths
 
 
 def test_app_refusals_say_the_same_for_missing_outside_and_unreadable(tmp_path, monkeypatch, set_limits):
-    from attnviz import common
+    from attnviz.ui import common
     models, secret = tmp_path / "models", tmp_path / "secret_place"
     bert_folder(models / "big")
     secret.mkdir()
@@ -355,7 +355,7 @@ def test_app_refusals_say_the_same_for_missing_outside_and_unreadable(tmp_path, 
 
 def test_app_loads_one_copy_per_resolved_folder(tmp_path, monkeypatch, set_limits):
     """/x/big and /x/big/ (and /x/./big, a symlink to it) loaded twice before: +2.7 GB each."""
-    from attnviz import common
+    from attnviz.ui import common
     models = tmp_path / "models"
     folder = bert_folder(models / "big")
     (models / "alias").symlink_to(folder)

@@ -359,7 +359,7 @@ def test_toy_heads_off_in_the_shared_head_editor():
     toy_key = at.selectbox(key="lab.toy_key").value
     toy = tasks.load_toy(toy_key)
     L, H = toy.cfg.n_layers, toy.cfg.n_heads
-    row = f"tasks.row:{toy_key}:{L}x{H}:0"
+    row = f"toys.row:{toy_key}:{L}x{H}:0"
     assert list(at.session_state[row]) == list(range(H))         # every head on at first
     at.session_state[row] = list(range(1, H))                     # switch head L0H0 off, then Apply
     at.run()

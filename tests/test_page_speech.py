@@ -54,7 +54,7 @@ def test_switching_cross_attention_heads_off_changes_the_transcript():
 def test_bad_audio_gets_a_message_not_a_traceback():
     def script():
         from attnviz.ui import speech_page
-        model = speech_page.load_model("whisper-tiny-en")
+        model = speech_page.shared_model("whisper-tiny-en")
         for data in (b"this is not audio at all" * 10, b"", b"RIFF" + bytes(40)):
             speech_page.transcript(model, data)
     at = AppTest.from_function(script, default_timeout=180).run()

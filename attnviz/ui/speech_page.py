@@ -16,7 +16,7 @@ from attnviz.analysis import head_ablation
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS, sizes
 from attnviz.figures import speech_figures
-from attnviz.ui.common import shared_model, plain, sidebar_nav, view_choice
+from attnviz.ui.common import plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import head_editor
 from attnviz.ui.translate_page import diff_markdown
 

@@ -16,7 +16,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
 from attnviz.core.translator import Seq2SeqModel
-from attnviz.ui.common import LOCAL, load_folder, shared_model, local_folders_allowed, plain, sidebar_nav, view_choice
+from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import head_editor
 from attnviz.weights.catalogue import list_models
 
