@@ -16,12 +16,10 @@ import pandas as pd
 from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
 from attnviz.latency import costmodel
-from attnviz.latency.calibrate import host_profile
-from attnviz.latency.engines import engine_profile
 from attnviz.latency.measure import machine_metadata
 from attnviz.latency.results import COLUMNS, SCHEMA
 from attnviz.latency.shapes import parse_shape
-from attnviz.latency.sweep import PI_BACKENDS, SweepPlan
+from attnviz.latency.sweep import PI_BACKENDS, SweepPlan, modelled_profiles
 
 MODELLED = ("cpu-model", *PI_BACKENDS)
 
@@ -49,14 +47,8 @@ def priced_rows(plan: SweepPlan, spec: str, *, own_process: bool = False) -> pd.
     meta = dict(machine_metadata(), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     base = dict(schema=SCHEMA, model=spec.strip(), shape=spec.strip(), measured=False, repeats=plan.repeats,
                 warmup=plan.warmup, clock=plan.clock, n_heads=inner.n_heads if inner is not None else 0, **meta)
-    profiles = []  # (backend, engine, dtype, threads, profile)
-    for backend in plan.backends:
-        if backend in PI_BACKENDS:
-            profiles += [(backend, e, d, int(t), engine_profile(costmodel.PROFILES[backend], e, d))
-                         for t in plan.pi_threads for e, d in plan.engine_pairs()]
-        else:
-            profiles += [(backend, "torch", "fp32", int(t), host_profile(int(t), plan.clock, own_process=own_process))
-                         for t in plan.threads]
+    profiles = [(backend, *p) for t in plan.threads for backend in plan.backends  # (backend, engine, dtype,
+                for p in modelled_profiles(plan, backend, t, own_process=own_process)]      # threads, profile)
     rows = []
     for backend, engine, dtype, threads, prof in profiles:
         for name in plan.variants:

@@ -202,6 +202,18 @@ class Ended(Exception):
     """A sweep that ended early for a reason other than its deadline (a child process failed)."""
 
 
+def modelled_profiles(plan: SweepPlan, backend: str, t: int, profiles=costmodel.PROFILES, given=(),
+                      own_process: bool = False) -> list[tuple]:
+    """(engine, dtype, threads, profile) of each modelled row of `backend` at a point of `t` threads: a Pi's
+    once per point, at its threads x engine x dtype; cpu-model's at t. `given`: Pi profiles fitted to a real Pi."""
+    if backend in PI_BACKENDS:
+        return [] if t != plan.threads[0] else [
+            (e, d, int(pt), profiles[backend] if backend in given and (e, d) == ("torch", "fp32")
+             else engine_profile(profiles[backend], e, d)) for pt in plan.pi_threads for e, d in plan.engine_pairs()]
+    cpu = backend == "cpu-model"
+    return [("torch", "fp32", t, host_profile(t, plan.clock, own_process=own_process))] if cpu else []
+
+
 def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = False,
               profiles: dict | None = None, deadline: Deadline | None = None,
               own_process: bool = False, cancel: Cancel | None = None) -> pd.DataFrame:
@@ -257,16 +269,9 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
         model = shaped(key, k)
         tokens = token_count(model.cfg, n)
         for backend in plan.backends:
-            if backend in PI_BACKENDS and t == plan.threads[0]:  # Pi rows at the Pi's threads, once per point
-                for pt in plan.pi_threads:
-                    for engine, dtype in plan.engine_pairs():
-                        own = backend in given and (engine, dtype) == ("torch", "fp32")  # a real Pi's fit
-                        prof = profiles[backend] if own else engine_profile(profiles[backend], engine, dtype)
-                        rows.append(modelled(dict(base(key, k, v, int(pt)), backend=backend, engine=engine,
-                                                  dtype=dtype), model.cfg, tokens, v, prof, int(pt)))
-            elif backend == "cpu-model":
-                prof = host_profile(t, plan.clock, own_process=own_process)
-                rows.append(modelled(dict(base(key, k, v, t), backend=backend), model.cfg, tokens, v, prof, t))
+            for engine, dtype, pt, prof in modelled_profiles(plan, backend, t, profiles, given, own_process):
+                rows.append(modelled(dict(base(key, k, v, pt), backend=backend, engine=engine, dtype=dtype),
+                                     model.cfg, tokens, v, prof, pt))
     # one block at lengths straddling its modelled crossover, at the thread count measured here
     blocks, t_block, v_block = [], plan.threads[0] if own_process else now, parse_variant(plan.variants[0])
     for key in plan.models if plan.crossover and measured_here else ():
