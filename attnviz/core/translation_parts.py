@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.core.tokens import check_text
-
 UNKNOWN = "⟨unk⟩"  # appended to the label of a source piece outside the vocabulary
 
 
@@ -25,9 +23,7 @@ class Pieces:
 
     def encode(self, text: str) -> tuple[list[int], list[str]]:
         """(ids ending with the end of sentence, labels); an unknown piece is labelled with the
-        text it stands for, marked ⟨unk⟩. A lone surrogate is the same ValueError every model gives
-        (`tokens.check_text`): every translator's source and target text passes here."""
-        check_text(text)
+        text it stands for, marked ⟨unk⟩. The text was checked first (`BaseModel.check_text`)."""
         if self.native:
             enc = self.tokenizer.encode(text)
             ids, labels = list(enc.ids), list(enc.tokens)
