@@ -39,7 +39,7 @@ from typing import Callable
 import streamlit as st
 import torch
 
-from attnviz.analysis import importance
+from attnviz.analysis import head_ablation, importance
 from attnviz.analysis.pruning import decode_mask, encode_mask
 from attnviz.base import names
 from attnviz.ui.common import plain
@@ -275,3 +275,17 @@ def applied_mask(cfg, page: str, model_key: str = "") -> torch.Tensor:
 def set_applied(cfg, page: str, keep, model_key: str = ""):
     """Set grid and applied mask at once (a preset computed by the page, e.g. from a file)."""
     Editor(cfg, page, model_key).set_mask(keep)
+
+
+def ablation_choice(key: str, mean_over: str, note: str = "") -> str:
+    """How a heads-off view removes a switched-off head: "zero" or "mean" (its mean output over
+    `mean_over` with every head on). One radio for every page that offers both."""
+    return st.radio("Heads switched off are removed by", head_ablation.MODES, key=key, horizontal=True,
+                    format_func=lambda m: f"{m} ablation",
+                    help=f"zero: a head off outputs 0 (what pruning does); mean: it outputs its mean over "
+                         f"{mean_over}, every head on.{note}")
+
+
+def mask_key(mask, fill=None) -> bytes:
+    """The bytes a cached result of a head mask (and a mean ablation's fill) is keyed on."""
+    return (b"" if mask is None else mask.numpy().tobytes()) + (b"" if fill is None else fill.numpy().tobytes())

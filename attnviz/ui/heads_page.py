@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.analysis import head_ablation, effects, importance, pruning
+from attnviz.analysis import effects, head_ablation, importance, pruning
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import head_figures
 from attnviz.ui import common
 from attnviz.weights.catalogue import list_models
-from attnviz.ui.head_editor import applied_mask, head_editor, metric_delta
+from attnviz.ui.head_editor import ablation_choice, applied_mask, head_editor, metric_delta
 from attnviz.ui.heads_tools import tools
 from attnviz.ui.readouts_page import head_means
 
@@ -256,10 +256,8 @@ def page():
                     if view.lm else "The cat sits on the mat.")
     view.text = st.text_area("Text", default_text, key=K(f"text:{'lm' if view.lm else 'enc'}"), height=80,
                              max_chars=LIMITS.max_text_chars)
-    view.ablation = st.radio("Heads switched off are removed by", head_ablation.MODES, key=K("ablation"),
-                             horizontal=True, format_func=lambda m: f"{m} ablation",
-                             help="zero: a head off outputs 0 (what pruning does); mean: it outputs its mean over "
-                                  "the evaluation text. Used by the live effect, importance and pruning curves.")
+    view.ablation = ablation_choice(K("ablation"), "the evaluation text",
+                                    " Used by the live effect, importance and pruning curves.")
     stored = st.session_state.get(K(f"imp:{view.mkey}"))
     scores = None if stored is None else stored[0].ranking(st.session_state.get(K("imp_norm"), True))
     head_editor(model.cfg, PAGE, scores, model_key=view.mkey, effect=view.live, link=True,

@@ -17,7 +17,7 @@ from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS, sizes
 from attnviz.figures import speech_figures
 from attnviz.ui.common import plain, shared_model, sidebar_nav, view_choice
-from attnviz.ui.head_editor import head_editor
+from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
 from attnviz.ui.translate_page import diff_markdown
 
 PAGE = "speech"
@@ -89,10 +89,9 @@ def _means(model_key: str, digest: str, _model, _tr):
 def transcript(model, data: bytes, mask=None, fill=None):
     """The (cached) transcript, or None after showing the error."""
     digest = hashlib.sha256(data).hexdigest()
-    mask_key = (b"" if mask is None else mask.numpy().tobytes()) + (b"" if fill is None else fill.numpy().tobytes())
     try:
         with st.spinner("Transcribing…"):
-            return _transcribed(model.info.key, digest, mask_key, model, data, mask, fill)
+            return _transcribed(model.info.key, digest, mask_key(mask, fill), model, data, mask, fill)
     except ValueError as err:
         st.error(plain(str(err)))
         return None
@@ -189,10 +188,7 @@ def heads_off(model, data: bytes, tr):
     for l, h in model.alignment_heads:
         marked[l, h] = 1.0
     st.caption("Cross-attention heads of the decoder. Coloured: the alignment heads (1) and the rest (0).")
-    mode = st.radio("Heads switched off are removed by", head_ablation.MODES, key=key("ablation"), horizontal=True,
-                    format_func=lambda m: f"{m} ablation",
-                    help="zero: the head's output is zeroed before the output projection; mean: it is "
-                         "replaced by its mean over this clip's transcript with every head on.")
+    mode = ablation_choice(key("ablation"), "this clip's transcript")
 
     def effect(keep):
         if bool(keep.all()):

@@ -10,14 +10,14 @@ import numpy as np
 import streamlit as st
 import torch
 
-from attnviz.analysis import head_ablation, alignment
+from attnviz.analysis import alignment, head_ablation
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
 from attnviz.core.translator import Seq2SeqModel
 from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
-from attnviz.ui.head_editor import head_editor
+from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
 from attnviz.weights.catalogue import list_models
 
 PAGE = "translate"
@@ -94,15 +94,11 @@ def _means(model_key: str, text: str, beam: int, _model, _tr):
     return _model.head_means(_tr.source_ids, _tr.target_ids)["cross"]
 
 
-def _mask_key(mask, fill=None) -> bytes:
-    return (b"" if mask is None else mask.numpy().tobytes()) + (b"" if fill is None else fill.numpy().tobytes())
-
-
 def translation(model, text: str, beam: int, mask=None):
     """The (cached) translation, or None after showing the error."""
     try:
         with st.spinner("Translating…"):
-            return _translated(model.info.key, text, beam, _mask_key(mask), model, mask)
+            return _translated(model.info.key, text, beam, mask_key(mask), model, mask)
     except ValueError as err:
         st.error(plain(str(err)))
         return None
@@ -234,11 +230,8 @@ def heads_off(model, text: str, beam: int, tr):
     c = model.cfg
     st.caption("Switch cross-attention heads off (a layer box switches the whole layer), then Apply: the "
                "sentence is translated again.")
-    mode = st.radio("Heads switched off are removed by", head_ablation.MODES, key=key("ablation"), horizontal=True,
-                    format_func=lambda m: f"{m} ablation",
-                    help="zero: the head's output is zeroed before the output projection; mean: it is "
-                         "replaced by its mean over this sentence's translation with every head on, which "
-                         "keeps the head's average signal and removes only what depends on the position.")
+    mode = ablation_choice(key("ablation"), "this sentence's translation",
+                           " Mean keeps the head's average signal and removes only what depends on the position.")
     head_editor(CrossShape(c.n_dec_layers, c.n_heads), PAGE, model_key=model.info.key,
                 effect=lambda keep: masked_effect(model, text, beam, tr, keep, mode))
 
@@ -249,7 +242,7 @@ def masked_effect(model, text: str, beam: int, tr, keep: torch.Tensor, mode: str
         return lambda: st.info("Every head is on: switch some off in the grid (e.g. the layer 1 box), then Apply.")
     try:
         fill = None if mode == "zero" else head_ablation.fill(keep, mode, _means(model.info.key, text, beam, model, tr))
-        mk = _mask_key(keep, fill)
+        mk = mask_key(keep, fill)
         masked = _translated(model.info.key, text, beam, mk, model, keep, fill)
         same_text = _traced(model.info.key, text, tuple(tr.target_ids.tolist()), mk, model, keep, fill)
     except ValueError as err:
