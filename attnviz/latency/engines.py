@@ -9,8 +9,9 @@ one to the device's `costmodel.DeviceProfile`; `predict(..., profile)` does the 
 
 Each fit stands for the engine release its published runs ran (`release`, `years`; `releases()` lists
 them, and the Latency page shows the list): engines get faster between releases (newer whisper.cpp
-code can encode Whisper well below what the 2022 code behind the pi4 ggml fp16 fit predicts), so `engine@YEAR` (e.g. `ggml@2024`) asks for the profile of that year's release and a year
-no published run covers is refused rather than extrapolated. No published, citable 2025 Pi run has
+code can encode Whisper well below what the 2022 code behind the pi4 ggml fp16 fit predicts), so
+`engine@YEAR` (e.g. `ggml@2024`) asks for the profile of that year's release and a year no
+published run covers is refused rather than extrapolated. No published, citable 2025 Pi run has
 been found yet to fit a 2025 ggml profile.
 
 Every figure is fitted to published runs, listed with their sources in `latency.published`
