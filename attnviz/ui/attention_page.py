@@ -18,8 +18,9 @@ from attnviz.ui.attention_views import PAGE, Shown, key
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 # Find heads opens on a pair a real head shows: the pronoun and the noun it refers to (the Lab's
-# step-by-step opens on the same pair's head).
-DEFAULT_PAIR = REFERENT
+# step-by-step opens on the same pair's head), in English or in the Chinese samples; a noun split
+# over several tokens is keyed on the token that completes it (SmolLM2's 果 of 苹果).
+DEFAULT_PAIRS = (REFERENT, ("它", "苹果"), ("它", "花瓶"), ("它", "动物"), ("它", "奖杯"))
 OWN = "(your own text)"
 
 
@@ -143,13 +144,22 @@ def word(token: str) -> str:
 
 
 def default_pair(cap: TextCapture, content: list[int]) -> tuple[int, int]:
-    """Find heads' (query, key) window positions: the last "it" and the "animal" before it when
-    the text has them (the default text does), else the last and the first content token."""
-    words = [word(cap.tokens[cap.start + i]) for i in range(cap.size)]
-    pronoun, noun = DEFAULT_PAIR
-    queries = [i for i in content if words[i] == pronoun]
-    keys = [i for i in content if words[i] == noun and queries and i < queries[-1]]
-    return (queries[-1], keys[-1]) if keys else (content[-1], content[0])
+    """Find heads' (query, key) window positions: the last pronoun of DEFAULT_PAIRS and the last
+    token before it that completes its noun (a whole-token word, else spelled across tokens), for the first pair the text has (the default text
+    has "it" and "animal"), else the last and the first content token."""
+    window = [cap.tokens[cap.start + i] for i in range(cap.size)]
+    words = [word(t) for t in window]
+    for pronoun, noun in DEFAULT_PAIRS:
+        queries = [i for i in content if words[i] == pronoun]
+        if not queries:
+            continue
+        # a whole-token word first ("animal", not the "animal" inside "animals"), else the noun
+        # as the labels spell it across tokens (苹果)
+        ends = [i for i in content if words[i] == noun] or tokens.spelled_ends(window, noun)
+        keys = [i for i in ends if i in content and i < queries[-1]]
+        if keys:
+            return queries[-1], keys[-1]
+    return content[-1], content[0]
 
 
 def pick_head(picked_key: str, picked: tuple[int, int] | None):
