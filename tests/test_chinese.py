@@ -7,8 +7,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from attnviz.analysis import stats
-from attnviz.core.tokens import PARTIAL, SPACE, completed, labels, show, spelled_ends
+from attnviz.core.tokens import (PARTIAL, SPACE, completed, labels, main_script, show, spelled_ends,
+                                  vocabulary_warning)
 from attnviz.ui import common
+from attnviz.weights import catalogue
 from tests.test_page_attention import PAGE, PICKER, _rank_table, _run, _view
 
 APPLE = "我吃了一个苹果，它很甜"
@@ -111,3 +113,40 @@ def test_find_heads_opens_on_ta_and_pingguo_on_smollm2(smollm2_page):
     _sample(at, VASE)
     q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
     assert q.options[q.index].endswith(": 它") and k.options[k.index].endswith(": 瓶")
+
+
+def test_minilm_warning_names_the_bundled_model_that_reads_chinese():
+    """MiniLM reads most of 苹果 as [UNK]; its warning did not say which bundled model reads
+    Chinese. It names the ones the catalogue lists for the text's script (SmolLM2)."""
+    at = _sample(_run(AppTest.from_file(PAGE, default_timeout=180)), APPLE)
+    assert at.selectbox(key=PICKER).value == "minilm"
+    warning = [w.value.replace("\\", "") for w in at.warning if "vocabulary" in w.value]
+    assert len(warning) == 1 and "[UNK]" in warning[0]
+    assert "smollm2 (its byte-level tokenizer spells every character in UTF-8 bytes) reads " \
+           "Chinese characters with no [UNK]" in warning[0]
+    assert catalogue.text_readers(main_script(APPLE)) == ["smollm2"]
+    # English text outside nothing: no note; Cyrillic on MiniLM names SmolLM2 for that script
+    at = _sample(at, "The animal didn't cross the street because it was too tired.")
+    assert not any("vocabulary" in w.value for w in at.warning)
+    at.text_area(key="attention.text_input").input("Привет, как дела? Это тестовое предложение.")
+    at.button[0].click()
+    warning = [w.value.replace("\\", "") for w in _run(at).warning if "vocabulary" in w.value]
+    assert warning and "reads Cyrillic script with no [UNK]" in warning[0]
+
+
+def test_main_script_and_text_readers():
+    assert main_script(APPLE) == "Han" and main_script("Привет мир") == "Cyrillic"
+    assert main_script("hello 🍕 ｗｏｒｌｄ") == "Latin" and main_script("🍕 123") is None
+    assert main_script("ひらがな") == "Kana" and main_script("한국어") == "Hangul"
+    assert catalogue.text_readers("Latin") == ["minilm", "smollm2"]
+    assert catalogue.text_readers(None) == []
+    # only text models: the vision, translation and speech entries are never named
+    assert set(catalogue.text_readers("Han")) <= {k for k, s in catalogue.BUNDLED.items()
+                                                  if s["task"] in ("encoder", "lm")}
+
+
+def test_smollm2_warning_on_chinese_says_characters_are_labelled_and_nothing_is_unknown():
+    tokenizer = common.shared_model("smollm2").tokenizer
+    warning = vocabulary_warning(tokenizer, APPLE, "smollm2")
+    assert "split into the bytes of each character" in warning and "[UNK]" not in warning
+    assert "labelled on the token that completes it" in warning

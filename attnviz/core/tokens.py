@@ -11,6 +11,7 @@ import bisect
 import codecs
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -249,6 +250,22 @@ def vocabulary_coverage(tokenizer, text: str, max_chars: int = COVERAGE_MAX_CHAR
                     spelled_out=spelled_out, unknown=unknown, examples=tuple(examples))
 
 
+# Unicode names a script's letters by a first word that is not the script's usual name.
+_SCRIPT_OF_NAME = {"CJK": "Han", "HIRAGANA": "Kana", "KATAKANA": "Kana", "HANGUL": "Hangul",
+                   "FULLWIDTH": "Latin"}
+SCRIPT_WORDS = {"Han": "Chinese characters", "Kana": "Japanese kana", "Hangul": "Korean Hangul"}
+
+
+def main_script(text: str, max_chars: int = COVERAGE_MAX_CHARS) -> str | None:
+    """The script most of the text's letters are written in ("Latin", "Han", "Cyrillic", ...),
+    from the first word of each letter's Unicode name; None when the text has no letters."""
+    counts: Counter[str] = Counter()
+    for ch in text[:max_chars]:
+        if ch.isalpha() and (first := unicodedata.name(ch, "").split(" ")[0]):
+            counts[_SCRIPT_OF_NAME.get(first, first.title())] += 1
+    return counts.most_common(1)[0][0] if counts else None
+
+
 def vocabulary_warning(tokenizer, text: str, model_name: str = "this model") -> str | None:
     """A sentence for the page when most of ``text`` is outside the vocabulary, else None."""
     coverage = vocabulary_coverage(tokenizer, text)
@@ -257,9 +274,15 @@ def vocabulary_warning(tokenizer, text: str, model_name: str = "this model") -> 
     shown = ", ".join(f"“{show(e)}”" for e in coverage.examples)
     # A byte-level tokenizer has no [UNK]: what it cannot spell with its vocabulary it splits into
     # the UTF-8 bytes of each character.
-    how = ("are split into the bytes of each character or into pieces" if
-           tokenizer_kind(tokenizer) == "bytelevel" else "become [UNK] tokens or words spelled out in pieces")
+    bytelevel = tokenizer_kind(tokenizer) == "bytelevel"
+    how = ("are split into the bytes of each character or into pieces" if bytelevel
+           else "become [UNK] tokens or words spelled out in pieces")
+    # Bytes lose nothing (its heads can still link the words: SmolLM2's 它 → 苹果); [UNK] does.
+    then = ("Each character is labelled on the token that completes it (its earlier pieces end "
+            f"in “{PARTIAL}”); the model sees every byte, so its heads can still link words, but a "
+            "model trained on this language would read them as whole tokens." if bytelevel else
+            "Its attention patterns say little about how the model reads words; a model trained "
+            "on this language would.")
     return (f"Most of this text is outside {model_name}'s vocabulary: {coverage.share:.0%} of its "
-            f"letters {how} of under "
-            f"{FRAGMENT_MAX_CHARS_PER_TOKEN:g} characters (e.g. {shown}). Its attention patterns "
-            "say little about how the model reads words; a model trained on this language would.")
+            f"letters {how} of under {FRAGMENT_MAX_CHARS_PER_TOKEN:g} characters (e.g. {shown}). "
+            + then)

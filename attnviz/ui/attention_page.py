@@ -15,6 +15,7 @@ from attnviz.ui import attention_views
 from attnviz.ui import common
 from attnviz.ui import job_controls
 from attnviz.ui.attention_views import PAGE, Shown, key
+from attnviz.weights import catalogue
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 # Find heads opens on a pair a real head shows: the pronoun and the noun it refers to (the Lab's
@@ -55,6 +56,22 @@ def capture(model, model_id: str, text: str, start: int) -> TextCapture:
 @st.cache_data(max_entries=16, show_spinner=False)
 def vocabulary_warning(model_id: str, text: str, _model) -> str | None:
     return tokens.vocabulary_warning(_model.tokenizer, text, _model.info.key)
+
+
+def readers_note(model, text: str) -> str:
+    """For a model that loses this text to [UNK]: the bundled models that read its script."""
+    if tokens.tokenizer_kind(model.tokenizer) == "bytelevel":
+        return ""
+    script = tokens.main_script(text)
+    others = [k for k in catalogue.text_readers(script) if k != model.info.key]
+    if not others:
+        return ""
+    words = tokens.SCRIPT_WORDS.get(script, f"{script} script")
+    how = [f"{k} (its byte-level tokenizer spells every character in UTF-8 bytes)"
+           if "*" in catalogue.BUNDLED[k]["scripts"] else k for k in others]
+    return (f" Of the bundled models, {' and '.join(how)} read{'s' if len(others) == 1 else ''} "
+            f"{words} with no [UNK]: choose {'it' if len(others) == 1 else 'one'} in the sidebar's "
+            "Model picker.")
 
 
 def use_sample():
@@ -104,7 +121,7 @@ def notes(model, model_id: str, cap: TextCapture):
     if (cut := truncation_message(cap, model.cfg.max_positions)):
         st.warning(cut)
     if model.tokenizer is not None and (oov := vocabulary_warning(model_id, ss[key("text")], model)):
-        st.warning(common.plain(oov))
+        st.warning(common.plain(oov + readers_note(model, ss[key("text")])))
     if not cap.full:
         st.info(f"{cap.n:,} tokens. The overview pools the whole text; the detail views, "
                 f"statistics and rollout use the {cap.size} tokens from position {cap.start} (rows "

