@@ -83,6 +83,23 @@ def _token_caption(at) -> str:
     return next(c.value for c in at.caption if " tokens: " in c.value)
 
 
+@pytest.mark.parametrize("model_key", catalogue.text_readers("Han"))
+def test_the_apple_sentence_shows_as_characters_on_every_text_model_that_reads_chinese(model_key):
+    at = _run(AppTest.from_file(PAGE, default_timeout=300))
+    at.selectbox(key=PICKER).set_value(model_key)
+    at = _sample(_run(at), APPLE)
+    shown = _token_caption(at).split(" tokens: ", 1)[1].replace("\\", "").split(" · ")
+    assert not any(set(t) & set("�ÃèåæäçéïÂ") for t in shown), shown    # no byte garbage
+    assert "".join(completed(t) for t in shown if t not in ("&lt;s&gt;", "&lt;/s&gt;")).lstrip(SPACE) \
+        .replace(",", "，") == APPLE                         # e5-small: NFKC makes ， a ,
+    assert "苹果" in shown or ["苹", "果"] == [t for t in shown if t in ("苹", "果")]
+    assert not any("vocabulary" in w.value and "[UNK]" in w.value for w in at.warning)
+    at = _view(at, "Find heads")
+    q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
+    assert q.options[q.index].endswith(": 它") and k.options[k.index].endswith(("苹果", ": 果"))
+    assert _rank_table(at).iloc[0]["weight"] > 0.4       # e5-small: layer 11, head 11 at 0.60
+
+
 @pytest.mark.parametrize("text", [APPLE, VASE, LOVE])
 def test_the_chinese_samples_show_characters_on_smollm2(smollm2_page, text):
     """SmolLM2's byte pieces of 苹果 were shown as bytes; now as the characters they spell."""
@@ -122,23 +139,24 @@ def test_minilm_warning_names_the_bundled_model_that_reads_chinese():
     assert at.selectbox(key=PICKER).value == "minilm"
     warning = [w.value.replace("\\", "") for w in at.warning if "vocabulary" in w.value]
     assert len(warning) == 1 and "[UNK]" in warning[0]
-    assert "smollm2 (its byte-level tokenizer spells every character in UTF-8 bytes) reads " \
-           "Chinese characters with no [UNK]" in warning[0]
-    assert catalogue.text_readers(main_script(APPLE)) == ["smollm2"]
+    assert "Of the bundled models, e5-small and smollm2 (its byte-level tokenizer spells every " \
+           "character in UTF-8 bytes) read Chinese characters with no [UNK]: choose one" in warning[0]
+    assert catalogue.text_readers(main_script(APPLE)) == ["smollm2", "e5-small"]
     # English text outside nothing: no note; Cyrillic on MiniLM names SmolLM2 for that script
     at = _sample(at, "The animal didn't cross the street because it was too tired.")
     assert not any("vocabulary" in w.value for w in at.warning)
     at.text_area(key="attention.text_input").input("Привет, как дела? Это тестовое предложение.")
     at.button[0].click()
     warning = [w.value.replace("\\", "") for w in _run(at).warning if "vocabulary" in w.value]
-    assert warning and "reads Cyrillic script with no [UNK]" in warning[0]
+    assert warning and "read Cyrillic script with no [UNK]" in warning[0]
 
 
 def test_main_script_and_text_readers():
     assert main_script(APPLE) == "Han" and main_script("Привет мир") == "Cyrillic"
     assert main_script("hello 🍕 ｗｏｒｌｄ") == "Latin" and main_script("🍕 123") is None
     assert main_script("ひらがな") == "Kana" and main_script("한국어") == "Hangul"
-    assert catalogue.text_readers("Latin") == ["minilm", "smollm2"]
+    assert catalogue.text_readers("Latin") == ["minilm", "smollm2", "e5-small"]
+    assert catalogue.text_readers("Ethiopic") == ["smollm2"]       # byte-level: any script
     assert catalogue.text_readers(None) == []
     # only text models: the vision, translation and speech entries are never named
     assert set(catalogue.text_readers("Han")) <= {k for k, s in catalogue.BUNDLED.items()

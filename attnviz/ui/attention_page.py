@@ -63,7 +63,9 @@ def readers_note(model, text: str) -> str:
     if tokens.tokenizer_kind(model.tokenizer) == "bytelevel":
         return ""
     script = tokens.main_script(text)
-    others = [k for k in catalogue.text_readers(script) if k != model.info.key]
+    # models whose vocabulary has the script before those that spell it in bytes
+    others = sorted((k for k in catalogue.text_readers(script) if k != model.info.key),
+                    key=lambda k: "*" in catalogue.BUNDLED[k]["scripts"])
     if not others:
         return ""
     words = tokens.SCRIPT_WORDS.get(script, f"{script} script")
