@@ -79,7 +79,7 @@ def test_attentions_and_hidden_states_match_transformers(e5, reference):
         att = torch.stack(out.attentions)[:, 0]
         worst_att = max(worst_att, float((tr.attentions - att).abs().max()))
         worst_hidden = max(worst_hidden, float((tr.hidden - out.last_hidden_state[0]).abs().max()))
-    assert worst_att < 1e-5 and worst_hidden < 1e-4, (worst_att, worst_hidden)
+    assert worst_att < 1e-5 and worst_hidden < 1e-5, (worst_att, worst_hidden)    # measured: 4.6e-6, 2.2e-6
 
 
 def test_sentence_embeddings_agree_with_the_package_engine(e5):
@@ -98,4 +98,4 @@ def test_sentence_embeddings_agree_with_the_package_engine(e5):
         cosines.append(float(mine @ other))
         counts.append(engine.token_count(text) == tr.n)
     assert all(counts), [t for t, ok in zip(SENTENCES, counts) if not ok]
-    assert min(cosines) > 0.98, min(cosines)
+    assert min(cosines) > 0.999, min(cosines)     # measured: 0.99985 at worst, 0.99992 on average
