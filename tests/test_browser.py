@@ -198,3 +198,30 @@ def test_sidebar_links_start_with_home_and_lead_to_every_page(page, server):
     expect(page.get_by_text("Bundled models").first).to_be_visible()
     assert_no_errors(page)
     page.screenshot(path=str(ARTIFACTS / "sidebar-links.png"))
+
+
+def choose(page, label: str, option: str):
+    """Pick `option` in the selectbox labelled `label` (typing filters Streamlit's list)."""
+    box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label).first
+    box.click()
+    box.locator("input").fill(option)
+    page.get_by_role("option", name=option, exact=True).first.click()
+    wait_idle(page)
+
+
+def test_chinese_sample_minilm_names_the_readers_then_smollm2_shows_characters(page, server):
+    """MiniLM's warning on Chinese did not say which bundled model reads it; on SmolLM2 the
+    sample reads as characters and Find heads opens on 它 → 苹果 (its completing token 果)."""
+    open_page(page, server, "Attention")
+    choose(page, "Sample sentences", "我吃了一个苹果，它很甜")
+    warning = page.locator('[data-testid="stAlertContentWarning"]').filter(has_text="vocabulary")
+    expect(warning).to_contain_text("e5-small and smollm2")
+    expect(warning).to_contain_text("read Chinese characters with no [UNK]")
+    page.screenshot(path=str(ARTIFACTS / "chinese-minilm.png"))
+    choose(page, "Model", "smollm2 (llama)")
+    expect(page.get_by_text("苹… · 苹… · 苹 · 果", exact=False).first).to_be_visible()
+    page.get_by_text("Find heads", exact=True).click()
+    wait_idle(page)
+    expect(page.get_by_text("Top heads: 它 → 果", exact=False).first).to_be_attached()
+    assert_no_errors(page)
+    page.screenshot(path=str(ARTIFACTS / "chinese-smollm2.png"))

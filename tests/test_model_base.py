@@ -12,8 +12,8 @@ import torch
 import attnviz
 from attnviz.core import base_model, model, seq2seq, speech_model, transformer, translator, translation_parts
 
-KEYS = ("minilm", "smollm2", "dinov2", "en-pt", "whisper-tiny-en")
-TEXT_KEYS = ("minilm", "smollm2", "en-pt")       # the kinds that read text and token ids
+KEYS = ("minilm", "smollm2", "e5-small", "dinov2", "en-pt", "whisper-tiny-en")
+TEXT_KEYS = ("minilm", "smollm2", "e5-small", "en-pt")     # the kinds that read text and token ids
 TONE = (0.1 * np.sin(2 * np.pi * 440 * np.arange(16_000) / 16_000)).astype(np.float32)   # 1 s at 440 Hz
 
 

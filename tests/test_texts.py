@@ -22,9 +22,10 @@ def test_eval_text_paragraphs_are_separated_by_one_blank_line():
 
 def test_seed_sentences():
     sentences = seed_sentences()
-    assert len(sentences) == 22
+    assert len(sentences) == 25
     assert "The animal didn't cross the street because it was too tired." in sentences
     assert "动物没有过马路，因为它太累了。" in sentences
+    assert {"我吃了一个苹果，它很甜", "他打碎了花瓶，然后把它粘好了", "I love you. In Chinese: 我爱你"} <= set(sentences)
     assert "The capital of France is" in sentences
     assert any("🚀" in s for s in sentences)
     assert not any(s.startswith("#") or not s.strip() for s in sentences)
@@ -32,4 +33,4 @@ def test_seed_sentences():
 
 def test_seed_sentences_returns_a_fresh_list():
     seed_sentences().clear()
-    assert len(seed_sentences()) == 22
+    assert len(seed_sentences()) == 25

