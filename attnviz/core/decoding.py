@@ -84,6 +84,7 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
     check = vocab is None and masks.get("shortlist") is not None
     scored = masks["shortlist"] if check else vocab
     buf = torch.empty(len(net.decoder), self.cfg.n_heads, n_max, S) if attentions else None
+    pieces = None if scored is None else scored[0].tolist()   # column -> token id, once per sentence
     ids, cols, hidden, logit_rows, carries = [], [], [], [], []
     t, done, stopped = 0, 0, "max_tokens"   # done: steps checked against the whole vocabulary
     while True:
@@ -98,7 +99,7 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
             logit_rows.append(logits)
             best = logits.argmax()
             cols.append(best)
-            ids.append(int(best if scored is None else scored[0][best]))
+            ids.append(int(best) if pieces is None else pieces[int(best)])
             t += 1
             if ids[-1] == eos or deadline.expired():
                 stopped = "eos" if ids[-1] == eos else "deadline"
