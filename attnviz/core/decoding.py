@@ -86,7 +86,7 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
     buf = torch.empty(len(net.decoder), self.cfg.n_heads, n_max, S) if attentions else None
     pieces = None if scored is None else scored[0].tolist()   # column -> token id, once per sentence
     ids, cols, hidden, logit_rows, carries = [], [], [], [], []
-    t, done, stopped = 0, 0, "max_tokens"   # done: steps checked against the whole vocabulary
+    t, done, stopped, full = 0, 0, "max_tokens", None   # done: steps checked against the whole vocabulary
     while True:
         while t < n_max:
             feed = self._start_ids() if t == 0 else torch.tensor([[ids[t - 1]]])
