@@ -181,9 +181,10 @@ class Seq2SeqModel(BaseModel):
             memory, enc_att = self._encode(src, masks, attentions)  # short: the deadline stops decoding
             if beam == 1:
                 out = self._greedy(memory, masks, n_max, deadline, attentions, cache)
-            else:
-                ids, stopped = self._beam(memory, masks, beam, n_max, deadline)
-                out = replace(self._teacher(memory, masks, ids, attentions), stopped=stopped)
+            else:  # the beam and the teacher-forced pass share the encoder K/V, computed once
+                start = self.net.start(memory)
+                ids, stopped = self._beam(memory, masks, beam, n_max, deadline, start)
+                out = replace(self._teacher(memory, masks, ids, attentions, start), stopped=stopped)
         return self._result(src, labels, cut, out, enc_att, n_max, beam)
 
     def trace(self, source, head_mask=None, *, target=None, encoder_head_mask=None,
