@@ -5,7 +5,7 @@ Both get the same log-mel features of the bundled clip (attnviz/data/audio/hello
 every step's cross-attention kept, the teacher-forced pass for word timing); ctranslate2's is
 log-mel + `Whisper.generate` (greedy, float32) on as many threads as torch uses. The two alternate
 which goes first; prints the medians, the median of the per-pair ratios ours / ctranslate2 (goal
-<= 3x), and where our time goes (encoder, decoding, word timing). Timings on a shared machine are
+<= 1.1x: ours also captures every step's cross-attention and times the words), and where our time goes (encoder, decoding, word timing). Timings on a shared machine are
 noisy: the ratio of alternated pairs is what counts.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ def main():
         ratios.append(a / b)
     a, b = statistics.median(a_times), statistics.median(b_times)
     print(f"  ours (cross-attention captured, word timing): {a:6.2f} s   ctranslate2: {b:6.2f} s   "
-          f"ratio (median of {args.rounds} alternated pairs): {statistics.median(ratios):.2f}x (goal <= 3x)")
+          f"ratio (median of {args.rounds} alternated pairs): {statistics.median(ratios):.2f}x (goal <= 1.1x)")
 
     # where our time goes: one more run split into its parts
     heard = read_audio(data)
@@ -86,7 +86,8 @@ def main():
         dec = measure(lambda: out.update(r=model._greedy(memory, masks, 440, Deadline(None), True, True)),
                       repeats=3, warmup=0).median
         ids = out["r"].ids.tolist()
-        words = measure(lambda: model._words(memory, masks, ids, len(heard.samples) // 320), repeats=3,
+        start = model.net.start(memory)  # as transcribe: the encoder K/V shared with the decoding
+        words = measure(lambda: model._words(memory, masks, ids, len(heard.samples) // 320, start), repeats=3,
                         warmup=0).median
     print(f"  ours in parts: encoder {enc:.2f} s, greedy decoding {dec:.2f} s ({1000 * dec / len(ids):.0f} ms/token), "
           f"word timing {words:.2f} s")

@@ -6,10 +6,13 @@ ratios ours / native, for the default whole-vocabulary greedy decoding (exactly 
 32,000 pieces: each step scores the lexical shortlist, ~250 pieces, and one batched product over the
 whole vocabulary after the loop checks every step, resuming where it differs; so the 256 x 32,000
 float32 output matrix is read once per sentence, not once per token) and for `shortlist=True` (the
-shortlist only, as the native engine scores it). Goal: <= 2x. The native engine is a compiled Marian
-reimplementation with int8 GEMMs; our steps are float32 one-row products (two decoder layers, ~8 MB
-of weights read per token) with cross-attention written into the result, and the encoder is the
-project's generic post-norm block. `--parts` also prints our encoder / decoder split. Timings on a
+shortlist only, as the native engine scores it). Goal: <= 1.5x (whole vocabulary) and <= 1.2x
+(shortlist). The native engine is a compiled Marian reimplementation with int8 GEMMs; our steps are
+float32 one-row products (two decoder layers, ~8 MB of weights read per token) with cross-attention
+written into the result, and the encoder is the project's generic post-norm block: per sentence we
+read ~25 MB of encoder weights, ~8 MB a token, and for the whole vocabulary's check the 32 MB output
+matrix once, about four times the bytes of the int8 engine; on one core that reading is most of our
+time. `--parts` also prints our encoder / decoder split. Timings on a
 shared machine are noisy (and torch's thread pool suffers most when the cores are oversubscribed:
 try --threads 1); the ratio is what counts.
 """
@@ -77,10 +80,10 @@ def main():
                     ours.append(a)
                     theirs.append(b)
                     ratios.append(a / b)
-            what = "shortlist only" if shortlist else "whole vocabulary"
+            what, goal = ("shortlist only", 1.2) if shortlist else ("whole vocabulary", 1.5)
             print(f"  ours, greedy, cross-attention captured, {what}: {1000 * statistics.median(ours):7.1f} ms/sentence; "
                   f"native {1000 * statistics.median(theirs):6.1f} ms; ratio (median of pairs) "
-                  f"{statistics.median(ratios):5.2f}x")
+                  f"{statistics.median(ratios):5.2f}x (goal <= {goal}x)")
         if args.parts:
             with torch.inference_mode():
                 enc = [timed(lambda: model.net.encode(model.source(s)[0][None], need_weights=True))

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from attnviz.analysis.stats import ROLES, head_stats, rank_heads, token_flow
-from attnviz.analysis import lab
+from attnviz.analysis import position_tables
 from attnviz.figures import lab_figures
 from attnviz.figures import render
 from attnviz.figures import attention_figures
@@ -305,7 +305,7 @@ def test_overview_figure_fits_its_tiles_and_has_a_colour_bar():
 
 def test_one_signed_matrix_scale_runs_to_zero_not_past_it():
     """ALiBi's biases are all <= 0 but the scale ran to +25."""
-    alibi = lab.alibi_table(32, 8)[0]
+    alibi = position_tables.alibi_table(32, 8)[0]
     trace = as_json(lab_figures.matrix_figure(alibi))["data"][0]
     assert trace["zmax"] == 0 and trace["zmin"] < 0
 

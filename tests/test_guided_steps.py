@@ -11,7 +11,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import attnviz
-from attnviz.analysis import lab, guided_steps
+from attnviz.analysis import guided_steps, head_recompute
 from attnviz.figures import step_figures
 from attnviz.weights.catalogue import random_model
 from tests.tiny import BERT, LLAMA
@@ -26,7 +26,7 @@ def result(request):
     """A causal GQA rotary Llama and a bidirectional BERT, one head's steps each."""
     m = random_model(LLAMA if request.param == "llama" else BERT, seed=3)
     tr = m.trace(IDS, states=True)
-    return lab.head_steps(m, tr, 1, 2)
+    return head_recompute.head_steps(m, tr, 1, 2)
 
 
 def test_guide_rows_are_head_steps_rows(result):
@@ -59,7 +59,7 @@ def test_sentences_quote_the_true_argmax_and_weight(result):
 def test_masks_are_named_and_get_exactly_zero():
     m = random_model(LLAMA, seed=3)
     tr = m.trace(IDS, states=True)
-    r = lab.head_steps(m, tr, 0, 1, hidden_keys=(1,))
+    r = head_recompute.head_steps(m, tr, 0, 1, hidden_keys=(1,))
     n = len(IDS)
     for q in (2, 6):                                           # causal: keys > q, and key 1 hidden
         walk = {g.key: g for g in guided_steps.guide(r, q)}
@@ -69,13 +69,13 @@ def test_masks_are_named_and_get_exactly_zero():
         assert torch.all(walk["softmax"].row[masked] == 0) and "masked keys get exactly 0" in walk["softmax"].sentence
         assert torch.all(torch.isneginf(walk["masked"].row[masked]))
     bert = random_model(BERT, seed=3)
-    walk = guided_steps.guide(lab.head_steps(bert, bert.trace(IDS, states=True), 0, 0), 3)
+    walk = guided_steps.guide(head_recompute.head_steps(bert, bert.trace(IDS, states=True), 0, 0), 3)
     assert walk[2].masked == [] and walk[2].sentence.startswith("Nothing is masked for")
 
 
 def test_temperature_is_named_in_the_scale_step():
     m = random_model(BERT, seed=3)
-    r = lab.head_steps(m, m.trace(IDS, states=True), 0, 0, temperature=2.0)
+    r = head_recompute.head_steps(m, m.trace(IDS, states=True), 0, 0, temperature=2.0)
     assert r.temperature == 2.0
     assert "divided by √8 = 2.83, then by the temperature 2:" in guided_steps.guide(r, 0)[1].sentence
 
@@ -102,7 +102,7 @@ def test_default_query_and_bad_query():
     assert guided_steps.default_query(["<s>", "▁hello", "▁world", ".", "</s>"]) == 2
     assert guided_steps.quoted(bert, 7) == "‘the’ at position 7" and guided_steps.quoted(bert, 2, 2) == "‘animal’ itself"
     m = random_model(BERT, seed=3)
-    r = lab.head_steps(m, m.trace(IDS, states=True), 0, 0)
+    r = head_recompute.head_steps(m, m.trace(IDS, states=True), 0, 0)
     with pytest.raises(ValueError, match="outside 0..9"):
         guided_steps.guide(r, 10)
 
@@ -185,7 +185,7 @@ def test_guided_mode_follows_one_token_one_step_at_a_time():
     assert at.radio(key="lab.steps_mode").value.startswith("Guided")     # guided is the default
     assert at.selectbox(key="lab.query").value == it and at.radio(key="lab.step").value == 0
     said = sentence(at)
-    scores = lab.head_steps(model, tr, 0, 0).steps["scores"].value[it]
+    scores = head_recompute.head_steps(model, tr, 0, 0).steps["scores"].value[it]
     j = int(scores.argmax())
     assert said.startswith("**Step 1 of 6 · Q·Kᵀ scores.**") and "Follow the row of ‘it’" in said
     assert f"{guided_steps.quoted(tr.tokens, j, it)} best ({scores[j]:.2f})" in said

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import transformers as tf
 
 import attnviz
-from attnviz.analysis import lab
+from attnviz.analysis import equivariance, head_recompute, position_tables, variant_fidelity
 from attnviz.core.attention import Variant
 
 VOCAB = 97
@@ -54,23 +54,23 @@ def ids(n=11, seed=1):
 
 # ---------------------------------------------------------------- step by step
 def test_recomputation_equals_captured_pattern_tiny(tiny):
-    assert lab.verify(tiny, ids()) < 1e-5
+    assert head_recompute.verify(tiny, ids()) < 1e-5
     tr = tiny.trace(ids(), states=True)
     for layer in range(tiny.cfg.n_layers):
         for head in range(tiny.cfg.n_heads):
-            r = lab.head_steps(tiny, tr, layer, head, check_output=head == 0)
+            r = head_recompute.head_steps(tiny, tr, layer, head, check_output=head == 0)
             assert torch.allclose(r.pattern, tr.attentions[layer, head], atol=1e-5) and not r.changed
-        assert lab.head_steps(tiny, tr, layer, 0).output_diff < 1e-5  # shares of W_O + b_O = output
+        assert head_recompute.head_steps(tiny, tr, layer, 0).output_diff < 1e-5  # shares of W_O + b_O = output
 
 
 def test_recomputation_equals_captured_pattern_minilm(minilm):
-    assert lab.verify(minilm, "The animal didn't cross the street because it was too tired.") < 1e-5
+    assert head_recompute.verify(minilm, "The animal didn't cross the street because it was too tired.") < 1e-5
 
 
 def test_steps_shapes_and_gqa(tiny):
     cfg = tiny.cfg
     tr = tiny.trace(ids(9), states=True)
-    r = lab.head_steps(tiny, tr, 1, 3)
+    r = head_recompute.head_steps(tiny, tr, 1, 3)
     s = r.steps
     n, d, dh = 9, cfg.d_model, cfg.d_head
     assert s["input"].shape == (n, d) and s["W_Q"].shape == (d, dh) and s["Q"].shape == (n, dh)
@@ -87,7 +87,7 @@ def test_steps_shapes_and_gqa(tiny):
 def test_temperature_matches_the_temperature_variant(tiny):
     tr = tiny.trace(ids(), states=True)
     hot = tiny.trace(ids(), variants={1: Variant("softmax", temperature=2.5)})
-    r = lab.head_steps(tiny, tr, 1, 2, temperature=2.5)
+    r = head_recompute.head_steps(tiny, tr, 1, 2, temperature=2.5)
     assert r.changed and r.max_abs_diff > 1e-4  # differs from what the unchanged model captured
     assert torch.allclose(r.pattern, hot.attentions[1, 2], atol=1e-5)
 
@@ -95,7 +95,7 @@ def test_temperature_matches_the_temperature_variant(tiny):
 def test_mask_toggles():
     m = tiny_hf("bert")
     tr = m.trace(ids(8), states=True)
-    r = lab.head_steps(m, tr, 0, 1, causal=True, hidden_keys=(3, 5))
+    r = head_recompute.head_steps(m, tr, 0, 1, causal=True, hidden_keys=(3, 5))
     A = r.pattern
     assert torch.all(A.triu(1) == 0) and torch.all(A[:, [3, 5]] == 0)
     assert torch.allclose(A.sum(-1), torch.ones(8))
@@ -106,25 +106,25 @@ def test_bad_input_messages():
     m = tiny_hf("gpt2")
     one = m.trace(ids(1), states=True)
     with pytest.raises(ValueError, match="at least two tokens"):
-        lab.head_steps(m, one, 0, 0)
+        head_recompute.head_steps(m, one, 0, 0)
     tr = m.trace(ids(), states=True)
     with pytest.raises(ValueError, match="head 12 is out of range.*0..3"):
-        lab.head_steps(m, tr, 0, 12)
+        head_recompute.head_steps(m, tr, 0, 12)
     with pytest.raises(ValueError, match="layer 5 is out of range"):
-        lab.head_steps(m, tr, 5, 0)
+        head_recompute.head_steps(m, tr, 5, 0)
     with pytest.raises(ValueError, match="states=True"):
-        lab.head_steps(m, m.trace(ids()), 0, 0)
+        head_recompute.head_steps(m, m.trace(ids()), 0, 0)
     with pytest.raises(ValueError, match="no key at all"):
-        lab.head_steps(m, tr, 0, 0, hidden_keys=(0,))  # causal: query 0 sees only key 0
+        head_recompute.head_steps(m, tr, 0, 0, hidden_keys=(0,))  # causal: query 0 sees only key 0
     pruned = m.prune(torch.tensor([[True, False, True, True], [True] * 4]))
     with pytest.raises(ValueError, match="pruned"):
-        lab.head_steps(pruned, pruned.trace(ids(), states=True), 0, 1)
+        head_recompute.head_steps(pruned, pruned.trace(ids(), states=True), 0, 1)
 
 
 # ---------------------------------------------------------------- positional encodings
 def test_sinusoidal_formula():
     n, d = 50, 16
-    pe = lab.sinusoidal_table(n, d)
+    pe = position_tables.sinusoidal_table(n, d)
     for p in (0, 7, 49):
         for i in range(d // 2):
             angle = p / 10000 ** (2 * i / d)
@@ -134,83 +134,83 @@ def test_sinusoidal_formula():
 
 def test_rope_similarity_depends_only_on_distance():
     n, dh, theta = 20, 8, 100.0
-    sim = lab.rope_similarity(n, dh, theta)
+    sim = position_tables.rope_similarity(n, dh, theta)
     freqs = [theta ** (-2 * i / dh) for i in range(dh // 2)]
     for i, j in ((0, 0), (3, 7), (12, 5), (19, 0)):
         expect = sum(math.cos((i - j) * f) for f in freqs) / len(freqs)
         assert sim[i, j].item() == pytest.approx(expect, abs=1e-5)
     assert torch.allclose(sim.diagonal(4), sim.diagonal(4)[0].expand(n - 4), atol=1e-5)
-    angles = lab.rope_angles(n, dh, theta)
+    angles = position_tables.rope_angles(n, dh, theta)
     assert angles.shape == (n, dh // 2)
     assert angles[5, 0].item() == pytest.approx(5.0 - 2 * math.pi, abs=1e-4)  # wrapped to [-pi, pi]
 
 
 def test_alibi_and_distance_helpers():
-    bias = lab.alibi_table(6, 8)
+    bias = position_tables.alibi_table(6, 8)
     slopes = torch.tensor([2.0 ** -(k + 1) for k in range(8)])
     assert torch.allclose(bias[:, 5, 2], -3 * slopes)
     assert torch.all(bias[:, 2, 5] == 0)  # causal: the future carries no bias (it is masked anyway)
-    assert torch.allclose(lab.by_distance(torch.eye(5)), torch.tensor([1.0, 0, 0, 0, 0]))
-    sim = lab.cosine_similarity(torch.randn(7, 4))
+    assert torch.allclose(position_tables.by_distance(torch.eye(5)), torch.tensor([1.0, 0, 0, 0, 0]))
+    sim = position_tables.cosine_similarity(torch.randn(7, 4))
     assert torch.allclose(sim.diagonal(), torch.ones(7), atol=1e-6)
 
 
 def test_learned_table_is_minilm_positions(minilm):
-    table = lab.learned_table(minilm)
+    table = position_tables.learned_table(minilm)
     assert table.shape == (512, 384)
     assert torch.equal(table, minilm.net.pos.weight)
-    assert lab.learned_table(tiny_hf("llama")) is None
+    assert position_tables.learned_table(tiny_hf("llama")) is None
 
 
 # ---------------------------------------------------------------- permutation equivariance
 def test_without_positions_shuffling_only_permutes_attention():
     m = tiny_hf("bert")
-    plain = lab.permutation_test(lab.without_positions(m), ids(10), seed=3)
+    plain = equivariance.permutation_test(equivariance.without_positions(m), ids(10), seed=3)
     assert sorted(plain.order) == list(range(10)) and plain.order != list(range(10))
     assert plain.max_diff < 1e-12 and plain.hidden_diff < 1e-12 and not plain.causal
-    with_pos = lab.permutation_test(m, ids(10), order=plain.order)
+    with_pos = equivariance.permutation_test(m, ids(10), order=plain.order)
     assert with_pos.max_diff > 1e-3
 
 
 def test_permutation_minilm_keeps_specials_in_place(minilm):
     text = "The cat chased the small mouse across the garden."
-    plain = lab.permutation_test(lab.without_positions(minilm), text)
+    plain = equivariance.permutation_test(equivariance.without_positions(minilm), text)
     assert plain.order[0] == 0 and plain.order[-1] == len(plain.order) - 1  # [CLS] ... [SEP]
     assert plain.max_diff < 1e-12
-    assert lab.permutation_test(minilm, text, order=plain.order).max_diff > 0.05
+    assert equivariance.permutation_test(minilm, text, order=plain.order).max_diff > 0.05
 
 
 def test_causal_mask_alone_breaks_equivariance():
-    m = lab.without_positions(tiny_hf("llama"))
-    r = lab.permutation_test(m, ids(), seed=1)
+    m = equivariance.without_positions(tiny_hf("llama"))
+    r = equivariance.permutation_test(m, ids(), seed=1)
     assert r.causal and r.max_diff > 1e-3
     with pytest.raises(ValueError, match="permutation"):
-        lab.permutation_test(m, ids(), order=[0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+        equivariance.permutation_test(m, ids(), order=[0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
 
 
 # ---------------------------------------------------------------- variants in a pretrained model
 def test_variant_fidelity_lm_metrics():
     m = tiny_hf("gpt2")
     x = ids(12).tolist()
-    same = lab.variant_fidelity(m, x, "local:64", repeats=1)  # a window over everything: softmax
+    same = variant_fidelity.variant_fidelity(m, x, "local:64", repeats=1)  # a window over everything: softmax
     assert same.kl == pytest.approx(0, abs=1e-6) and same.top1 == 1.0
     assert same.perplexity == pytest.approx(same.reference_perplexity, rel=1e-5)
     logits = m.trace(x, attentions=False).logits
     nll = F.cross_entropy(logits[:-1], torch.tensor(x[1:]))
     assert same.reference_perplexity == pytest.approx(math.exp(nll.item()), rel=1e-5)
-    changed = lab.variant_fidelity(m, x, {0: "linear", 1: "relu"}, repeats=1)
+    changed = variant_fidelity.variant_fidelity(m, x, {0: "linear", 1: "relu"}, repeats=1)
     assert changed.kl > 1e-6 and changed.perplexity != pytest.approx(changed.reference_perplexity, rel=1e-6)
     assert changed.seconds > 0 and changed.reference_seconds > 0 and changed.cosine is None
 
 
 def test_variant_fidelity_encoder_cosine(minilm):
     text = "Attention lets every token look at every other token."
-    same = lab.variant_fidelity(minilm, text, "local:512", repeats=1)
+    same = variant_fidelity.variant_fidelity(minilm, text, "local:512", repeats=1)
     assert same.cosine == pytest.approx(1.0, abs=1e-5) and same.kl is None
-    hot = lab.variant_fidelity(minilm, text, {i: "temp:3" for i in range(6)}, repeats=1)
+    hot = variant_fidelity.variant_fidelity(minilm, text, {i: "temp:3" for i in range(6)}, repeats=1)
     assert 0 < hot.cosine < 0.999
     with pytest.raises(ValueError, match="outside"):
-        lab.variant_fidelity(minilm, text, {9: "linear"})
+        variant_fidelity.variant_fidelity(minilm, text, {9: "linear"})
 
 
 def test_loss_figure_gives_loss_and_accuracy_their_own_axes():

@@ -43,13 +43,13 @@ def test_streamlit_upload_cap_agrees_with_limits():
 
 
 def test_lab_views_are_bounded_in_tokens():
-    from attnviz.analysis import lab
+    from attnviz.analysis import equivariance, variant_fidelity
     from attnviz.base.limits import LIMITS
     model = attnviz.load_model("minilm")
     long_text = "word " * 2000  # 2,002 tokens before the model's own 512-position cut
-    perm = lab.permutation_test(model, long_text)
+    perm = equivariance.permutation_test(model, long_text)
     assert len(perm.tokens) == min(LIMITS.lab_max_tokens, 512)
-    fid = lab.variant_fidelity(model, long_text, "relu", repeats=1)
+    fid = variant_fidelity.variant_fidelity(model, long_text, "relu", repeats=1)
     assert fid.cosine is not None
 
 

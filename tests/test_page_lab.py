@@ -277,15 +277,15 @@ def test_permutation_runs_on_its_button_as_a_heavy_job_and_keeps_one_layer(monke
     """The permutation test ran on every Lab rerun, with no slot or deadline, and each
     cached entry held four [L, H, n, n] tensors (1 GB for SmolLM2 at 512 tokens). Now it runs on
     its button, holds a heavy-job slot, and what is kept is one layer (and its numbers)."""
-    from attnviz.analysis import lab
+    from attnviz.analysis import equivariance
     from attnviz.base import jobs
     from attnviz.base.lru import nbytes
     from attnviz.base.limits import LIMITS
     from attnviz.ui import lab_positions
 
     calls = []
-    real = lab.permutation_test
-    monkeypatch.setattr(lab, "permutation_test", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = equivariance.permutation_test
+    monkeypatch.setattr(equivariance, "permutation_test", lambda *a, **k: calls.append(k) or real(*a, **k))
     at = view(app(), "Positional encodings")
     at.slider(key="lab.npos").set_value(32).run()                 # a rerun of the view
     assert not at.exception and calls == []

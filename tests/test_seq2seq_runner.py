@@ -162,3 +162,24 @@ def test_translator_deadline_still_keeps_the_first_token(translator, set_limits)
     set_limits(max_translate_seconds=0.0)
     late = translator.translate(SENTENCE)
     assert late.n_tgt == 1 and late.stopped == "deadline"
+
+
+
+def test_encoder_keys_and_values_are_computed_once_per_input(whisper, heard, translator, monkeypatch):
+    """Whisper's word timing and a beam's teacher-forced pass reuse the decoding's encoder K/V
+    (`DecoderState.fresh`) instead of projecting the encoder output again: one `start` a call, and
+    the same words as a word timing that projects its own."""
+    masks = dict(whisper._masks(None, None, None), vocab=None)
+    with torch.inference_mode():
+        memory, _ = whisper.encode_audio(heard.features, masks)
+        own = whisper._words(memory, masks, heard.ids.tolist(), heard.audio_frames)
+    for model, run in ((whisper, lambda: whisper.transcribe(CLIP.read_bytes())),
+                       (translator, lambda: translator.translate(SENTENCE, beam=3))):
+        calls, real = [], model.net.start
+        monkeypatch.setattr(model.net, "start", lambda *a, **k: calls.append(1) or real(*a, **k))
+        out = run()
+        monkeypatch.undo()
+        assert len(calls) == 1
+    assert out.stopped == "eos" and out.n_tgt > 3
+    shared = whisper.transcribe(CLIP.read_bytes()).words
+    assert shared and shared == own

@@ -1,6 +1,6 @@
 """The guided walk through one head: one query token followed from Q·Kᵀ to the head's output.
 
-`guide(result, query)` reads the matrices `lab.head_steps` computed (nothing is recomputed, so
+`guide(result, query)` reads the matrices `head_recompute.head_steps` computed (nothing is recomputed, so
 every number is exactly the model's) and gives, for each step, the query's row, the key that
 stands out in it, and one plain sentence on what to look at, written from those numbers.
 `opening_head(model, ids)` picks the head a first walk opens on: the one where the followed
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.analysis.lab import HeadSteps
+from attnviz.analysis.head_recompute import HeadSteps
 from attnviz.analysis.stats import rank_heads
 from attnviz.core.model import Model
 from attnviz.core.tokens import LEADING_SPACE_MARKS, show

@@ -63,11 +63,12 @@ class Linear(nn.Linear):
                 and _version(self.weight) == self._packed_version)
 
     def forward(self, x, act: str = "none"):
-        """`act`: "gelu" or "gelu_tanh" fuses that activation into the product on the packed path."""
+        """`act`: "gelu", "gelu_tanh" or "relu" fuses that activation into the product on the packed
+        path (the same numbers as applying it after: the activation runs on the finished sums)."""
         if self._use_packed(x):
-            algorithm = "tanh" if act == "gelu_tanh" else "none"
+            algorithm = "tanh" if act == "gelu_tanh" else "" if act == "relu" else "none"
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
-                                                      "none" if act == "none" else "gelu", [], algorithm)
+                                                      "gelu" if act.startswith("gelu") else act, [], algorithm)
         y = F.linear(x, self.weight, self.bias)
         return y if act == "none" else ACTIVATIONS[act](y)
 
@@ -195,7 +196,7 @@ class MLP(nn.Module):
         if self.gated:  # SwiGLU: act(gate) * up, gate and up fused in one matmul
             gate, up = self.fc_in(x).chunk(2, dim=-1)
             return self.fc_out(self.act(gate) * up)
-        if self.act_name in ("gelu", "gelu_tanh"):
+        if self.act_name in ("gelu", "gelu_tanh", "relu"):
             return self.fc_out(self.fc_in(x, act=self.act_name))
         return self.fc_out(self.act(self.fc_in(x)))
 

@@ -124,33 +124,39 @@ class CrossBlock(nn.Module):
                 not any(hasattr(m, "in_features") and not isinstance(m, nn.Linear) for m in self.modules()))
 
     def lay_out(self, past: dict):
-        """Lays this block's encoder K/V out once for `step_row`: K^T (h, dh, S), V (h, S, dh)."""
+        """Lays this block out once per decoding for `step_row`: the encoder K/V as K^T (h, dh, S)
+        and V (h, S, dh), and the weights `step_row` reads as one tuple in the per-call `past` (no
+        module attribute look-ups per step; the shared model is not touched)."""
         k, v = past["memory"]
         past["kT"], past["vr"] = k[0].transpose(-2, -1).contiguous(), v[0].contiguous()
+        cross, mlp = self.cross, self.mlp
+        past["row"] = (*self.ssru.fused(), self.norm_ssru.weight, self.norm_ssru.bias,
+                       cross.q.weight, cross.q.bias, cross.out.weight, cross.out.bias,
+                       self.norm_cross.weight, self.norm_cross.bias, mlp.fc_in.weight, mlp.fc_in.bias,
+                       mlp.fc_out.weight, mlp.fc_out.bias, self.norm_ffn.weight, self.norm_ffn.bias,
+                       (cross.n_heads, 1, cross.d_head), 1.0 / math.sqrt(cross.d_head), self.norm_ssru.eps)
 
     def step_row(self, x, past: dict, into=None, head_mask=None, head_fill=None):
         """`forward` for one row without module dispatch (greedy decoding's fast path): x (1, d),
-        past["c"] the SSRU cell (advanced), past["kT"] / past["vr"] the encoder K/V (`lay_out`); the
-        cross-attention weights (h, 1, S) are written into `into` when given. -> x (1, d)."""
-        lin, norm = F.linear, F.layer_norm
-        wx, f = lin(x, *self.ssru.fused()).chunk(2, dim=-1)                   # (1, d) each
-        f = torch.sigmoid(f)
-        z = (1 - f) * wx
+        past["c"] the SSRU cell (advanced), past["kT"] / past["vr"] the encoder K/V and past["row"]
+        the weights (`lay_out`); the cross-attention weights (h, 1, S) are written into `into` when
+        given. -> x (1, d). The same operations as `forward`, in place where nothing else reads."""
+        (w_ssru, b_ssru, g_ssru, n_ssru, w_q, b_q, w_out, b_out, g_cross, n_cross, w_in, b_in,
+         w_fc, b_fc, g_ffn, n_ffn, heads, scale, eps) = past["row"]
+        lin, norm, d = F.linear, F.layer_norm, (x.shape[-1],)
+        wx, f = lin(x, w_ssru, b_ssru).chunk(2, dim=-1)                       # (1, d) each
+        f = f.sigmoid_()
+        z = torch.rsub(f, 1).mul_(wx)                                          # (1 - f) * wx
         c = past.get("c")
-        c = past["c"] = z if c is None else torch.addcmul(z, f, c)
-        d, eps, cross = x.shape[-1], self.norm_ssru.eps, self.cross
-        x = norm(x + torch.relu(c), (d,), self.norm_ssru.weight, self.norm_ssru.bias, eps)
-        q = lin(x, cross.q.weight, cross.q.bias).view(cross.n_heads, 1, cross.d_head)   # (h, 1, dh)
-        att = torch.matmul(q, past["kT"]).mul_(1.0 / math.sqrt(cross.d_head))          # (h, 1, S)
+        c = past["c"] = z if c is None else z.addcmul_(f, c)
+        x = norm(torch.relu(c).add_(x), d, g_ssru, n_ssru, eps)
+        att = torch.matmul(lin(x, w_q, b_q).view(heads), past["kT"]).mul_(scale)  # (h, 1, S)
         att = torch.softmax(att, dim=-1) if into is None else torch.softmax(att, dim=-1, out=into)
-        y = torch.matmul(att, past["vr"])                                              # (h, 1, dh)
+        y = torch.matmul(att, past["vr"])                                          # (h, 1, dh)
         if head_mask is not None:
             y = y * head_mask.to(y.dtype)[:, None, None]
         if head_fill is not None:
             y = y + head_fill.to(y.dtype)[:, None, :]
-        x = norm(x + lin(y.view(1, d), cross.out.weight, cross.out.bias), (d,),
-                 self.norm_cross.weight, self.norm_cross.bias, eps)
-        h = lin(torch.relu(lin(x, self.mlp.fc_in.weight, self.mlp.fc_in.bias)), self.mlp.fc_out.weight,
-                self.mlp.fc_out.bias)
-        return norm(x + h, (d,), self.norm_ffn.weight, self.norm_ffn.bias, eps)
-
+        x = norm(lin(y.view(1, -1), w_out, b_out).add_(x), d, g_cross, n_cross, eps)
+        h = lin(lin(x, w_in, b_in).relu_(), w_fc, b_fc)
+        return norm(h.add_(x), d, g_ffn, n_ffn, eps)

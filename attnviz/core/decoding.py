@@ -29,11 +29,18 @@ class Decoded:
     stopped: str = "eos"               # eos | max_tokens | deadline | given
 
 
-def greedy(self, memory, masks, n_max, deadline, attentions, cache):
+def opened(net, memory, start=None):
+    """A fresh decoding state over `memory`: `start`'s encoder K/V reused when given (`net.start`
+    computed them once for every pass over this encoder output), else computed now."""
+    return net.start(memory) if start is None else start.fresh()
+
+
+def greedy(self, memory, masks, n_max, deadline, attentions, cache, start=None):
     """Greedy decoding. Per step only the product and the argmax; log-probabilities and top
-    candidates come from every step's logits at once after the loop."""
+    candidates come from every step's logits at once after the loop. `start`: a `net.start(memory)`
+    whose encoder K/V to reuse."""
     net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
-    state = net.start(memory)
+    state = opened(net, memory, start)
     if cache and self._start_ids().shape[1] == 1 and net.row_layout(state) is not None:
         return self._greedy_rows(masks, n_max, deadline, attentions, state, memory.shape[1])
     L, feed = len(net.decoder), self._start_ids()
@@ -84,8 +91,9 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
     check = vocab is None and masks.get("shortlist") is not None
     scored = masks["shortlist"] if check else vocab
     buf = torch.empty(len(net.decoder), self.cfg.n_heads, n_max, S) if attentions else None
+    pieces = None if scored is None else scored[0].tolist()   # column -> token id, once per sentence
     ids, cols, hidden, logit_rows, carries = [], [], [], [], []
-    t, done, stopped = 0, 0, "max_tokens"   # done: steps checked against the whole vocabulary
+    t, done, stopped, full = 0, 0, "max_tokens", None   # done: steps checked against the whole vocabulary
     while True:
         while t < n_max:
             feed = self._start_ids() if t == 0 else torch.tensor([[ids[t - 1]]])
@@ -98,7 +106,7 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
             logit_rows.append(logits)
             best = logits.argmax()
             cols.append(best)
-            ids.append(int(best if scored is None else scored[0][best]))
+            ids.append(int(best) if pieces is None else pieces[int(best)])
             t += 1
             if ids[-1] == eos or deadline.expired():
                 stopped = "eos" if ids[-1] == eos else "deadline"
@@ -135,12 +143,12 @@ def scored(self, ids: list[int], logits, cols, vocab, cross, self_att, stopped: 
                    top_i if vocab is None else vocab[0][top_i], cross, self_att, stopped)
 
 
-def beam(self, memory, masks, beam: int, n_max: int, deadline) -> tuple[list[int], str]:
+def beam(self, memory, masks, beam: int, n_max: int, deadline, start=None) -> tuple[list[int], str]:
     """Marian's beam search: the beam shrinks by one for every hypothesis that ends; the best
     finished hypothesis by score / length^LENGTH_NORMALISE wins."""
     net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
     V = self.cfg.vocab_size if vocab is None else len(vocab[0])
-    state: DecoderState = net.start(memory)
+    state: DecoderState = opened(net, memory, start)
     hyps, scores, feed = [[]], torch.zeros(1), self._start_ids()
     finished, live, stopped = [], beam, "eos"
     for t in range(n_max):
@@ -171,12 +179,12 @@ def beam(self, memory, masks, beam: int, n_max: int, deadline) -> tuple[list[int
     return max(finished, key=lambda f: f[0])[1], stopped
 
 
-def teacher(self, memory, masks, ids: list[int], attentions: bool) -> Decoded:
+def teacher(self, memory, masks, ids: list[int], attentions: bool, start=None) -> Decoded:
     """Feed [start] + ids[:-1] at once; score ids (stopped: "given")."""
     target = torch.tensor(ids, dtype=torch.long)
     feed = torch.cat([self._start_ids(), target[None, :-1]], dim=1)
     vocab = masks.get("vocab")
-    out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"], self_head_mask=masks["self"],
+    out = self.net.step(feed, opened(self.net, memory, start), head_mask=masks["cross"], self_head_mask=masks["self"],
                         head_fill=masks.get("cross_fill"), need_weights=attentions, need_self=attentions,
                         logits=vocab is None)
     logp = torch.log_softmax(self._logits(out, vocab)[0].float(), dim=-1)   # (n_tgt, vocab or shortlist)

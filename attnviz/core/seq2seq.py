@@ -66,10 +66,16 @@ class Seq2SeqConfig:
     def task(self) -> str:
         return "translation"
 
-    def block_config(self) -> Config:
-        """The core config the reused modules (`Block`, `MLP`) read: an encoder of this shape,
-        post-norm (residual, then LayerNorm) unless `pre_norm`."""
-        return Config(family=self.family, task="encoder", n_layers=self.n_enc_layers, n_heads=self.n_heads,
+    def block_config(self, side: str = "encoder") -> Config:
+        """The core config the blocks of one side read (`Block` for the encoder, `CrossBlock` for
+        the decoder, both with `MLP`): signed with this model's own family, `side`'s layer count,
+        post-norm (residual, then LayerNorm) unless `pre_norm`. Its task is "encoder" on both sides:
+        the blocks have no LM head and no patch embedding of their own (the decoder's causality
+        and output layer belong to `CrossBlock` and `Seq2Seq`, not to the config)."""
+        if side not in ("encoder", "decoder"):
+            raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
+        n_layers = self.n_enc_layers if side == "encoder" else self.n_dec_layers
+        return Config(family=self.family, task="encoder", n_layers=n_layers, n_heads=self.n_heads,
                       n_kv_heads=self.n_heads, d_model=self.d_model, d_head=self.d_head, d_ff=self.d_ff,
                       vocab_size=self.vocab_size, norm_eps=self.norm_eps, activation=self.activation,
                       qkv_bias=self.bias, out_bias=self.bias, positional="none", pre_norm=self.pre_norm)
@@ -137,7 +143,7 @@ class Seq2Seq(nn.Module):
             self.enc_emb_norm = nn.LayerNorm(d, eps=cfg.norm_eps)
             self.dec_emb_norm = nn.LayerNorm(d, eps=cfg.norm_eps)
         self.encoder = nn.ModuleList(Block(cfg.block_config()) for _ in range(cfg.n_enc_layers))
-        self.decoder = nn.ModuleList(CrossBlock(cfg.block_config(), cfg.decoder) for _ in range(cfg.n_dec_layers))
+        self.decoder = nn.ModuleList(CrossBlock(cfg.block_config("decoder"), cfg.decoder) for _ in range(cfg.n_dec_layers))
         if cfg.pre_norm:  # a pre-norm stack ends with one more LayerNorm on each side
             self.enc_final_norm = nn.LayerNorm(d, eps=cfg.norm_eps)
             self.dec_final_norm = nn.LayerNorm(d, eps=cfg.norm_eps)
@@ -195,8 +201,11 @@ class Seq2Seq(nn.Module):
         return (self.enc_final_norm(x) if self.cfg.pre_norm else x), attentions
 
     def start(self, memory, allowed=None) -> DecoderState:
-        """A fresh decoding over `memory` (B, S, d): each layer's encoder K/V, computed once."""
-        return DecoderState([{"memory": block.cross.keys_values(memory)} for block in self.decoder], allowed)
+        """A fresh decoding over `memory` (B, S, d): each layer's encoder K/V, computed once and laid
+        out contiguous, head by head (the projection interleaves the heads within each row): every
+        step then reads them in one pass, about twice as fast, with the same numbers."""
+        return DecoderState([{"memory": tuple(t.contiguous() for t in block.cross.keys_values(memory))}
+                             for block in self.decoder], allowed)
 
     def row_layout(self, state: DecoderState):
         """Lays the encoder K/V out for the one-row path (`step_row`) and returns the state's layers;

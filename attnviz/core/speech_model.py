@@ -22,6 +22,7 @@ import torch
 from attnviz.base.jobs import Deadline
 from attnviz.base.limits import LIMITS
 from attnviz.core.attention import parse_variant
+from attnviz.core import decoding
 from attnviz.core.base_model import ModelInfo
 from attnviz.uploads.audio import RATE, Audio, log_mel, read_audio
 from attnviz.core.translator import Seq2SeqModel
@@ -141,9 +142,10 @@ class SpeechModel(Seq2SeqModel):
                 check()
         with torch.inference_mode():
             memory, enc_att = self.encode_audio(feats, masks, encoder_attentions, check=every_block)
-            out = self._greedy(memory, masks, n_max, deadline, True, True)
+            start = self.net.start(memory)  # every decoder layer's K/V of the audio frames, once for both passes
+            out = self._greedy(memory, masks, n_max, deadline, True, True, start)
             audio_frames = min(c.n_audio_ctx, len(heard.samples) // HOP // 2)  # mel frames / 2
-            words = self._words(memory, masks, out.ids.tolist(), audio_frames)
+            words = self._words(memory, masks, out.ids.tolist(), audio_frames, start)
         ids = out.ids.tolist()
         text = self.pieces.decode(ids).strip() if self.pieces else " ".join(map(str, ids))
         return Transcript(text=text, tokens=[self.pieces.label(i) if self.pieces else str(i) for i in ids],
@@ -171,9 +173,10 @@ class SpeechModel(Seq2SeqModel):
         masks.setdefault("variant", parse_variant(variant))
         return self._encode(feats, masks, attentions, check)
 
-    def _words(self, memory, masks, ids: list[int], audio_frames: int) -> list[Word]:
+    def _words(self, memory, masks, ids: list[int], audio_frames: int, start=None) -> list[Word]:
         """Word timing as Whisper's: the prompt, the text and the end of text teacher-forced once,
-        the alignment heads' cross-attention over the audio frames, median filter, DTW."""
+        the alignment heads' cross-attention over the audio frames, median filter, DTW. `start`: a
+        `net.start(memory)` whose encoder K/V to reuse."""
         c = self.cfg
         # a decoding stopped at the last position leaves no room for the end of text: its last token untimed
         text = [i for i in ids if i < c.eos_id][:c.n_text_ctx - len(c.prompt()) - 1]
@@ -183,7 +186,8 @@ class SpeechModel(Seq2SeqModel):
         feed = torch.tensor([prompt + text + [c.eos_id]])
         heads = self.alignment_heads
         layers = {l for l, _ in heads}
-        out = self.net.step(feed, self.net.start(memory), head_mask=masks["cross"], head_fill=masks.get("cross_fill"),
+        out = self.net.step(feed, decoding.opened(self.net, memory, start), head_mask=masks["cross"],
+                            head_fill=masks.get("cross_fill"),
                             self_head_mask=masks["self"], need_weights={i: i in layers for i in range(c.n_dec_layers)})
         weights = torch.stack([out.cross[l][0, h] for l, h in heads])          # [n_heads, n_feed, n_frames]
         probs = torch.softmax(out.logits[0, len(prompt) - 1:-1, :c.eos_id].float(), dim=-1)

@@ -97,11 +97,14 @@ class Shortlist:
 
     def candidates(self, source_ids: torch.Tensor) -> torch.Tensor:
         """Sorted target ids a sentence may use."""
-        parts = [torch.arange(self.first)]
-        for w in source_ids.tolist():
-            if 0 <= w < len(self.offsets) - 1:
-                parts.append(self.pieces[int(self.offsets[w]):int(self.offsets[w + 1])])
-        return torch.unique(torch.cat(parts))
+        ids = torch.as_tensor(source_ids, dtype=torch.long)
+        ids = ids[(ids >= 0) & (ids < len(self.offsets) - 1)]
+        starts = self.offsets[ids]
+        lengths = self.offsets[ids + 1] - starts
+        # every source piece's range pieces[start:start + length], gathered at once (no Python loop)
+        ends = torch.cumsum(lengths, 0)
+        at = torch.arange(int(ends[-1]) if len(ends) else 0) + torch.repeat_interleave(starts - (ends - lengths), lengths)
+        return torch.unique(torch.cat([torch.arange(self.first), self.pieces[at]]))
 
 
 def self_matrix(rows: list[list[torch.Tensor]]) -> torch.Tensor | None:

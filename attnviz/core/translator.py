@@ -181,9 +181,10 @@ class Seq2SeqModel(BaseModel):
             memory, enc_att = self._encode(src, masks, attentions)  # short: the deadline stops decoding
             if beam == 1:
                 out = self._greedy(memory, masks, n_max, deadline, attentions, cache)
-            else:
-                ids, stopped = self._beam(memory, masks, beam, n_max, deadline)
-                out = replace(self._teacher(memory, masks, ids, attentions), stopped=stopped)
+            else:  # the beam and the teacher-forced pass share the encoder K/V, computed once
+                start = self.net.start(memory)
+                ids, stopped = self._beam(memory, masks, beam, n_max, deadline, start)
+                out = replace(self._teacher(memory, masks, ids, attentions, start), stopped=stopped)
         return self._result(src, labels, cut, out, enc_att, n_max, beam)
 
     def trace(self, source, head_mask=None, *, target=None, encoder_head_mask=None,
@@ -224,7 +225,9 @@ class Seq2SeqModel(BaseModel):
     def _vocabulary(self, src: torch.Tensor):
         """(candidate ids, their output weights [n, d], biases [n]) for a shortlisted decoding."""
         cand = self.shortlist.candidates(src)
-        return cand, self.net.tok.weight[cand], self.net.lm_head.bias[cand]
+        # once per sentence; index_select is several times faster than advanced indexing here
+        return cand, self.net.tok.weight.detach().index_select(0, cand), \
+            self.net.lm_head.bias.detach().index_select(0, cand)
 
     def _logits(self, out, vocab):
         """Full-vocabulary logits, or the shortlist's (the step ran with logits=False)."""

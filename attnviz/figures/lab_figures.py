@@ -63,7 +63,7 @@ def matrix_figure(matrix, title: str = "", row_labels: list[str] | None = None,
 
 
 def step_figure(step, tokens: list[str], causal: bool = False) -> go.Figure:
-    """One `lab.Step`: softmax patterns as attention heatmaps, everything else signed."""
+    """One `head_recompute.Step`: softmax patterns as attention heatmaps, everything else signed."""
     labels = {"tokens": tokens}
     title = f"{step.name}   {list(step.shape)}"
     if step.rows == step.cols == "tokens" and step.name.startswith("A ="):

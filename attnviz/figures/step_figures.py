@@ -38,7 +38,7 @@ def highlight_row(figure: go.Figure, row: int, n_rows: int, n_cols: int) -> go.F
 
 
 def guided_heatmap(step, tokens: list[str], query: int, causal: bool = False) -> go.Figure:
-    """One `lab.Step` drawn as in the full view, the query's row outlined and the rest dimmed."""
+    """One `head_recompute.Step` drawn as in the full view, the query's row outlined and the rest dimmed."""
     figure = step_figure(step, tokens, causal)
     n_rows, n_cols = step.shape
     figure.update_layout(height=int(np.clip(12 * n_rows + 160, 300, 560)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from attnviz.analysis import lab
+from attnviz.analysis import variant_fidelity
 from attnviz.base import jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.base.timing import speed_words
@@ -40,7 +40,7 @@ def measure_variants(model, specs: list[str], layers: list[int], text: str) -> l
 
             for i, spec in enumerate(specs):
                 bar.progress(i / len(specs), f"measuring {spec} ({i + 1} of {len(specs)})…")
-                rows.append(lab.variant_fidelity(model, text, {layer: spec for layer in layers},
+                rows.append(variant_fidelity.variant_fidelity(model, text, {layer: spec for layer in layers},
                                                  label=spec, check=check))
     except jobs.JobTimeout as err:
         st.error(common.plain(f"{err}, after {len(rows)} of {len(specs)} variants. Choose fewer "

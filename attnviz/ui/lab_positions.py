@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import streamlit as st
 import torch
 
-from attnviz.analysis import lab
+from attnviz.analysis import equivariance, position_tables
 from attnviz.base import jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
@@ -41,7 +41,7 @@ class Shuffled:
 
 @st.cache_resource(max_entries=2, show_spinner=False)
 def positionless(_model, model_key: str):
-    return lab.without_positions(_model)
+    return equivariance.without_positions(_model)
 
 
 def shuffle(model, text: str, seed: int, layer: int) -> Shuffled:
@@ -56,10 +56,10 @@ def shuffle(model, text: str, seed: int, layer: int) -> Shuffled:
                 deadline.check()
                 cancel.check()
 
-            plain = lab.permutation_test(positionless(model, f"{model.info.key}@{id(model)}"), text,
+            plain = equivariance.permutation_test(positionless(model, f"{model.info.key}@{id(model)}"), text,
                                          seed=seed, layers=[layer], check=check)
             bar.progress(0.5, f"Running the model with its {model.cfg.positional} positions…")
-            with_pos = lab.permutation_test(model, text, order=plain.order, layers=[layer],
+            with_pos = equivariance.permutation_test(model, text, order=plain.order, layers=[layer],
                                             check=check)
     finally:
         bar.empty()
@@ -135,20 +135,20 @@ def draw_permutation(model, result: Shuffled):
 def positions_view(model):
     n_pos = st.slider("Positions shown", 8, 256, 64, 8, key=key("npos"))
     d_sin = st.select_slider("Sinusoidal width d", [16, 32, 64, 128, 256, 384], 128, key=key("dsin"))
-    sin = lab.sinusoidal_table(n_pos, d_sin)
-    sim_sin = lab.cosine_similarity(sin)
-    curves = {"sinusoidal": lab.by_distance(sim_sin)}
+    sin = position_tables.sinusoidal_table(n_pos, d_sin)
+    sim_sin = position_tables.cosine_similarity(sin)
+    curves = {"sinusoidal": position_tables.by_distance(sim_sin)}
     c1, c2 = st.columns(2)
     c1.plotly_chart(lab_figures.table_figure(sin, "Sinusoidal: PE[p, 2i] = sin(p/10000^(2i/d)), "
                                          "PE[p, 2i+1] = cos(…)"), key=key("sin"))
     c2.plotly_chart(lab_figures.similarity_figure(sim_sin, "Sinusoidal: cosine similarity of positions"),
                     key=key("sin_sim"))
-    table = lab.learned_table(model) if model is not None else None
+    table = position_tables.learned_table(model) if model is not None else None
     if table is not None:
         table = table[:n_pos]
-        sim_learned = lab.cosine_similarity(table)
+        sim_learned = position_tables.cosine_similarity(table)
         name = html.escape(model.info.key)
-        curves[f"learned ({name})"] = lab.by_distance(sim_learned)
+        curves[f"learned ({name})"] = position_tables.by_distance(sim_learned)
         c1, c2 = st.columns(2)
         c1.plotly_chart(lab_figures.table_figure(table, f"Learned: {name}'s position table"), key=key("learned"))
         c2.plotly_chart(lab_figures.similarity_figure(sim_learned, "Learned: cosine similarity of positions"),
@@ -157,17 +157,17 @@ def positions_view(model):
         st.caption("The model in the sidebar has no learned position table (pick minilm to see one).")
     rotary = model is not None and model.cfg.positional == "rotary"
     d_rope, theta = (model.cfg.d_head, model.cfg.rope_theta) if rotary else (64, 1e5)
-    rope_sim = lab.rope_similarity(n_pos, d_rope, theta)
-    curves[f"rotary (d_head {d_rope}, θ {theta:g})"] = lab.by_distance(rope_sim)
+    rope_sim = position_tables.rope_similarity(n_pos, d_rope, theta)
+    curves[f"rotary (d_head {d_rope}, θ {theta:g})"] = position_tables.by_distance(rope_sim)
     c1, c2 = st.columns(2)
-    c1.plotly_chart(lab_figures.table_figure(lab.rope_angles(n_pos, d_rope, theta),
+    c1.plotly_chart(lab_figures.table_figure(position_tables.rope_angles(n_pos, d_rope, theta),
                                     f"Rotary: angle of each pair (d_head {d_rope}, θ = {theta:g}"
                                     f"{', SmolLM2' if not rotary else ''})", x_title="pair"),
                     key=key("rope"))
     c2.plotly_chart(lab_figures.similarity_figure(rope_sim, "Rotary: q·k of one vector at positions i and j"),
                     key=key("rope_sim"))
     n_alibi = model.cfg.n_heads if model is not None else 8
-    alibi = lab.alibi_table(n_pos, n_alibi)
+    alibi = position_tables.alibi_table(n_pos, n_alibi)
     c1, c2 = st.columns(2)
     c1.plotly_chart(lab_figures.matrix_figure(alibi[0], f"ALiBi: score bias of head 0 of {n_alibi} "
                                                "(−slope × distance)",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from attnviz.analysis import lab, guided_steps
+from attnviz.analysis import guided_steps, head_recompute
 from attnviz.base import names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import lab_figures
@@ -123,7 +123,7 @@ def steps_view(model):
             st.warning(f"The step-by-step view uses the first {tr.n} of the text's {n_text} tokens.")
         hidden = st.multiselect("Hide keys (mask them for every query)", range(tr.n), key=key("hide"),
                                 format_func=lambda i: f"{i}: {tr.tokens[i]}")
-        result = lab.head_steps(model, tr, int(layer), int(head), temperature=temperature,
+        result = head_recompute.head_steps(model, tr, int(layer), int(head), temperature=temperature,
                                 causal=causal, hidden_keys=tuple(hidden))
     except ValueError as err:
         st.error(common.plain(str(err)))

@@ -1,0 +1,176 @@
+"""One attention head recomputed step by step from a trace (Q, K, V, scores, mask, softmax,
+weighted values, its share of the output), checked against what the model captured.
+
+Reads a loaded `Model` and never changes it: models are shared by every session.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from attnviz.core.model import Model, Trace
+from attnviz.core.positional import apply_rope
+
+
+@dataclass
+class Step:
+    name: str            # what the page shows as the heading, e.g. "Q = x·W_Q + b_Q"
+    value: torch.Tensor  # 2-D
+    rows: str            # what the rows are: "tokens", "d_model", "d_head"
+    cols: str
+    note: str = ""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+
+@dataclass
+class HeadSteps:
+    layer: int
+    head: int
+    kv_head: int
+    tokens: list[str]
+    steps: dict[str, Step]          # in order: input … head output
+    pattern: torch.Tensor           # [n, n], the recomputed softmax
+    captured: torch.Tensor | None   # [n, n], what the model captured in the trace
+    max_abs_diff: float | None      # |pattern - captured|, None when nothing was captured
+    changed: bool                   # temperature or mask toggles differ from the model's own
+    output_diff: float | None = None  # |Σ heads' shares + b_O - the module's output|
+    temperature: float = 1.0        # what the scaled scores were divided by, after √d_head
+
+
+def check_head(model: Model, layer: int, head: int) -> None:
+    cfg = model.cfg
+    if not 0 <= layer < cfg.n_layers:
+        raise ValueError(f"layer {layer} is out of range: {model.info.key} has layers 0..{cfg.n_layers - 1}")
+    if not 0 <= head < cfg.n_heads:
+        raise ValueError(f"head {head} is out of range: {model.info.key} has heads 0..{cfg.n_heads - 1} "
+                         "per layer (the model changed? pick the head again)")
+    if head not in model.net.blocks[layer].attn.heads.tolist():
+        raise ValueError(f"head {head} of layer {layer} was pruned from this model")
+
+
+def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature: float = 1.0,
+               causal: bool | None = None, hidden_keys: tuple[int, ...] = (),
+               check_output: bool = True) -> HeadSteps:
+    """Recompute one head from the block input in `trace.states` (a trace made with states=True).
+
+    `temperature` divides the scaled scores; `causal` (None: the model's own) and `hidden_keys`
+    (key positions no query may see) are the mask toggles. `check_output` also checks that the
+    layer's heads add up to its attention output (one extra pass over the layer)."""
+    check_head(model, layer, head)
+    if trace.states is None:
+        raise ValueError("the trace has no block inputs: make it with model.trace(x, states=True)")
+    n = trace.n
+    if n < 2:
+        raise ValueError("one token can only attend to itself (its weight is always 1): "
+                         "type a sentence of at least two tokens")
+    if not temperature > 0:
+        raise ValueError("temperature must be positive")
+    bad = [k for k in hidden_keys if not 0 <= k < n]
+    if bad:
+        raise ValueError(f"hidden key positions {bad} are outside 0..{n - 1}")
+    cfg, block = model.cfg, model.net.blocks[layer]
+    attn, dh = block.attn, cfg.d_head
+    local = attn.heads.tolist().index(head)
+    kv = int(attn.kv_of_head[local])
+    h, hkv = attn.n_heads, attn.n_kv
+    W = attn.qkv.weight                                     # ((h + 2 hkv) dh, d_model)
+    b = attn.qkv.bias if attn.qkv.bias is not None else torch.zeros(W.shape[0])
+    q_rows = slice(local * dh, (local + 1) * dh)
+    k_rows = slice((h + kv) * dh, (h + kv + 1) * dh)
+    v_rows = slice((h + hkv + kv) * dh, (h + hkv + kv + 1) * dh)
+    causal = cfg.causal if causal is None else causal
+    steps: dict[str, Step] = {}
+
+    def add(key, name, value, rows, cols, note=""):
+        steps[key] = Step(name, value.detach(), rows, cols, note)
+
+    with torch.inference_mode():
+        x = trace.states[layer]                                            # (n, d_model)
+        add("input", f"x: input of block {layer}", x, "tokens", "d_model",
+            "the residual stream entering the block")
+        if cfg.pre_norm:
+            x = block.norm1(x)
+            add("normed", "norm1(x)", x, "tokens", "d_model",
+                f"{cfg.norm} before attention ({cfg.family} is pre-norm)")
+        Wq, Wk, Wv = W[q_rows].T, W[k_rows].T, W[v_rows].T                # (d_model, dh) each
+        group = f" (K/V head {kv}, shared by {cfg.group} query heads)" if cfg.group > 1 else ""
+        add("W_Q", f"W_Q of head {head}", Wq, "d_model", "d_head", "its rows of the fused qkv weight")
+        add("W_K", f"W_K{group}", Wk, "d_model", "d_head")
+        add("W_V", f"W_V{group}", Wv, "d_model", "d_head")
+        Q, K, V = x @ Wq + b[q_rows], x @ Wk + b[k_rows], x @ Wv + b[v_rows]  # (n, dh)
+        add("Q", "Q = x·W_Q + b_Q", Q, "tokens", "d_head")
+        add("K", "K = x·W_K + b_K", K, "tokens", "d_head")
+        add("V", "V = x·W_V + b_V", V, "tokens", "d_head")
+        if cfg.positional == "rotary":
+            cos, sin = model.net.rope(n)
+            Q, K = apply_rope(Q, cos, sin), apply_rope(K, cos, sin)
+            add("Q_rot", "RoPE(Q)", Q, "tokens", "d_head", "queries rotated by their position's angle")
+            add("K_rot", "RoPE(K)", K, "tokens", "d_head", "keys rotated likewise: Q·K then depends on distance")
+        scores = Q @ K.T                                                   # (n, n)
+        add("scores", "scores = Q·Kᵀ", scores, "tokens", "tokens")
+        scaled = scores / math.sqrt(dh) / temperature
+        t_note = f", then by the temperature {temperature:g}" if temperature != 1 else ""
+        add("scaled", f"scaled = scores / √{dh}" + (f" / {temperature:g}" if temperature != 1 else ""),
+            scaled, "tokens", "tokens", f"divided by √d_k = {math.sqrt(dh):.2f}{t_note}")
+        allowed = torch.ones(n, n, dtype=torch.bool)
+        if causal:
+            allowed = allowed.tril()
+        if hidden_keys:
+            allowed[:, list(hidden_keys)] = False
+        empty = (~allowed.any(-1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"query positions {empty} would see no key at all: unhide a key they may see")
+        add("mask", "mask (1 = may attend)", allowed.float(), "tokens", "tokens",
+            ("causal: no looking ahead" if causal else "bidirectional") +
+            (f"; keys {list(hidden_keys)} hidden" if hidden_keys else ""))
+        masked = scaled.masked_fill(~allowed, float("-inf"))
+        add("masked", "masked scores", masked, "tokens", "tokens", "−∞ where the mask is 0")
+        pattern = torch.softmax(masked, dim=-1)
+        add("softmax", "A = softmax(masked)", pattern, "tokens", "tokens", "every row sums to 1")
+        z = pattern @ V                                                     # (n, dh)
+        add("weighted", "z = A·V", z, "tokens", "d_head", "each token's weighted sum of values")
+        Wo = attn.out.weight[:, local * dh:(local + 1) * dh].T            # (dh, d_model)
+        add("W_O", f"W_O share of head {head}", Wo, "d_head", "d_model",
+            "its columns of the output projection")
+        add("output", "head output = z·W_O", z @ Wo, "tokens", "d_model",
+            "added with the other heads' outputs and b_O to the residual stream")
+
+    captured = None
+    if trace.attentions is not None and layer in trace.layers:
+        captured = trace.attentions[trace.layers.index(layer), head]
+    changed = temperature != 1.0 or causal != cfg.causal or bool(hidden_keys)
+    diff = None if captured is None else (pattern - captured).abs().max().item()
+    return HeadSteps(layer, head, kv, trace.tokens, steps, pattern, captured, diff, changed,
+                     _output_diff(model, trace, layer) if check_output else None, temperature)
+
+
+def _output_diff(model: Model, trace: Trace, layer: int) -> float:
+    """The heads' shares of W_O add up, with b_O, to what the attention module outputs."""
+    cfg, block = model.cfg, model.net.blocks[layer]
+    attn = block.attn
+    with torch.inference_mode():
+        x = trace.states[layer][None]
+        x = block.norm1(x) if cfg.pre_norm else x
+        rope = model.net.rope(x.shape[1]) if cfg.positional == "rotary" else None
+        y, att = attn(x, rope=rope, causal=cfg.causal, need_weights=True)
+        V = attn.qkv(x)[..., (attn.n_heads + attn.n_kv) * cfg.d_head:]       # (1, n, hkv dh)
+        V = V.view(1, -1, attn.n_kv, cfg.d_head).transpose(1, 2)[:, attn.kv_of_head]  # (1, h, n, dh)
+        z = (att @ V).transpose(1, 2).reshape(1, x.shape[1], -1)              # (1, n, h dh)
+        total = z @ attn.out.weight.T + (attn.out.bias if attn.out.bias is not None else 0)
+    return (total - y).abs().max().item()
+
+
+def verify(model: Model, x, layer: int | None = None) -> float:
+    """Max |recomputed - captured| over every head of `layer` (all layers when None)."""
+    layers = range(model.cfg.n_layers) if layer is None else [layer]
+    tr = model.trace(x, states=True, layers=list(layers))
+    worst = 0.0
+    for i in layers:
+        for h in model.net.blocks[i].attn.heads.tolist():
+            worst = max(worst, head_steps(model, tr, i, h, check_output=False).max_abs_diff)
+    return worst
