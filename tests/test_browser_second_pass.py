@@ -82,3 +82,54 @@ def test_latency_enter_does_not_run_and_a_run_reports_its_time_within_budget(pag
     expect(page.locator(".js-plotly-plot").first).to_be_visible()
     assert_no_errors(page)
     page.screenshot(path=str(ARTIFACTS / "second-pass-latency.png"))
+
+
+def wav(path, seconds_of_silence: float):
+    """The bundled clip with silence after it: another upload, the same speech."""
+    import numpy as np
+    import soundfile
+    from tests.browser import ROOT
+    x, rate = soundfile.read(ROOT / "attnviz" / "data" / "audio" / "hello_world.wav", dtype="float32")
+    soundfile.write(path, np.concatenate([x, np.zeros(int(rate * seconds_of_silence), np.float32)]), rate)
+    return str(path)
+
+
+def test_speech_view_radio_agrees_with_the_view_after_a_new_upload(page, server, tmp_path):
+    """Before: after a new upload the radio showed the first view while another was drawn, and a
+    click on it did nothing."""
+    open_page(page, server, "Speech")
+    page.locator('[data-testid="stSidebar"]').get_by_text("Upload WAV / FLAC").click()
+    wait_idle(page)
+    uploader = page.locator('[data-testid="stFileUploaderDropzoneInput"]')
+    uploader.set_input_files(wav(tmp_path / "a.wav", 0.5))
+    wait_idle(page)
+    views = page.get_by_role("radiogroup").filter(has_text="Word timestamps")
+    views.get_by_text("Word timestamps", exact=True).click()
+    wait_idle(page)
+    expect(page.get_by_text(re.compile(r"^recognition\.?$")).first).to_be_visible()
+    uploader.set_input_files(wav(tmp_path / "b.wav", 1.0))   # a new upload replaces the first
+    wait_idle(page)
+    expect(views.get_by_role("radio", name="Word timestamps", exact=True)).to_be_checked()
+    views.get_by_text("Spectrogram & cross-attention", exact=True).click()
+    wait_idle(page)
+    expect(views.get_by_role("radio", name="Spectrogram & cross-attention", exact=True)).to_be_checked()
+    expect(page.get_by_text(re.compile("log-mel spectrogram")).first).to_be_visible()
+    assert_no_errors(page)
+    page.screenshot(path=str(ARTIFACTS / "second-pass-speech.png"))
+
+
+def test_lab_toy_translator_draws_one_node_per_token_so_the_verb_line_crosses(page, server):
+    """Before: each sentence was one node ("catseesredfish"), so the verb's crossing line never showed."""
+    open_page(page, server, "Lab")
+    page.get_by_role("radiogroup").get_by_text("Toy translator", exact=True).click()
+    wait_idle(page)
+    chart = page.locator(".js-plotly-plot").last
+    expect(chart).to_be_visible()
+    labels = chart.locator("text.textpoint, .textpoint text")
+    expect(labels.filter(has_text="wo")).to_have_count(1)
+    texts = [t.strip() for t in labels.all_inner_texts()]
+    for word in ("cat", "sees", "red", "fish"):
+        assert texts.count(word) == 2, texts          # once in the source row, once in the target row
+    assert "ga" in texts and not any("catsees" in t for t in texts)
+    assert_no_errors(page)
+    chart.screenshot(path=str(ARTIFACTS / "second-pass-toy-translator.png"))
