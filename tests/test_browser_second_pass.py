@@ -113,13 +113,13 @@ def test_speech_view_radio_agrees_with_the_view_after_a_new_upload(page, server,
     views.get_by_text("Spectrogram & cross-attention", exact=True).click()
     wait_idle(page)
     expect(views.get_by_role("radio", name="Spectrogram & cross-attention", exact=True)).to_be_checked()
-    expect(page.get_by_text(re.compile("log-mel spectrogram")).first).to_be_visible()
+    expect(page.locator(".js-plotly-plot").filter(has_text="log-mel spectrogram").first).to_be_visible()
     assert_no_errors(page)
     page.screenshot(path=str(ARTIFACTS / "second-pass-speech.png"))
 
 
 def test_lab_toy_translator_draws_one_node_per_token_so_the_verb_line_crosses(page, server):
-    """Before: each sentence was one node ("catseesredfish"), so the verb's crossing line never showed."""
+    """Before: each sentence was one node ("catchasesredball"), so the verb's crossing line never showed."""
     open_page(page, server, "Lab")
     page.get_by_role("radiogroup").get_by_text("Toy translator", exact=True).click()
     wait_idle(page)
@@ -127,9 +127,9 @@ def test_lab_toy_translator_draws_one_node_per_token_so_the_verb_line_crosses(pa
     expect(chart).to_be_visible()
     labels = chart.locator("text.textpoint, .textpoint text")
     expect(labels.filter(has_text="wo")).to_have_count(1)
-    texts = [t.strip() for t in labels.all_inner_texts()]
-    for word in ("cat", "sees", "red", "fish"):
+    texts = [t.strip() for t in labels.evaluate_all("els => els.map(e => e.textContent)")]
+    for word in ("cat", "chases", "red", "ball"):          # the default sentence
         assert texts.count(word) == 2, texts          # once in the source row, once in the target row
-    assert "ga" in texts and not any("catsees" in t for t in texts)
+    assert "ga" in texts and not any("catchases" in t for t in texts)
     assert_no_errors(page)
     chart.screenshot(path=str(ARTIFACTS / "second-pass-toy-translator.png"))
