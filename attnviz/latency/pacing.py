@@ -46,17 +46,24 @@ class Pacer:
         return 0.0 if self.per_cost is None or self.cost is None else self.per_cost * self.cost
 
     def check(self):
+        """The deadline's own check, then `ahead`."""
+        if self.deadline is not None:
+            self.deadline.check()
+        self.ahead()
+
+    def ahead(self):
+        """Stop (JobTimeout) when the next run would end past the deadline; it times the run before."""
         now = time.perf_counter()
         if self.last is not None:
             self.run_s = max(self.run_s, now - self.last)
         self.last = now
-        if self.deadline is None:
+        remaining = getattr(self.deadline, "remaining", None)  # a deadline that only counts checks has none
+        if remaining is None:
             return
-        self.deadline.check()
         need = self.next_run_s()
-        if need > self.deadline.remaining:
+        if need > remaining:
             raise JobTimeout(f"{self.deadline.what} stopped before its time limit of {self.deadline.seconds:g} s: "
-                             f"the next run would take about {need:,.1f} s and {max(0.0, self.deadline.remaining):,.1f} s "
+                             f"the next run would take about {need:,.1f} s and {max(0.0, remaining):,.1f} s "
                              "were left")
 
     def eta(self) -> float | None:

@@ -282,7 +282,7 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
     for key in plan.models if plan.crossover and measured_here else ():
         cfg = models[key].cfg
         try:  # t_block: this process's own; paced, so the calibrations cannot run past the deadline
-            prof = steady_profile(t_block, plan.clock, own_process=own_process, check=checks(Pacer(deadline), cancel))
+            prof = steady_profile(t_block, plan.clock, own_process=own_process, check=Pacer(deadline).ahead)
         except (JobTimeout, JobCancelled) as err:
             left_out = f"{err} while calibrating the one-block crossover, which was left out"
             break
