@@ -744,7 +744,7 @@ def test_decode_sweep_rows_and_figure():
     plan = sweep.SweepPlan(models=[TINY_CAUSAL, TINY], seq_lens=[8], backends=["cpu", "pi5"], repeats=1, warmup=0,
                            memory=False, engines=["ggml"], dtypes=["fp16", "q4_0"])
     models = {k: measure.load(k) for k in plan.models}
-    df = sweep.decode_sweep(plan, models, [0, 16], n_prompt=8)
+    df = decode.decode_sweep(plan, models, [0, 16], n_prompt=8)
     assert set(df["model"]) == {TINY_CAUSAL}  # encoders have no decode
     pi = df[~df["measured"]]
     assert len(pi) == 2 * 3 and set(pi["dtype"]) == {"fp16", "q4_0"} and (pi["threads"] == sweep.PI_CORES).all()

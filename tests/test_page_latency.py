@@ -134,6 +134,8 @@ def test_only_the_chosen_view_computes_and_the_choice_survives_reruns(monkeypatc
 def test_results_table_and_export(ran):
     table = ran.dataframe[0].value
     assert len(table) == 3 * 2 * 2 * 2 and set(table["backend"]) == {"cpu", "pi4"}
+    assert list(table.columns[:3]) == ["backend", "engine", "dtype"]  # what tells two rows apart comes first
+    assert any(c.value.startswith("The sweep took ") and c.value.endswith(" s of its 120 s budget.") for c in ran.caption)
     assert set(table["seq_len"]) == {8, 16, 32} and (table["median_ms"] > 0).all()
     exported = ran.session_state["latency.results"]
     assert len(results.read_results(results.to_csv(exported).encode())) == len(table)

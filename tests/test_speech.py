@@ -259,7 +259,11 @@ def test_word_times_equal_transformers_whisper_timing(model, heard, hf_heard):
     def last(w):
         marks = [t for t in w.tokens if model.tokenizer.decode([int(heard.ids[t])]).strip() in APPENDED]
         return w.tokens[-1] - len(marks)
-    assert [w.end for w in heard.words] == pytest.approx(starts[[last(w) + 1 for w in heard.words]].tolist())
+    ends = starts[[last(w) + 1 for w in heard.words]].tolist()
+    assert [w.end for w in heard.words[:-1]] == pytest.approx(ends[:-1])
+    # the last word alone ends later: where its sound ends (tests/test_speech_second_pass.py), not
+    # where the path turns to the end of text
+    assert heard.words[-1].end >= ends[-1]
 
 
 def whisper_dtw(x):

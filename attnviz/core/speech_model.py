@@ -33,6 +33,12 @@ PREPENDED = "\"'“¿([{-"       # punctuation joined to the word after it (Whis
 APPENDED = "\"'.。,，!！?？:：”)]}、"  # ... to the word before it
 SENTENCE_END = ".。!！?？"
 MAX_MEDIAN_WORD = 0.7          # seconds: words longer than 2 x min(median, this) next to a sentence end are cut
+# The last word's end from the alignment heads is the frame where the path moves to the end-of-text
+# row: the decoder is ready to end the text while the word's last sounds still ring, so that end
+# came 0.1-0.3 s early in every clip. It is moved to where the sound itself falls silent: the last
+# 20 ms frame whose peak is within SILENCE_DB of the clip's loudest, at most LAST_WORD_EXTRA later.
+SILENCE_DB = -30.0
+LAST_WORD_EXTRA = 0.6          # seconds
 
 
 @dataclass
@@ -145,7 +151,8 @@ class SpeechModel(Seq2SeqModel):
             start = self.net.start(memory)  # every decoder layer's K/V of the audio frames, once for both passes
             out = self._greedy(memory, masks, n_max, deadline, True, True, start)
             audio_frames = min(c.n_audio_ctx, len(heard.samples) // HOP // 2)  # mel frames / 2
-            words = self._words(memory, masks, out.ids.tolist(), audio_frames, start)
+            words = last_word_to_silence(self._words(memory, masks, out.ids.tolist(), audio_frames, start),
+                                         heard.samples)
         ids = out.ids.tolist()
         text = self.pieces.decode(ids).strip() if self.pieces else " ".join(map(str, ids))
         return Transcript(text=text, tokens=[self.pieces.label(i) if self.pieces else str(i) for i in ids],
@@ -304,3 +311,21 @@ def merge_punctuation(words: list[Word]) -> list[Word]:
         else:
             keep = j
     return [w for w in words if w.text]
+
+
+def last_word_to_silence(words: list[Word], samples, rate: int = RATE) -> list[Word]:
+    """The last word's end moved forward to where the sound falls silent (see SILENCE_DB), never
+    earlier than the alignment put it, never past the audio or LAST_WORD_EXTRA."""
+    if not words:
+        return words
+    x = np.abs(np.asarray(samples.numpy() if hasattr(samples, "numpy") else samples, dtype=np.float32))
+    step = int(rate * 0.02)
+    n = len(x) // step
+    if n == 0 or not x.any():
+        return words
+    peaks = x[:n * step].reshape(n, step).max(1)
+    loud = np.nonzero(20 * np.log10(np.maximum(peaks, 1e-12) / peaks.max()) > SILENCE_DB)[0]
+    last = words[-1]
+    heard_until = min((loud[-1] + 1) * step / rate, len(x) / rate, last.end + LAST_WORD_EXTRA)
+    last.end = max(last.end, float(heard_until))
+    return words

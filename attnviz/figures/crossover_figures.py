@@ -44,7 +44,7 @@ def crossover_figure(rows: pd.DataFrame, measured_n: float | None, modelled_n: f
               "(embeddings and the LM head are rest)</sup>",
         xaxis_title="sequence length n (tokens)", yaxis_title="milliseconds per block",
         legend=dict(orientation="h", yanchor="top", y=-0.18), margin=dict(t=80, b=10), hovermode="x unified")
-    fig.update_xaxes(type="log", tickvals=ns, ticktext=[str(int(n)) for n in ns],
+    fig.update_xaxes(type="log", minorloglabels="complete", tickvals=ns, ticktext=[str(int(n)) for n in ns],
                      range=[np.log10(min(ns) * 0.9), np.log10(max(ns) * 1.1)])
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(type="log", minorloglabels="complete")  # never "5" for both 0.5 and 500
     return fig

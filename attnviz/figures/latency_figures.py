@@ -25,6 +25,22 @@ SERIES = ["model", "variant", "n_heads", "threads", "backend", "engine", "dtype"
 GROUP_COLOURS = {"attention": "#d62728", "projections": "#1f77b4", "mlp": "#2ca02c", "other": "#7f7f7f"}
 MAX_SERIES = 12   # series drawn one by one: 2,000 traces took 71 s to build and no legend can show them
 GREY = "#9e9e9e"
+# One colour and one dash per device in every chart (plotly's colour cycle gave a device another
+# colour in each chart, and two modelled Pis the same dash): the dash is the device's when the row
+# is modelled, solid when it was measured; series of one device differ by their marker.
+DEVICE_STYLE = {"cpu": ("#1f77b4", "dashdot"), "cpu-model": ("#17becf", "longdashdot"), "pi4": ("#d62728", "dash"),
+                "pi5": ("#2ca02c", "dot")}
+OTHER_DEVICE = ("#9467bd", "longdash")
+SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "star", "triangle-down", "cross"]
+LOG_AXIS = dict(type="log", minorloglabels="complete")  # never "5" for both 0.5 and 500
+
+
+def device_style(backend, measured: bool, k: int = 0) -> dict:
+    """The line and marker of series k of a device (a list of devices drawn as one line: the first's)."""
+    backend = backend[0] if isinstance(backend, list) else backend
+    colour, dash = DEVICE_STYLE.get(str(backend), OTHER_DEVICE)
+    return dict(line=dict(color=colour, dash="solid" if measured else dash),
+                marker=dict(color=colour, symbol=SYMBOLS[k % len(SYMBOLS)]))
 
 
 def _text(value) -> str:
@@ -135,17 +151,28 @@ def same_devices(df: pd.DataFrame, y: str = "peak_mem_mb") -> list[str]:
                    if isinstance(key.get("backend"), list) and len(key["backend"]) > 1})
 
 
-def _line(rows, y, label, measured: bool, error=False, mode="lines+markers", grey=False) -> go.Scatter:
+def _line(rows, y, label, measured: bool, error=False, mode="lines+markers", grey=False, k: int = 0) -> go.Scatter:
+    """One series; its colour and dash are its device's (`device_style`), `k` picks its marker."""
     extra = {}
     if grey:  # the series past MAX_SERIES: context, not read one by one
         extra = dict(line=dict(color=GREY, width=1, dash="solid" if measured else "dash"),
                      marker=dict(color=GREY, size=3), opacity=0.6, hoverinfo="skip")
-    elif error and measured and {"p10_ms", "p90_ms"} <= set(rows.columns):
-        extra["error_y"] = dict(type="data", symmetric=False, array=rows["p90_ms"] - rows["median_ms"],
-                                arrayminus=rows["median_ms"] - rows["p10_ms"], thickness=1)
-    if not grey:
-        extra["line"] = dict(dash="solid" if measured else "dash")
+    else:
+        extra = device_style(rows["backend"].iloc[0] if "backend" in rows.columns else "", measured, k)
+        if error and measured and {"p10_ms", "p90_ms"} <= set(rows.columns):
+            extra["error_y"] = dict(type="data", symmetric=False, array=rows["p90_ms"] - rows["median_ms"],
+                                    arrayminus=rows["median_ms"] - rows["p10_ms"], thickness=1)
     return go.Scatter(x=rows["seq_len"], y=rows[y], name=label, mode=mode, **extra)
+
+
+def _symbols(series) -> list[int]:
+    """Each series' marker index: its rank among the series of its device."""
+    seen, out = {}, []
+    for _, rows, _, _ in series:
+        b = str(rows["backend"].iloc[0]) if "backend" in rows.columns and len(rows) else ""
+        out.append(seen.get(b, 0))
+        seen[b] = out[-1] + 1
+    return out
 
 
 def _layout(fig: go.Figure, title: str, y: str, log: bool = False) -> go.Figure:
@@ -153,8 +180,8 @@ def _layout(fig: go.Figure, title: str, y: str, log: bool = False) -> go.Figure:
                       legend=dict(orientation="h", yanchor="top", y=-0.18), margin=dict(t=50, b=10),
                       hovermode="x unified")
     if log:
-        fig.update_xaxes(type="log")
-        fig.update_yaxes(type="log")
+        fig.update_xaxes(**LOG_AXIS)
+        fig.update_yaxes(**LOG_AXIS)
     return fig
 
 
@@ -163,8 +190,8 @@ def _lines(df: pd.DataFrame, y: str, error: bool = False, mode: str = "lines+mar
     """The traces of every series of df (bounded) and the title note; `suffix` ends each named
     (not grey) series' label; `merge_devices`: one line for devices whose curves coincide."""
     series, total = _series(df, merge_devices=y if merge_devices else None)
-    return [_line(rows, y, label + ("" if grey else suffix), measured, error=error, mode=mode, grey=grey)
-            for label, rows, measured, grey in series], _note(total)
+    return [_line(rows, y, label + ("" if grey else suffix), measured, error=error, mode=mode, grey=grey, k=k)
+            for (label, rows, measured, grey), k in zip(series, _symbols(series))], _note(total)
 
 
 def latency_figure(df: pd.DataFrame, log: bool = False) -> go.Figure:
@@ -239,8 +266,8 @@ def growth_figure(df: pd.DataFrame, y: str = "median_ms", title: str = "Growth o
     for j, panel in enumerate(panels, start=1):
         part = df[df[facet] == panel]
         series, _ = _series(part)
-        for label, rows, measured, grey in series:
-            fig.add_trace(_line(rows, y, label, measured, grey=grey), row=1, col=j)
+        for (label, rows, measured, grey), k in zip(series, _symbols(series)):
+            fig.add_trace(_line(rows, y, label, measured, grey=grey, k=k), row=1, col=j)
         first = part.sort_values("seq_len").iloc[0]
         n0, t0 = float(first["seq_len"]), float(part[part["seq_len"] == first["seq_len"]][y].min())
         xs = np.array([n0, float(max(ns))])
@@ -249,8 +276,8 @@ def growth_figure(df: pd.DataFrame, y: str = "median_ms", title: str = "Growth o
                                      line=dict(color=GREY, dash=dash, width=1), showlegend=j == 1,
                                      hoverinfo="skip"), row=1, col=j)
         ys = part[y].astype(float)
-        fig.update_yaxes(type="log", range=[np.log10(ys.min() * 0.8), np.log10(ys.max() * 1.25)], row=1, col=j)
-    fig.update_xaxes(type="log", tickvals=ns, ticktext=[str(int(n)) for n in ns],
+        fig.update_yaxes(**LOG_AXIS, range=[np.log10(ys.min() * 0.8), np.log10(ys.max() * 1.25)], row=1, col=j)
+    fig.update_xaxes(**LOG_AXIS, tickvals=ns, ticktext=[str(int(n)) for n in ns],
                      range=[np.log10(min(ns) * 0.9), np.log10(max(ns) * 1.1)])
     fig.update_layout(title=title + " (log-log: the dotted line is slope 1, linear; the dashed line slope 2, "
                       "quadratic)", legend=dict(orientation="h", yanchor="top", y=-0.18), margin=dict(t=70, b=10))
@@ -289,7 +316,7 @@ def error_figure(err: pd.DataFrame, target_pct: float = 15.0) -> go.Figure:
     for _, count, rows in rest:
         fig.add_trace(_line(rows, "error_pct", f"{count:,} more series", True, grey=True))
     fig.add_hrect(y0=-target_pct, y1=target_pct, fillcolor="green", opacity=0.1, line_width=0)
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(**LOG_AXIS)
     return _layout(fig, f"Cost model error against measurement (band: ±{target_pct:g}%)" + _note(total), "error %")
 
 
@@ -300,19 +327,22 @@ def decode_figure(df: pd.DataFrame) -> go.Figure:
     tg = df[df["test"] == "tg"].sort_values("depth")
     fig = go.Figure()
     keys = [k for k in ("model", "backend", "engine", "dtype", "threads") if k in tg.columns]
+    per_device = {}
     for i, (key, rows) in enumerate(tg.groupby(keys, sort=True)):
         if i >= MAX_SERIES:
             break
         measured = bool(rows["measured"].iloc[0])
         label = " · ".join([f"{v} thr" if k == "threads" else str(v).removeprefix("synthetic:")
                             for k, v in zip(keys, key)] + [_kind(measured)])
+        b = str(rows["backend"].iloc[0])
+        per_device[b] = per_device.get(b, -1) + 1
         fig.add_scatter(x=rows["depth"], y=rows["tg_tps"], mode="lines+markers", name=_text(label),
-                        line=dict(dash="solid" if measured else "dash"))
+                        **device_style(b, measured, per_device[b]))
     fig.update_layout(title="Generation speed against KV-cache depth (tg at -d depth)" + _note(
         tg.groupby(keys).ngroups if len(tg) else 0), xaxis_title="tokens already in the cache (depth)",
         yaxis_title="generated tokens / s", legend=dict(orientation="h", yanchor="top", y=-0.18),
         margin=dict(t=50, b=10))
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(**LOG_AXIS)
     return fig
 
 

@@ -12,6 +12,19 @@ from attnviz.base.names import head_name
 
 MEL_SECONDS = 0.01       # one log-mel frame
 FRAME_SECONDS = 0.02     # one encoder frame
+# Whisper's features are (log10(mel), clamped to its max - 8, + 4) / 4: 40 dB per unit. Drawn in dB
+# below the clip's loudest, floored: digital silence (synthetic speech) sat at the clamp and the
+# colour scale stretched over noise-level detail, drawing pink blocks and checkerboards.
+DB_PER_UNIT = 40.0
+FLOOR_DB = -60.0
+
+
+def mel_db(features) -> np.ndarray:
+    """Log-mel features as dB below their loudest value, floored at FLOOR_DB."""
+    mel = _array(features)
+    if not mel.size:
+        return mel
+    return np.maximum(DB_PER_UNIT * (mel - mel.max()), FLOOR_DB)
 
 
 def _array(values) -> np.ndarray:
@@ -29,18 +42,20 @@ def spectrogram_and_attention(features, rows, tokens: list[str], audio_frames: i
                               title: str = "") -> go.Figure:
     """features [n_mels, 2N] over rows [n_tokens, N] (one head, or an average), cropped to the
     audio (`audio_frames` encoder frames), sharing the time axis; words as dotted boundaries."""
-    mel = _array(features)[:, :2 * audio_frames]
+    mel = mel_db(_array(features)[:, :2 * audio_frames])
     att = _array(rows)[:, :audio_frames]
     n_tok = att.shape[0]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        row_heights=[0.35, 0.65], subplot_titles=("log-mel spectrogram", title))
+                        row_heights=[0.35, 0.65], subplot_titles=(f"log-mel spectrogram (dB below its loudest, floored at {FLOOR_DB:g})", title))
     fig.add_trace(go.Heatmap(z=mel, x=np.arange(mel.shape[1]) * MEL_SECONDS, y=np.arange(mel.shape[0]),
-                             colorscale="Magma", showscale=False,
-                             hovertemplate="%{x:.2f} s · mel bin %{y}<br>%{z:.2f}<extra></extra>"),
+                             colorscale="Magma", zmin=FLOOR_DB, zmax=0.0,
+                             colorbar=dict(title=dict(text="dB"), len=0.33, y=1.0, yanchor="top", thickness=12),
+                             hovertemplate="%{x:.2f} s · mel bin %{y}<br>%{z:.1f} dB<extra></extra>"),
                   row=1, col=1)
     labels = token_labels(tokens)
     fig.add_trace(go.Heatmap(z=att, x=(np.arange(att.shape[1]) + 0.5) * FRAME_SECONDS, y=labels,
-                             colorscale="Viridis", showscale=False,
+                             colorscale="Viridis", zmin=0.0,
+                             colorbar=dict(title=dict(text="weight"), len=0.6, y=0.0, yanchor="bottom", thickness=12),
                              hovertemplate="token %{y}<br>%{x:.2f} s<br>weight %{z:.3f}<extra></extra>"),
                   row=2, col=1)
     for w in words:
@@ -56,25 +71,35 @@ def spectrogram_and_attention(features, rows, tokens: list[str], audio_frames: i
 
 
 def heads_grid(cross, audio_frames: int, alignment_heads=(), off=None) -> go.Figure:
-    """cross [L, H, n_tokens, N]: one tokens x time map per layer and head, cropped to the audio;
-    alignment heads marked ★ in the title, switched-off heads (off [L, H] bool) '(off)'."""
+    """cross [L, H, n_tokens, N]: one tokens x time map per layer and head, cropped to the audio,
+    each scaled to its own largest weight, tiled into ONE heatmap (24 heatmap subplots took
+    seconds to draw at every rerun of the page); alignment heads marked ★ in their label,
+    switched-off heads (off [L, H] bool) '(off)'."""
     att = _array(cross)[..., :audio_frames]
-    L, H = att.shape[:2]
+    L, H, n_tok, n_frames = att.shape
     marked = {tuple(lh) for lh in alignment_heads}
-    titles = [head_name(l, h) + (" ★" if (l, h) in marked else "")
-              + (" (off)" if off is not None and bool(off[l][h]) else "") for l in range(L) for h in range(H)]
-    fig = make_subplots(rows=L, cols=H, subplot_titles=titles, horizontal_spacing=0.01, vertical_spacing=0.06)
-    x = (np.arange(att.shape[-1]) + 0.5) * FRAME_SECONDS
+    gap_y, gap_x = max(1, n_tok // 4), max(2, n_frames // 40)
+    tall, wide = n_tok + gap_y, n_frames + gap_x
+    tiles = np.full((L * tall - gap_y, H * wide - gap_x), np.nan, dtype=np.float32)
+    peak = att.max(axis=(2, 3), keepdims=True)
+    scaled = att / np.where(peak > 0, peak, 1.0)
     for l in range(L):
         for h in range(H):
-            fig.add_trace(go.Heatmap(z=att[l, h], x=x, colorscale="Viridis", showscale=False, zmin=0,
-                                     hovertemplate=f"{head_name(l, h)}<br>token %{{y}}<br>%{{x:.2f}} s"
-                                                   "<br>weight %{z:.3f}<extra></extra>"),
-                          row=l + 1, col=h + 1)
-    fig.update_xaxes(showticklabels=False)
-    fig.update_yaxes(showticklabels=False, autorange="reversed")
-    fig.update_annotations(font_size=10)
-    fig.update_layout(height=int(np.clip(150 * L + 60, 260, 1200)), margin=dict(l=10, r=10, t=40, b=10))
+            tiles[l * tall:l * tall + n_tok, h * wide:h * wide + n_frames] = scaled[l, h]
+    fig = go.Figure(go.Heatmap(z=tiles, colorscale="Viridis", zmin=0.0, zmax=1.0, hoverongaps=False,
+                               colorbar=dict(title=dict(text="weight / head's max"), thickness=12),
+                               hovertemplate="row %{y} · column %{x}<br>%{z:.2f} of the head's max<extra></extra>"))
+    for l in range(L):
+        for h in range(H):
+            label = head_name(l, h) + (" ★" if (l, h) in marked else "") + (
+                " (off)" if off is not None and bool(off[l][h]) else "")
+            fig.add_annotation(x=h * wide, y=l * tall, text=label, showarrow=False, xanchor="left", yanchor="bottom",
+                               font=dict(size=10), bgcolor="rgba(255,255,255,0.7)")
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, autorange="reversed")
+    fig.update_layout(height=int(np.clip(150 * L + 60, 260, 1200)), margin=dict(l=10, r=10, t=40, b=10),
+                      title=f"every head: tokens × time ({audio_frames * FRAME_SECONDS:.2f} s), each scaled to its "
+                            "own largest weight")
     return fig
 
 

@@ -10,6 +10,7 @@ from plotly.subplots import make_subplots
 
 from attnviz.base.names import head_name
 from attnviz.figures.attention_figures import token_label
+from attnviz.figures.latency_figures import LOG_AXIS, device_style
 
 ALIGN_THRESHOLD = 0.1   # alignment lines below this weight are not drawn (uncluttered)
 
@@ -110,16 +111,15 @@ def translation_cost_figure(df) -> go.Figure:
     decode_ms_per_token): encoding (once per sentence) and one decoding step against source length."""
     figure = make_subplots(rows=1, cols=2, subplot_titles=("encoding (once per sentence)",
                                                            "decoding (per target token)"))
-    colours = {"cpu": "#1f77b4", "pi4": "#d62728", "pi5": "#2ca02c"}
     for (model, backend), rows in df.groupby(["model", "backend"], sort=True):
         rows = rows.sort_values("source_tokens")
         name = f"{model} · {backend}" + (" (measured)" if backend == "cpu" else " (modelled)")
         for col, column in ((1, "encode_ms"), (2, "decode_ms_per_token")):
             figure.add_trace(go.Scatter(
                 x=rows["source_tokens"], y=rows[column], mode="lines+markers", name=name, legendgroup=name,
-                showlegend=col == 1, line=dict(color=colours.get(backend), dash=None if backend == "cpu" else "dash"),
+                showlegend=col == 1, **device_style(backend, backend == "cpu"),
                 hovertemplate=f"{name}<br>%{{x}} source tokens: %{{y:.2f}} ms<extra></extra>"), row=1, col=col)
-    figure.update_xaxes(title="source tokens", type="log")
+    figure.update_xaxes(title="source tokens", **LOG_AXIS)
     figure.update_yaxes(title="ms", rangemode="tozero")
     figure.update_layout(height=380, margin=dict(l=10, r=10, t=40, b=10))
     return figure

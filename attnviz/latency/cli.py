@@ -27,7 +27,8 @@ from attnviz.latency.engines import DTYPES, ENGINE_DTYPES, ENGINES, MEASURED_DTY
 from attnviz.latency.measure import load, memory_budget_mb
 from attnviz.latency import pi_memory, priced, published, speech_latency, translation_latency
 from attnviz.latency.results import MAX_THREADS
-from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, decode_sweep, estimate,
+from attnviz.latency.decode import decode_sweep
+from attnviz.latency.sweep import (BACKENDS, PI_CORES, SweepPlan, configs_of, estimate,
                                    parse_int_list, run_sweep)
 
 

@@ -17,7 +17,6 @@ and its groups, on `steady_profile` (this host's, the median of three calibratio
 """
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from dataclasses import fields, replace
@@ -39,16 +38,30 @@ FIT_BAND = (0.2, 5.0)                 # attention / rest ratios the log-log fit 
 ROUNDS = 3                            # calibrations whose median figures model the crossover
 
 
-@functools.lru_cache(maxsize=8)
-def steady_profile(threads: int, clock: str = "wall", own_process: bool = False) -> costmodel.DeviceProfile:
+_steady: dict[tuple, costmodel.DeviceProfile] = {}  # (threads, clock, own_process) -> profile, once per process
+
+
+def steady_profile(threads: int, clock: str = "wall", own_process: bool = False,
+                   check: Callable[[], None] | None = None) -> costmodel.DeviceProfile:
     """This host's profile for the crossover: each figure the median of ROUNDS full calibrations
     (once per process). The crossover moves with the ratio of the fused kernel's speed to the linear
     layers'; one calibration's microbenchmarks on a busy host put it anywhere in +-15% (measured
-    here: 1,520 to 1,888 tokens for MiniLM), the median of three within a few %."""
-    runs = [calibrate_host(threads=threads, quick=False, clock=clock, own_process=own_process) for _ in range(ROUNDS)]
+    here: 1,520 to 1,888 tokens for MiniLM), the median of three within a few %. `check` runs
+    before each calibration (a deadline stops it there, and nothing is kept)."""
+    key = (int(threads), clock, bool(own_process))
+    if key in _steady:
+        return _steady[key]
+    runs = []
+    for _ in range(ROUNDS):
+        if check is not None:
+            check()
+        runs.append(calibrate_host(threads=threads, quick=False, clock=clock, own_process=own_process))
     numbers = {f.name: statistics.median(getattr(p, f.name) for p in runs) for f in fields(runs[0])
                if f.type in ("float", "int") and f.name not in ("cores", "threads")}
-    return replace(runs[0], **numbers, source=f"{runs[0].source}; median of {ROUNDS} calibrations")
+    if len(_steady) >= 8:
+        _steady.pop(next(iter(_steady)))
+    _steady[key] = replace(runs[0], **numbers, source=f"{runs[0].source}; median of {ROUNDS} calibrations")
+    return _steady[key]
 
 
 def block_split(cfg, n: int, profile: costmodel.DeviceProfile, variant=None) -> dict[str, float]:

@@ -7,14 +7,23 @@ per-call cache (`Transformer.run_blocks(cache=...)`, the cache `analysis.generat
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
+import pandas as pd
 import torch
 
 from attnviz.base.timing import Timing, measure
 from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
+from attnviz.base.jobs import Deadline, JobCancelled, JobTimeout
+from attnviz.latency import costmodel
 from attnviz.latency.costmodel import F32, DeviceProfile, Op, gemm_op, layer_ops, op_counts, op_seconds
+from attnviz.latency.engines import engine_profile
+from attnviz.latency.measure import machine_metadata, thread_count
+from attnviz.latency.results import COLUMNS, SCHEMA, config_spec
+from attnviz.latency.sweep import PI_BACKENDS, SweepPlan
 
 
 def decode_ops(cfg: Config, depth: int) -> list[tuple[Op, int]]:
@@ -129,19 +138,62 @@ def decode_rows(key: str, model, n_prompt: int, depths, *, profiles: dict, repea
             rows.append(dict(base, backend=backend, measured=False, test="tg", depth=int(d), threads=pi_threads,
                              engine=prof.engine, dtype=prof.dtype, tg_tps=tg, median_ms=1e3 / tg))
     if measured:
-        for d in depths:
-            point = measure_decode(model, int(n_prompt), int(d), repeats=repeats, warmup=warmup, clock=clock,
-                                   check=check)
-            threads = torch.get_num_threads()
-            if d == depths[0]:
-                rows.append(dict(base, backend="cpu", measured=True, test="pp", depth=0, threads=threads,
-                                 engine="torch", dtype="fp32", pp_tps=point.pp_tps,
-                                 median_ms=point.prefill.median_ms, p10_ms=point.prefill.p10_ms,
-                                 p90_ms=point.prefill.p90_ms))
-            rows.append(dict(base, backend="cpu", measured=True, test="tg", depth=int(d), threads=threads,
-                             engine="torch", dtype="fp32", tg_tps=point.tg_tps, median_ms=point.step.median_ms,
-                             p10_ms=point.step.p10_ms, p90_ms=point.step.p90_ms))
+        rows += measured_rows(key, model, n_prompt, depths, repeats=repeats, warmup=warmup, clock=clock, check=check)
     for r in rows:
         r.setdefault("p10_ms", r["median_ms"])
         r.setdefault("p90_ms", r["median_ms"])
     return rows
+
+
+def measured_rows(key: str, model, n_prompt: int, depths, *, repeats: int = 3, warmup: int = 1,
+                  clock: str = "wall", check=None):
+    """The measured (backend cpu) rows of `decode_rows`, yielded depth by depth, so a deadline that
+    stops a later depth keeps the earlier ones."""
+    cfg = model.cfg
+    base = dict(model=key, variant="fused", n_heads=cfg.n_heads, repeats=repeats, warmup=warmup, clock=clock,
+                n_prompt=int(n_prompt), seq_len=int(n_prompt), backend="cpu", measured=True, engine="torch",
+                dtype="fp32")
+    for d in depths:
+        point = measure_decode(model, int(n_prompt), int(d), repeats=repeats, warmup=warmup, clock=clock, check=check)
+        threads = torch.get_num_threads()
+        if d == depths[0]:
+            yield dict(base, test="pp", depth=0, threads=threads, pp_tps=point.pp_tps,
+                       median_ms=point.prefill.median_ms, p10_ms=point.prefill.p10_ms, p90_ms=point.prefill.p90_ms)
+        yield dict(base, test="tg", depth=int(d), threads=threads, tg_tps=point.tg_tps,
+                   median_ms=point.step.median_ms, p10_ms=point.step.p10_ms, p90_ms=point.step.p90_ms)
+
+
+def decode_sweep(plan: SweepPlan, models: dict, depths: list[int], n_prompt: int = 128, *,
+                 profiles: dict | None = None, deadline: Deadline | None = None,
+                 own_process: bool = False) -> pd.DataFrame:
+    """llama-bench's pp n_prompt and tg at each depth for every causal model of the plan: modelled on
+    each Pi backend x engine x dtype at the first Pi thread count, measured here (backend cpu) with
+    the per-call KV cache (at the plan's first thread count when `own_process`, else at this process's).
+    A deadline stops the measured part, keeping the modelled rows."""
+    profiles = dict(costmodel.PROFILES, **(profiles or {}))
+    meta = dict(machine_metadata(), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    rows, stopped = [], ""
+    for key in plan.models:
+        model = models[key]
+        if not model.cfg.causal:
+            continue
+        chosen = {(b, e, d): engine_profile(profiles[b], e, d) for b in plan.backends if b in PI_BACKENDS
+                  for e, d in plan.engine_pairs()}
+        for (b, e, d), prof in chosen.items():
+            rows += [dict(r, backend=b) for r in decode_rows(key, model, n_prompt, depths, profiles={b: prof},
+                                                                 measured=False, pi_threads=plan.pi_threads[0])]
+        if "cpu" in plan.backends and not stopped:
+            try:  # the shallowest depth first, so a deadline keeps at least the cheap rows
+                with thread_count(plan.threads[0]) if own_process else nullcontext():
+                    for row in measured_rows(key, model, n_prompt, sorted(depths), repeats=plan.repeats,
+                                             warmup=plan.warmup, clock=plan.clock,
+                                             check=None if deadline is None else deadline.check):
+                        rows.append(row)
+            except (JobTimeout, JobCancelled) as err:
+                stopped = f"{err}; the decode rows measured before it are kept"
+    for r in rows:
+        r.update(schema=SCHEMA, shape=config_spec(models[r["model"]].cfg), **meta)
+    df = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    df["tokens_per_s"] = df["pp_tps"].fillna(df["tg_tps"])
+    df.attrs["stopped"] = stopped
+    return df

@@ -29,8 +29,8 @@ from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
 from attnviz.latency import costmodel
 from attnviz.latency.calibrate import host_profile
-from attnviz.latency.crossover import block_crossover, estimate_seconds, lengths, measure_block, measured_row, modelled_rows, repeats_at, steady_profile
-from attnviz.latency import decode
+from attnviz.latency.crossover import block_crossover, block_split, estimate_seconds, lengths, measure_block, measured_row, modelled_rows, repeats_at, steady_profile
+from attnviz.latency.pacing import Pacer
 from attnviz.latency.quantize import quantized_copy
 from attnviz.latency.child import measure_in_child
 from attnviz.latency.engines import (DTYPES, MEASURED_DTYPES, NO_BF16, check_engine, engine_dtypes, engine_fit,
@@ -126,6 +126,11 @@ class SweepPlan:
             check_engine(e, (engine_dtypes(e) or ("fp32",))[0])  # an unknown engine: its message
         for b, (e, d) in ((b, p) for b in self.backends if b in PI_BACKENDS for p in self.engine_pairs()):
             engine_fit(b, e, d)  # `engine@YEAR` with no published run of that release: its message
+        idle = [e for e in self.engines if not any(d in engine_dtypes(e) for d in self.dtypes)]
+        if any(b in PI_BACKENDS for b in self.backends) and idle and self.engine_pairs():  # else: the message below
+            raise ValueError("; ".join(f"{e} runs {', '.join(engine_dtypes(e))}" for e in idle)
+                             + f", none of the chosen dtypes ({', '.join(self.dtypes)}), so it would add no row: "
+                               "choose one of its dtypes too, or leave it out")
         if any(b in PI_BACKENDS for b in self.backends) and not self.engine_pairs():
             raise ValueError(f"no chosen engine runs the chosen dtypes ({', '.join(self.dtypes)}) on a Pi: "
                              + "; ".join(f"{e} runs {', '.join(engine_dtypes(e))}" for e in self.engines)
@@ -225,7 +230,6 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
     `deadline` stops the sweep between measurements: the rows measured so far are returned and
     `df.attrs["stopped"]` says why (else ""); so does a child process that failed, and `cancel`
     (e.g. the browser session that started the sweep went away)."""
-    check = checks(deadline, cancel)
     if deadline is not None:
         check_budget(deadline.seconds, "the sweep's deadline (seconds)", zero_ok=True)
     pts = plan.points({k: m.cfg for k, m in models.items()})
@@ -274,9 +278,14 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
                                      model.cfg, tokens, v, prof, pt))
     # one block at lengths straddling its modelled crossover, at the thread count measured here
     blocks, t_block, v_block = [], plan.threads[0] if own_process else now, parse_variant(plan.variants[0])
+    left_out = ""  # why the one-block rows are missing, when the deadline came first
     for key in plan.models if plan.crossover and measured_here else ():
         cfg = models[key].cfg
-        prof = steady_profile(t_block, plan.clock, own_process=own_process)  # t_block: this process's own
+        try:  # t_block: this process's own; paced, so the calibrations cannot run past the deadline
+            prof = steady_profile(t_block, plan.clock, own_process=own_process, check=Pacer(deadline).ahead)
+        except (JobTimeout, JobCancelled) as err:
+            left_out = f"{err} while calibrating the one-block crossover, which was left out"
+            break
         n_cross = block_crossover(cfg, prof, v_block)
         if n_cross is not None:  # linear-cost variants never cross
             ns = lengths(n_cross)
@@ -289,6 +298,20 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
                   key=lambda p: (p[4], pts.index(p[:5]), dtypes.index(p[5])))
     total = len(here) + sum(repeats_at(n, c, plan.repeats) for *_, n, c in blocks) + len(elsewhere)
     done, stopped, block_runs = 0, "", {}  # (model, n) -> (block seconds, attention seconds)
+    # the model's price of each run, for the pacer: it stops before a run that would end past the
+    # deadline and says how long is left at the pace timed here (`latency.pacing`)
+    guess = costmodel.HOST_GUESS
+    runs = plan.warmup + plan.repeats + (3 if plan.memory else 0)
+    point_cost = {p: costmodel.predict(shaped(p[0], p[1]).cfg, p[4], guess, p[2], threads=p[3]).total_ms for p in here}
+    block_cost = {(key, n): sum(block_split(models[key].cfg, n, guess, v_block).values()) * 2 for *_, key, n, _ in blocks}
+    pacer = Pacer(deadline, sum(point_cost.values()) * runs + sum(
+        block_cost[(key, n)] * repeats_at(n, nc, plan.repeats) for _, _, key, n, nc in blocks))
+    check = checks(pacer, cancel)
+
+    def say(label):
+        if progress:
+            left = pacer.eta()
+            progress(done, total, label + ("" if left is None else f" · about {left:,.0f} s left"))
 
     def block_rows():
         out = [measured_row(base(key, models[key].cfg.n_heads, v_block, t_block), n, Timing.of(b), Timing.of(a))
@@ -299,8 +322,8 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
         for key, k, v, t, n, dtype in here:
             check()
             model = typed(key, k, dtype)
-            if progress:
-                progress(done, total, f"{key} · {v.name} · {k} heads · {t} threads · {dtype} · n={n}")
+            pacer.point(point_cost[(key, k, v, t, n, dtype)], runs)
+            say(f"{key} · {v.name} · {k} heads · {t} threads · {dtype} · n={n}")
             with thread_count(t) if own_process else nullcontext():
                 point = measure_point(model, n, v, warmup=plan.warmup, repeats=plan.repeats, threads=t,
                                       clock=plan.clock, memory=plan.memory, quiet=quiet, check=check)
@@ -312,9 +335,9 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
             for _, _, key, n, n_cross in blocks:
                 if r >= repeats_at(n, n_cross, plan.repeats):
                     continue
+                pacer.point(block_cost[(key, n)])
                 check()
-                if progress:
-                    progress(done, total, f"{key} · one block · {v_block.name} · {t_block} threads · n={n} · run {r + 1}")
+                say(f"{key} · one block · {v_block.name} · {t_block} threads · n={n} · run {r + 1}")
                 with thread_count(t_block) if own_process else nullcontext():
                     block, att = measure_block(models[key], n, v_block, repeats=1, warmup=plan.warmup * (r == 0),
                                                   clock=plan.clock, check=check)
@@ -346,46 +369,13 @@ def run_sweep(plan: SweepPlan, models: dict, *, progress=None, quiet: bool = Fal
         skipped += [f"{key} one block n={n}" for _, _, key, n, _ in blocks if (key, v_block.name, models[key].cfg.n_heads,
                                                                              t_block, n, "fp32", "block") not in got]
         stopped = (f"{err}; kept the {measured} measured point{'s' * (measured != 1)} finished before it (every "
-                   f"modelled row is kept); not measured: " + few(skipped))
+                   "modelled row is kept); " + (f"not measured: {few(skipped)}" if skipped else
+                                                "every point had at least one timed run"))
+    stopped = "; ".join(m for m in (left_out, stopped) if m)
     if progress:
         progress(total, total, "stopped" if stopped else "done")
     df = pd.DataFrame(rows).reindex(columns=COLUMNS)
     df["tokens_per_s"] = df["seq_len"] / (df["median_ms"] / 1e3)
-    df.attrs["stopped"] = stopped
-    return df
-
-
-def decode_sweep(plan: SweepPlan, models: dict, depths: list[int], n_prompt: int = 128, *,
-                 profiles: dict | None = None, deadline: Deadline | None = None,
-                 own_process: bool = False) -> pd.DataFrame:
-    """llama-bench's pp n_prompt and tg at each depth for every causal model of the plan: modelled on
-    each Pi backend x engine x dtype at the first Pi thread count, measured here (backend cpu) with
-    the per-call KV cache (at the plan's first thread count when `own_process`, else at this process's).
-    A deadline stops the measured part, keeping the modelled rows."""
-    profiles = dict(costmodel.PROFILES, **(profiles or {}))
-    meta = dict(machine_metadata(), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    rows, stopped = [], ""
-    for key in plan.models:
-        model = models[key]
-        if not model.cfg.causal:
-            continue
-        chosen = {(b, e, d): engine_profile(profiles[b], e, d) for b in plan.backends if b in PI_BACKENDS
-                  for e, d in plan.engine_pairs()}
-        for (b, e, d), prof in chosen.items():
-            rows += [dict(r, backend=b) for r in decode.decode_rows(key, model, n_prompt, depths, profiles={b: prof},
-                                                                 measured=False, pi_threads=plan.pi_threads[0])]
-        if "cpu" in plan.backends and not stopped:
-            try:
-                with thread_count(plan.threads[0]) if own_process else nullcontext():
-                    rows += decode.decode_rows(key, model, n_prompt, depths, profiles={}, repeats=plan.repeats,
-                                               warmup=plan.warmup, clock=plan.clock,
-                                               check=None if deadline is None else deadline.check)
-            except (JobTimeout, JobCancelled) as err:
-                stopped = f"{err}; the decode rows measured before it are kept"
-    for r in rows:
-        r.update(schema=SCHEMA, shape=config_spec(models[r["model"]].cfg), **meta)
-    df = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    df["tokens_per_s"] = df["pp_tps"].fillna(df["tg_tps"])
     df.attrs["stopped"] = stopped
     return df
 

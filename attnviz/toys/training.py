@@ -83,6 +83,34 @@ def estimate_seconds(s: TrainSettings) -> float:
     return s.steps * per_step * (CHECKPOINT_FACTOR if s.checkpoint else 1.0)
 
 
+def timed_estimate(s: TrainSettings, eval_every: int = 0, steps: int = 3) -> float:
+    """Seconds a training of these settings should take HERE: a few training steps of a throwaway
+    copy (the same code as `train`, after one untimed step) and one held-out evaluation timed with
+    the one timer, scaled to `s.steps` and its evaluations. The formula of `estimate_seconds`
+    guesses for an idle two-core machine, and a busy one took 3-20x longer."""
+    torch.manual_seed(s.seed)
+    with one_thread_here():
+        net = Transformer(s.config()).train()
+        variant, opt = parse_variant(s.variant), _optimizer(net)
+        generator = torch.Generator().manual_seed(s.seed)
+
+        def one_step():
+            inputs, answers, _ = s.task.sample(s.batch_size, generator)
+            loss = _loss(net, s.task, inputs, answers, variant, s.checkpoint)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            loss.item()
+        per_step = measure(one_step, steps, 1).median
+        evals = s.steps // eval_every if eval_every else 0
+        per_eval = 0.0
+        if evals:
+            net.eval()
+            per_eval = measure(lambda: score(net, s.task, variant, n=500), 1, 0).median
+    return s.steps * per_step + evals * per_eval
+
+
 def check_settings(s: TrainSettings) -> None:
     """Raise ValueError, saying what to change, for settings that cannot work or fit the budget."""
     s.config()  # shape errors

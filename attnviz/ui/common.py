@@ -22,6 +22,7 @@ from attnviz.toys.tasks import TOYS
 from attnviz.weights import catalogue
 from attnviz.weights import folders
 from attnviz.weights.catalogue import BUNDLED, DEFAULT_MODEL
+from attnviz.ui import loaded_models
 
 if LIMITS.torch_threads > 0:  # once per server process, before any model runs
     import torch
@@ -99,7 +100,9 @@ def loaded_with_status(notice, choice: str, typed: str | None) -> Model:
     load = (lambda: load_folder(typed)) if typed is not None else (lambda: shared_model(choice))
     if name in LOADED:
         with st.spinner(plain(f"Loading {choice}…")):
-            return load()
+            model = load()
+        loaded_models.note(name, model)
+        return model
     with notice.status(plain(f"Loading {choice}…"), expanded=True) as status:
         st.write(plain(f"Reading {choice}'s weights into memory. The first start of a server "
                        "also converts them to this app's format and caches them on disk; every "
@@ -113,6 +116,7 @@ def loaded_with_status(notice, choice: str, typed: str | None) -> Model:
         status.update(label=plain(f"Loaded {choice} in {time.perf_counter() - start:.1f} s: "
                                   f"{model.num_params() / 1e6:.1f} M parameters"),
                       state="complete", expanded=False)
+        st.caption(plain(loaded_models.note(name, model)))
     LOADED.add(name)
     return model
 
@@ -121,6 +125,7 @@ def forget_loaded():
     """Drop the shared models (tests: the next open is a first open again)."""
     _shared_model.clear()
     LOADED.clear()
+    loaded_models.IN_MEMORY.clear()
 
 
 def local_folders_allowed() -> bool:

@@ -3,6 +3,8 @@ accuracy, head scores and attention, heads switched off in the shared head edito
 curve, 4 vs 8 heads and the memory of gradient checkpointing."""
 from __future__ import annotations
 
+import time
+
 import uuid
 
 import pandas as pd
@@ -77,22 +79,33 @@ def train_form():
         settings = training.TrainSettings(
             task=tasks.Task(task_name, length, n_keys=max(16, length)), n_layers=n_layers, n_heads=heads,
             d_model=d_model, positional=positional, variant=variant, steps=int(steps), checkpoint=ckpt)
-        st.caption(f"Estimated training time: {training.estimate_seconds(settings):.0f} s "
-                   f"(budget {LIMITS.max_train_seconds:.0f} s on two cores). Copy, reverse and sort "
+        st.caption(f"Rough guess for an idle machine: {training.estimate_seconds(settings):.0f} s; Train times a few "
+                   f"steps here first and refuses what would not fit the budget ({LIMITS.max_train_seconds:.0f} s). "
+                   "Copy, reverse and sort "
                    "learn in a few hundred steps; recall needs about 1,000 (its induction heads form "
                    "suddenly).")
         if train_go:
             training.check_settings(settings)
+            every = max(50, settings.steps // 10)
+            with st.spinner("Timing a few training steps on this machine…"):
+                guess = training.timed_estimate(settings, every)
+            if guess > settings.budget_s:  # timed here, so a busy machine is refused before, not cut after
+                fit = max(1, int(settings.steps * settings.budget_s / guess))
+                raise ValueError(f"timed on this machine now, {settings.steps} steps would take about {guess:.0f} s, "
+                                 f"over the {settings.budget_s:.0f} s budget: use at most {fit} steps, or fewer "
+                                 "layers, a smaller width or batch")
+            started = time.perf_counter()
             # the live progress bar and loss chart sit in one placeholder, emptied when training
             # ends however it ends: the result below replaces them (no stale bar left on screen)
             live = st.empty()
             with live.container():
-                bar, chart, seen = st.progress(0.0, "training…"), st.empty(), []
+                bar, chart, seen = st.progress(0.0, f"training… about {guess:.0f} s (timed here)"), st.empty(), []
 
             def report(step, total, loss):
                 seen.append(loss)
                 if step % 25 == 0 or step == total:  # redrawing every step would cost more than training
-                    bar.progress(step / total, f"step {step}/{total}, loss {loss:.4f}")
+                    left = (time.perf_counter() - started) / step * (total - step)  # at this run's own pace
+                    bar.progress(step / total, f"step {step}/{total}, loss {loss:.4f} · about {left:.0f} s left")
                     chart.line_chart(pd.DataFrame({"loss": seen}), height=200)
 
             # one of the server's heavy-job slots (ServerBusy, a ValueError, at once if none is
@@ -100,7 +113,7 @@ def train_form():
             # and stops between steps when this browser session goes away
             try:
                 with job_controls.heavy_job("a toy training") as cancel:
-                    res = training.train(settings, report, eval_every=max(50, settings.steps // 10),
+                    res = training.train(settings, report, eval_every=every,
                                              should_stop=cancel)
                     mem = training.training_memory(settings, check=cancel.check)
             finally:

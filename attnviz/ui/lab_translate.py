@@ -6,7 +6,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from attnviz.analysis import alignment
 from attnviz.base import names
 from attnviz.figures import translation_figures
 from attnviz.toys import toy_translator
@@ -63,7 +62,8 @@ def toy_translator_view(_model=None):
     want = f"{words[0]} ga {words[2]} {words[3]} wo {words[1]}"
     st.markdown(f"**{plain(tr.text)}**" + ("" if tr.text == want else f" (expected {plain(want)})"))
     layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, key=key("layer"))
-    tgt_words, src_words, m = alignment.word_alignment(tr.cross_attentions[layer].mean(0),
-                                                       tr.source_tokens, tr.target_tokens)
-    st.plotly_chart(translation_figures.alignment_figure(m, src_words, tgt_words, title=f"Layer {layer}, average of heads"),
+    # one node per token, a line per weight: the toy's words are whole tokens with no word-start
+    # marks, so grouping pieces into words (as Translate does) joined each sentence into one node
+    st.plotly_chart(translation_figures.alignment_figure(tr.cross_attentions[layer].mean(0), tr.source_tokens,
+                                                         tr.target_tokens, title=f"Layer {layer}, average of heads"),
                     key=key("lines"))

@@ -2,7 +2,7 @@
 section that prices one kind of model or checks the Pi model (each computes only when opened)."""
 from __future__ import annotations
 
-from attnviz.ui import latency_sweep, latency_published, latency_sensitivity, latency_speech, latency_translate
+from attnviz.ui import latency_import, latency_sweep, latency_published, latency_sensitivity, latency_speech, latency_translate
 
 
 def page():
@@ -14,4 +14,4 @@ def page():
     latency_published.published_section()
     latency_translate.translation_section()
     latency_speech.speech_section()
-    latency_sweep.device_import()
+    latency_import.device_import()

@@ -17,7 +17,7 @@ from attnviz.base import jobs
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import latency_figures
-from attnviz.latency import calibrate, compare, engines, measure, pi_memory, quantize, results, sweep, tradeoff
+from attnviz.latency import calibrate, compare, decode, engines, measure, pi_memory, quantize, results, sweep, tradeoff
 from attnviz.latency import costmodel
 from attnviz.ui import common, latency_crossover
 from attnviz.ui import job_controls
@@ -27,6 +27,10 @@ PAGE = "latency"
 VARIANTS = ["fused", "eager", "chunked:128", "local:64", "linear", "relu"]
 VIEWS = ["Latency", "Split and fit", "Memory", "Tokens/s", "Decode", "Comparisons", "Model error"]
 PROFILES, RESULTS, STOPPED = (session_key(PAGE, k) for k in ("profiles", "results", "stopped"))
+DECODE_SHARE = 0.7  # of the time budget for the forward sweep when decode depths are asked for
+# the table: what tells two rows apart first (a device, engine and dtype), then the numbers
+TABLE = ["backend", "engine", "dtype", "measured", "model", "variant", "seq_len", "n_heads", "threads", "median_ms",
+         "p10_ms", "p90_ms", "peak_mem_mb", "tokens_per_s"]
 
 
 def K(name: str) -> str:
@@ -64,7 +68,7 @@ def host(threads: int, clock: str):
 def sweep_form():
     """The form; on Run, the sweep (or a message saying why not, the results on screen staying)."""
     here = measure.threads_now()  # this server's torch threads: other counts run in a separate process
-    with st.form(K("form")):
+    with st.form(K("form"), enter_to_submit=False):  # Enter in a box must not start a run
         c1, c2, c3 = st.columns(3)
         one_pass = [k for k, s in BUNDLED.items() if s["task"] not in ("translation", "speech")]
         picked = c1.multiselect("Models", one_pass, default=["minilm"],
@@ -132,36 +136,45 @@ def run_form(form: dict, here: int):
         engines=list(form.get("engines") or ["torch"]), dtypes=list(form.get("dtypes") or ["fp32"]),
         pi_threads=[int(t) for t in form.get("pi_threads") or [sweep.PI_CORES]],
         crossover=bool(form.get("crossover", True))).check()
-    configs = sweep.configs_of(plan.models, loader=get_model)  # synthetic shapes: parsed, not built
     max_s, max_mb = form["max_s"], form["max_mb"]
+    decoding = bool((form.get("decode") or "").strip())
+    # from the press of Run: loading and calibrating count too. Decode depths get a share of the
+    # budget of their own, else the forward sweep spends it all and no decode row is measured.
+    deadline = jobs.Deadline(max_s, "the sweep")
+    forward = jobs.Deadline(max_s * (DECODE_SHARE if decoding else 1.0), "the forward-pass sweep" if decoding else
+                            "the sweep")
+    configs = sweep.configs_of(plan.models, loader=get_model)  # synthetic shapes: parsed, not built
     sweep.estimate(plan, configs, costmodel.HOST_GUESS).check(None, max_mb)  # memory does not need a calibration
     with job_controls.heavy_job("a latency sweep") as cancel:
         with st.spinner("Calibrating this CPU…"):
             here_profile = calibrate.host_profile(here, plan.clock)
         est = sweep.estimate(plan, configs, here_profile)
         est.check(max_s, max_mb)
-        deadline = jobs.Deadline(max_s, "the sweep")
-        bar = st.progress(0.0, text=f"{est.points} points, about {est.seconds:,.0f} s (stops at {max_s} s)")
+        bar = st.progress(0.0, text=f"{est.points} points; the cost model's guess is {est.seconds:,.0f} s, timed as it "
+                                    f"runs (stops at {max_s} s)")
         models = pi_memory.models_for(plan, configs, get_model)  # modelled rows only: no model is built
         df = sweep.run_sweep(plan, models, profiles=st.session_state[PROFILES],
-                             deadline=deadline, cancel=cancel, progress=lambda i, n, label: bar.progress(
+                             deadline=forward, cancel=cancel, progress=lambda i, n, label: bar.progress(
                                  min(i / max(n, 1), 1.0), text=common.plain(label)))
         bar.empty()
-        if (form.get("decode") or "").strip():
+        if decoding:
             with st.spinner("Decode latency…"):
                 depths = [int(x) for x in form["decode"].replace(" ", "").split(",") if x.isdigit()]
-                dec = sweep.decode_sweep(plan, models, depths or [0],
-                                         profiles=st.session_state[PROFILES], deadline=deadline)
+                dec = decode.decode_sweep(plan, models, depths or [0],
+                                          profiles=st.session_state[PROFILES], deadline=deadline)
             attrs = dict(df.attrs)
             df = pd.concat([df, dec], ignore_index=True).reindex(columns=df.columns)
-            df.attrs = dict(attrs, stopped=attrs.get("stopped") or dec.attrs["stopped"])
+            df.attrs = dict(attrs, stopped="; ".join(m for m in (attrs.get("stopped"), dec.attrs["stopped"]) if m))
         df.attrs["pi_memory"] = [note for fits, note in pi_memory.ram_notes(plan, configs) if not fits]
         with st.spinner("Calibrating this CPU at the sweep's thread counts…"):
             for t in sorted(set(plan.threads) - {here}):  # the cost-model views need them: here, in the slot
+                if deadline.expired():
+                    break  # the views calibrate when they are opened
                 try:
                     calibrate.host_profile(t, plan.clock)
                 except ValueError:
                     break  # the views say why
+    df.attrs["took"] = (deadline.elapsed, max_s)
     return df
 
 
@@ -174,9 +187,11 @@ def results_views():
     if df is None or df.empty:
         st.info("Choose models, variants and sequence lengths, then press Run.")
         return
+    if "took" in df.attrs:
+        st.caption("The sweep took {:,.0f} s of its {:,.0f} s budget.".format(*df.attrs["took"]))
     for note in df.attrs.get("pi_memory", ()):  # modelled Pi rows of a model the board could not hold
         st.warning(common.plain(note))
-    st.dataframe(df[[c for c in results.COLUMNS[1:14] if c != "shape"]], hide_index=True, key=K("table"))
+    st.dataframe(df[TABLE], hide_index=True, key=K("table"))
     # results.to_csv is exports.csv_text: text cells that a spreadsheet would run as formulas are neutralised
     st.download_button("Download CSV", results.to_csv(df), "attnviz-latency.csv", "text/csv", key=K("download"),
                        on_click="ignore")
@@ -311,90 +326,3 @@ def edge_views():
         better = probs.set_index("variant")["l1_per_row"].idxmin()
         st.caption(f"Attention probabilities stored in 8 bits (MiniLM): {better} survives better — softmax "
                    "spreads tiny weights over every key, which 8 bits flush to zero; ReLU's zeros are exact.")
-
-
-# ---------------------------------------------------------------- a CSV from a real device
-@st.cache_data(max_entries=4, show_spinner="Checking the CSV…")
-def checked_csv(data: bytes):
-    """read_results on these bytes once, in a heavy-job slot: (table, None) or (None, the reason it
-    is refused). A busy server or a deadline raises (and is not cached)."""
-    with job_controls.heavy_job("a latency CSV import"):
-        try:
-            imported = results.read_results(data)
-            if not imported["measured"].any():
-                raise ValueError("this CSV holds modelled rows only; upload one measured on the device")
-            return imported, None
-        except (jobs.ServerBusy, jobs.JobTimeout, jobs.JobCancelled):
-            raise
-        except ValueError as err:
-            return None, str(err)
-
-
-@st.cache_data(max_entries=8, show_spinner="Modelling the CSV's points…")
-def modelled_csv(data: bytes, base: str, recalibrate: bool):
-    """(profile, model error table, overlay figure, series drawn, series in all) for these bytes
-    and this profile, made once (a rerun, a download or another view reuses it) in a heavy-job
-    slot with a deadline; or the reason the fit failed, as text."""
-    imported, _ = checked_csv(data)
-    with job_controls.heavy_job("a latency CSV import") as cancel:
-        check = jobs.checks(jobs.Deadline(LIMITS.max_sweep_seconds, "modelling the CSV"), cancel)
-        try:
-            prof = compare.recalibrate_from(imported, costmodel.PROFILES[base], check) if recalibrate else costmodel.PROFILES[base]
-        except (jobs.ServerBusy, jobs.JobTimeout, jobs.JobCancelled):
-            raise
-        except ValueError as err:
-            return str(err)
-        meas = imported[imported["measured"]]
-        twins = compare.modelled_like(meas, prof, check=check)
-        err = compare.model_error(meas, prof, twins)
-        fig = latency_figures.overlay_figure(meas, twins, f"Measured on the device vs {prof.name}")
-    series = latency_figures.series_count(meas)
-    return prof, err, fig, min(series, latency_figures.MAX_SERIES), series
-
-
-def device_import():
-    st.subheader("Measurements from a Raspberry Pi")
-    st.caption("On the Pi: `python -m attnviz.bench --model minilm --seq-lens 16,32,64,128,256 --threads 4 "
-               "--out pi.csv`, then upload `pi.csv`.")
-    cap = min(LIMITS.max_upload_bytes, results.MAX_CSV_BYTES)
-    upload = st.file_uploader(f"CSV from python -m attnviz.bench (at most {cap / 1e6:g} MB and "
-                              f"{results.MAX_CSV_ROWS:,} rows)", type=["csv"], key=K("upload"))
-    if upload is None:
-        return
-    name = common.plain(upload.name)
-    if upload.size > cap:
-        st.error(f"Cannot use {name}: it is {upload.size / 1e6:,.1f} MB; this page reads CSV files of at most "
-                 f"{cap / 1e6:g} MB ({results.MAX_CSV_ROWS:,} rows). Split the sweep into several files.")
-        return
-    data = upload.getvalue()
-    profiles = st.session_state.setdefault(PROFILES, {})
-    try:
-        imported, problem = checked_csv(data)
-        if problem:
-            st.error(f"Cannot use {name}: {common.plain(problem)}")
-            return
-        cpu_name = str(imported["cpu"].iloc[0])
-        guess = "pi5" if "Pi 5" in cpu_name else "pi4"
-        base = st.selectbox("Compare with the profile", ["pi4", "pi5"], index=["pi4", "pi5"].index(guess),
-                            key=K("import_profile"), help=f"The CSV says the CPU is: {common.plain(cpu_name)}")
-        recalibrate = st.checkbox(f"Recalibrate the {base} profile from these measurements", key=K("recalibrate"))
-        modelled = modelled_csv(data, base, recalibrate)
-        if isinstance(modelled, str):  # the fit failed: compare with the published profile
-            st.error(common.plain(modelled))
-            modelled = modelled_csv(data, base, False)
-            profiles.pop(base, None)
-        elif recalibrate:
-            profiles[base] = modelled[0]
-            st.success(f"{common.plain(modelled[0].source)}. New sweeps on this page use it for {base}.")
-        else:
-            profiles.pop(base, None)
-    except ValueError as err:  # the server is busy, or modelling ran past its deadline
-        st.error(f"Cannot import {name} now: {common.plain(str(err))}")
-        return
-    prof, err, fig, drawn, series = modelled
-    st.plotly_chart(fig, key=K("fig_overlay"))
-    if drawn < series:
-        st.caption(f"{series:,} series in this file: the first {drawn} are drawn one by one, the other "
-                   f"{series - drawn:,} together in grey; the table below lists every point.")
-    st.metric(f"Largest error of the {prof.name} model", f"{err['error_pct'].abs().max():.1f} %")
-    st.dataframe(err, hide_index=True, key=K("import_errors"))

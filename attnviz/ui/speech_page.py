@@ -222,14 +222,22 @@ VIEWS = {
 }
 
 
-def views(model, data: bytes, tr):
+def views(model, data: bytes, tr, drawn_before: bool):
     """The chosen view only (st.tabs would compute all four on every rerun); the choice is kept
-    across buttons, the head editor's Apply and page switches."""
+    across buttons, the head editor's Apply and page switches. After a run that drew no radio
+    (an upload on its way, an error) the browser draws a new radio at its first option while the
+    session still holds the chosen view: the value is given again, so the radio shows the view
+    drawn (and a click on the first option is a change the server sees)."""
+    view = names.session_key(PAGE, "view")
+    if not drawn_before and st.session_state.get(view) in VIEWS:
+        st.session_state[view] = st.session_state[view]
     VIEWS[view_choice(PAGE, list(VIEWS))](model, data, tr)
+    st.session_state[key("view_drawn")] = True
 
 
 def page():
     """The page in reading order: the audio, what the model is, the transcript, then the chosen view."""
+    drawn_before = st.session_state.pop(key("view_drawn"), False)  # did the last run draw the view radio?
     picked = inputs()
     if picked is None:
         return
@@ -239,4 +247,4 @@ def page():
     if tr is None:
         return
     summary(model, tr)
-    views(model, data, tr)
+    views(model, data, tr, drawn_before)
