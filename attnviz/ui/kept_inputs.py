@@ -23,7 +23,7 @@ def kept(chars: int = LINK_CHARS) -> dict:
     return dict(persist_state="session", bind="query-params", max_chars=chars)
 
 
-def kept_choice() -> dict:
-    """Keyword arguments of a keyed choice (select box, slider, toggle) kept for the session
-    across views and pages."""
+def kept_for_session() -> dict:
+    """Keyword arguments of a keyed input (a choice, a slider, a text whose key is not a tidy
+    link name) kept for the session across views and pages, not in the link."""
     return dict(persist_state="session")
