@@ -65,14 +65,16 @@ def one_view(view: str, tokens: int) -> dict:
         at = AppTest.from_file(os.path.join(ROOT, "pages", "8_Readouts.py"), default_timeout=600).run()
 
         def pages(at=at):
-            at.text_area(key="readouts.text").input(text).run()
+            at.text_area(key="readouts.text").input(text)
+            at.button(key="readouts.run").click().run()
             said = [at.error[0].value if at.error else "no message"]
             for name in ("Attribution", "Generation", "Two prompts"):
                 at = at.radio(key="readouts.view").set_value(name).run()
                 if name == "Generation":
                     at = at.button(key="readouts.gen_go").click().run()
                 if name == "Two prompts":
-                    at = at.text_area(key="readouts.pair_b").input(text).run()
+                    at.text_area(key="readouts.pair_b").input(text)
+                    at = at.button(key="readouts.pair_go").click().run()
                 said.append(at.error[0].value if at.error else "no message")
             raise ValueError(" | ".join(said))
         calls["pages"] = pages

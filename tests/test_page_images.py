@@ -79,7 +79,7 @@ def test_sample_photo_shows_every_view():
 
     size = at.sidebar.select_slider(key="images.size")
     assert size.options[0].startswith("112 px · 65 tokens") and size.options[-1].startswith("448 px")
-    at.sidebar.selectbox(key="images.sample").set_value("coffee")
+    at.main.selectbox(key="images.sample").set_value("coffee")
     size.set_value(112)
     at.radio(key="images.view").set_value("Every layer × head")
     at.run()
@@ -90,8 +90,8 @@ def test_sample_photo_shows_every_view():
 
 def test_uploads_good_and_bad_keep_the_page_working():
     at = run_page()
-    at.sidebar.radio(key="images.source").set_value("Upload").run()
-    uploader = at.sidebar.file_uploader(key="images.upload")
+    at.main.radio(key="images.source").set_value("Upload").run()
+    uploader = at.main.file_uploader(key="images.upload")
     assert set(uploader.allowed_type) >= {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tiff"}
     assert "**cat**" in photo_caption(at)                            # nothing uploaded yet
 
@@ -105,7 +105,7 @@ def test_uploads_good_and_bad_keep_the_page_working():
            ("notes.png", b"just some text, not a picture\n" * 20, "not an image"),
            ("cut.png", png()[:120], "truncated")]
     for name, data, reason in bad:
-        at.sidebar.file_uploader(key="images.upload").set_value((name, data, "image/png"))
+        at.main.file_uploader(key="images.upload").set_value((name, data, "image/png"))
         at.run()
         assert not at.exception, name
         shown = plain(name)  # the file name is escaped: markdown shows it as typed
@@ -160,7 +160,7 @@ def gif(width=1, height=1) -> bytes:
 
 
 def upload(at, name, data, kind="image/png") -> AppTest:
-    at.sidebar.file_uploader(key="images.upload").set_value((name, data, kind))
+    at.main.file_uploader(key="images.upload").set_value((name, data, kind))
     at.run()
     assert not at.exception, (name, at.exception)
     return at
@@ -168,7 +168,7 @@ def upload(at, name, data, kind="image/png") -> AppTest:
 
 def upload_page() -> AppTest:
     at = run_page()
-    at.sidebar.radio(key="images.source").set_value("Upload").run()
+    at.main.radio(key="images.source").set_value("Upload").run()
     return at
 
 
@@ -201,7 +201,7 @@ def test_strips_beyond_20_to_1_get_a_message(size):
 
 def test_upload_cap_is_stated_and_exact():
     at = upload_page()
-    assert "Up to 20 MB (20,000,000 bytes) per file" in at.sidebar.file_uploader(key="images.upload").help
+    assert "Up to 20 MB (20,000,000 bytes) per file" in at.main.file_uploader(key="images.upload").help
     upload(at, "big.png", padded_png(20_000_000))
     assert not at.error and "**big\\.png** · 32×24 px" in photo_caption(at)
     upload(at, "bigger.png", padded_png(20_000_001))
@@ -273,7 +273,7 @@ def test_non_square_photo_is_centre_cropped_by_default_and_can_be_padded_or_sque
     assert "padded to a square with the mean colour, resized to 224×224" in photo_caption(at)
     at.sidebar.radio(key="images.fit").set_value("squeeze").run()
     assert "90×60 px, squeezed, resized to" in photo_caption(at)
-    at.sidebar.radio(key="images.source").set_value("Sample photo").run()   # a square sample: nothing said
+    at.main.radio(key="images.source").set_value("Sample photo").run()   # a square sample: nothing said
     assert "cropped" not in photo_caption(at) and "padded" not in photo_caption(at)
 
 

@@ -440,3 +440,34 @@ def test_first_open_says_what_is_loading_and_how_long_it_took():
     assert status and "M parameters" in status[0]
     at.run()                                               # the next run does not say it again
     assert not [e for e in at.get("status") if "Loaded minilm" in e.label]
+
+
+def test_sub_views_keep_their_inputs_and_the_toy_says_what_it_was_trained_with():
+    """Another view and back kept neither the sentence nor the toy form (it showed "copy" under the
+    results of a "reverse" toy). Inputs are kept for the session; the results below the form say
+    what the toy was trained with, and when the form differs from it."""
+    from attnviz.base import jobs
+    from attnviz.base.limits import LIMITS
+    at = view(app(), "Step by step")
+    at.text_input(key="lab.text").input("The cat sat on the mat because it was warm.").run()
+    at = view(at, "Toy transformers")
+    at.radio(key="lab.toy_source").set_value("train one now").run()
+    at.selectbox(key="lab.toy_task").set_value("reverse")
+    at.number_input(key="lab.toy_steps").set_value(50)
+    at.select_slider(key="lab.toy_width").set_value(32)
+    at.slider(key="lab.toy_layers").set_value(1)
+    at.slider(key="lab.toy_len").set_value(3)
+    at.button(key="lab.toy_train").click().run()
+    assert not at.exception and "Trained with: reverse, length 3, 1 layers" in shown(list(at.success) + list(at.warning))
+    at = view(view(at, "Step by step"), "Toy transformers")
+    assert at.selectbox(key="lab.toy_task").value == "reverse" and at.slider(key="lab.toy_len").value == 3
+    assert "The form has changed" not in texts(at.info)
+    at.selectbox(key="lab.toy_task").set_value("sort")
+    with contextlib.ExitStack() as others:        # every heavy-job slot taken: refused, the toy stays the old one
+        for i in range(LIMITS.max_heavy_jobs):
+            others.enter_context(jobs.heavy_job(f"another session's sweep {i}"))
+        at.button(key="lab.toy_train").click().run()
+    assert not at.exception and "already running" in texts(at.error)
+    assert "The form has changed since the toy below was trained" in shown(at.info)
+    at = view(at, "Step by step")
+    assert at.text_input(key="lab.text").value == "The cat sat on the mat because it was warm."

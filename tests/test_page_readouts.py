@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz.analysis import head_ablation, readouts
 from attnviz.analysis.effects import single_token
-from attnviz.ui import common
+from attnviz.ui import kept_inputs
 from attnviz.weights import catalogue
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "8_Readouts.py")
@@ -106,39 +106,65 @@ def test_two_prompts_view():
     assert not at.exception and not at.error
     assert any("position by position" in c.value for c in at.caption)
     assert chart(at, "readouts.pair_head_0") and chart(at, "readouts.pair_head_1")
-    at.text_area(key="readouts.pair_b").input("The golden trophy didn't fit in the suitcase because it was too big").run()
+    at.text_area(key="readouts.pair_b").input("The golden trophy didn't fit in the suitcase because it was too big")
+    at.button(key="readouts.pair_go").click().run()
     assert not at.exception
     assert any("word by word" in c.value for c in at.caption)
     at = view(at, "Logit lens")
     assert at.radio(key="readouts.view").value == "Logit lens"
 
 
+def test_attribution_targets_follow_the_prompt():
+    """The sample's " Mary" / " John" belong to the sample: a new prompt gets the model's own two
+    most likely next tokens; a token the user typed stays while the prompt does."""
+    at = view(app(), "Attribution")
+    assert (at.text_input(key="readouts.target").value, at.text_input(key="readouts.minus").value) == (" Mary", " John")
+    at.text_area(key="readouts.text").input("The capital of France is")
+    at.button(key="readouts.run").click().run()
+    assert not at.exception and not at.error
+    assert (at.text_input(key="readouts.target").value, at.text_input(key="readouts.minus").value) == (" Paris", " the")
+    at.text_input(key="readouts.minus").input(" Lyon").run()
+    at = view(view(at, "Logit lens"), "Attribution")
+    assert at.text_input(key="readouts.minus").value == " Lyon" and not at.error
+    at.text_area(key="readouts.text").input(TEXT)
+    at.button(key="readouts.run").click().run()
+    assert (at.text_input(key="readouts.target").value, at.text_input(key="readouts.minus").value) == (" Mary", " John")
+
+
 def test_bad_input():
     at = view(app(), "Attribution")
     at.text_input(key="readouts.target").input("Mary Poppins").run()
     assert not at.exception and at.error and "not one" in at.error[0].value
-    at.text_area(key="readouts.text").input("   ").run()
+    at.text_area(key="readouts.text").input("   ")
+    at.button(key="readouts.run").click().run()
     assert not at.exception and at.info
 
 
-def test_a_prompt_of_8192_tokens_gets_a_message_on_every_view(smollm2):
-    """Every Readouts view refuses SmolLM2's full 8,192 positions with the page's message before any
-    block runs: generation captured every layer's [H, n, n] (22 GB at 8,192), two prompts asked torch
-    for a 72 GB buffer and raised RuntimeError."""
-    long = "When Mary and John went to the store, " * 1200              # cut to the model's 8,192 positions
-    assert len(smollm2.inputs(long)["ids"]) == 8192
+def test_the_longest_prompt_gets_a_message_on_every_view(smollm2):
+    """Every Readouts view refuses more than 256 tokens with the page's message before any block
+    runs (generation once captured every layer's [H, n, n], two prompts asked torch for a 72 GB
+    buffer at 8,192). The box, kept in the page's link, takes at most 2,000 characters: a longer
+    paste is refused by the box and the prompt stays as it was."""
     at = app()
-    at.text_area(key="readouts.text").input(long).run()
-    assert not at.exception and "the text has 8192 tokens; readouts take at most 256" in at.error[0].value
+    at.text_area(key="readouts.text").input("When Mary and John went to the store, " * 1200)  # 8,192 tokens
+    at.button(key="readouts.run").click().run()
+    assert not at.exception and at.session_state["readouts.text"] == TEXT
+    long = ("When Mary and John went to the store, " * 60)[:kept_inputs.LINK_CHARS]
+    n = len(smollm2.inputs(long)["ids"])
+    assert n > 256
+    at.text_area(key="readouts.text").input(long)
+    at.button(key="readouts.run").click().run()
+    assert not at.exception and f"the text has {n} tokens; readouts take at most 256" in at.error[0].value
     at = view(at, "Attribution")
     assert not at.exception and "readouts take at most 256" in at.error[0].value
     at = view(at, "Generation")
     at.button(key="readouts.gen_go").click().run()
-    assert not at.exception and "the prompt has 8,192 tokens; generation takes at most 256" in at.error[0].value
+    assert not at.exception and f"the prompt has {n:,} tokens; generation takes at most 256" in at.error[0].value
     at = view(at, "Two prompts")
-    at.text_area(key="readouts.pair_b").input(long).run()
+    at.text_area(key="readouts.pair_b").input(long)
+    at.button(key="readouts.pair_go").click().run()
     assert not at.exception
-    assert "the second prompt has 8,192 tokens; two prompts take at most 256 each" in at.error[0].value
+    assert f"the second prompt has {n:,} tokens; two prompts take at most 256 each" in at.error[0].value
 
 
 def test_the_target_token_box_is_capped_before_tokenising():

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from attnviz.ui import kept_inputs
+
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "6_Translate.py")
 
 
@@ -16,7 +18,8 @@ def run_page(text: str | None = None, direction: str | None = None) -> AppTest:
     at.run()
     assert not at.exception, at.exception
     if text is not None:
-        at.text_area(key="translate.text").input(text).run()
+        at.text_area(key="translate.text").input(text)
+        at.button(key="translate.go").click().run()
         assert not at.exception, at.exception
     return at
 
@@ -84,7 +87,8 @@ def test_emoji_and_cjk_show_unknown_pieces():
 
 def test_a_long_paste_is_cut_with_a_message(set_limits):
     set_limits(max_source_tokens=24)
-    at = run_page(" ".join(["The children are playing football in the park."] * 250))  # 2,000 words
+    # the box takes at most LINK_CHARS characters (it lives in the link): the longest paste it takes
+    at = run_page(" ".join(["The children are playing football in the park."] * 250)[:kept_inputs.LINK_CHARS])
     assert any("was cut" in w.value for w in at.warning)
     assert at.subheader[0].value
 
@@ -123,7 +127,8 @@ def test_an_allowed_local_bart_folder_runs_on_the_page(tmp_path, set_limits):
     assert not at.exception, at.exception
     assert any("Type the folder" in i.value for i in at.info)
     at.text_input(key="translate.folder").input(str(tmp_path / "tiny-bart")).run()
-    at.text_area(key="translate.text").input("w5 w9 w17").run()
+    at.text_area(key="translate.text").input("w5 w9 w17")
+    at.button(key="translate.go").click().run()
     assert not at.exception, at.exception
     assert at.subheader and charts_of_every_view(at) >= 8   # self-attention decoder: same views
     at.text_input(key="translate.folder").input(str(tmp_path / "elsewhere")).run()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from attnviz.analysis.effects import token_names
+from attnviz.analysis.effects import single_token, token_names
 from attnviz.analysis.importance import is_lm
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
@@ -240,3 +240,21 @@ def top_off_mask(att: Attribution, k: int) -> torch.Tensor:
     for i, h, _ in att.top_heads(k):
         keep[i, h] = 0
     return keep
+
+
+def likely_targets(tokenizer, last_logits: torch.Tensor, n: int = 2, look: int = 50) -> list[str]:
+    """The `n` most likely next tokens of `last_logits` [V], spelt so that typing them back names
+    the same one token (` Mary`): fitting target / minus tokens for a prompt the user typed. A
+    token whose text does not come back as itself (a byte piece, a merge) is skipped."""
+    found = []
+    for token_id in last_logits.topk(min(look, last_logits.numel())).indices.tolist():
+        spelt = tokenizer.decode([token_id])
+        try:
+            ok = single_token(tokenizer, spelt)[0] == token_id
+        except ValueError:
+            ok = False
+        if ok:
+            found.append(spelt)
+            if len(found) == n:
+                break
+    return found

@@ -330,10 +330,14 @@ def cached_result(cache: LRU, key, make):
 
 def follow_owner(owner_key: str, owner, defaults: dict):
     """Widget values that belong to ``owner`` (a text, a head) are set to ``defaults`` when the
-    owner changes. Assigned, never popped: the browser is told the new value."""
-    if st.session_state.get(owner_key) != owner:
-        st.session_state.update(defaults)
-        st.session_state[owner_key] = owner
+    owner changes. Assigned, never popped: the browser is told the new value. On a session's
+    first run a value that came in the page's link (a `kept` input after a reload) wins over
+    its default."""
+    ss = st.session_state
+    if ss.get(owner_key) != owner:
+        first = owner_key not in ss
+        ss.update({k: v for k, v in defaults.items() if not (first and k in st.query_params)})
+        ss[owner_key] = owner
 
 
 def keep_in_options(choices: dict):

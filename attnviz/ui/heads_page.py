@@ -177,17 +177,18 @@ class View:
         st.caption(f"Heads off: {head_ablation.describe(masked.ablation)}.")
         if n_ids > LIMITS.live_max_tokens:
             st.caption(f"The live view uses the first {LIMITS.live_max_tokens} of {n_ids} tokens.")
+        if self.lm:
+            # Each plotly chart adds to every redraw: one appears 0.6–0.7 s after Apply, all three
+            # 0.9–1.1 s (bench/toggle_latency.py, SmolLM2 at 64 tokens). Its own row: its four
+            # choices did not fit half of this column and the last was cut at the page's edge.
+            chart = st.segmented_control("chart", LIVE_CHARTS, default=LIVE_CHARTS[0], required=True,
+                                         key=K("chart"), help="the chart redrawn after each Apply; "
+                                         "all three take about 0.3–0.5 s longer to appear")
         c1, c2, c3 = st.columns([1, 1, 2])
         c1.selectbox("layer for the attention change", range(self.L), index=self.L - 1,
                      key=K(f"diff_layer:{self.shape}"))
         head = c2.selectbox("head", range(self.H), key=K(f"diff_head:{self.shape}"))
-        if self.lm:
-            # Each plotly chart adds to every redraw: one appears 0.6–0.7 s after Apply, all three
-            # 0.9–1.1 s (bench/toggle_latency.py, SmolLM2 at 64 tokens).
-            chart = c3.segmented_control("chart", LIVE_CHARTS, default=LIVE_CHARTS[0], required=True,
-                                         key=K("chart"), help="the chart redrawn after each Apply; "
-                                         "all three take about 0.3–0.5 s longer to appear")
-        else:
+        if not self.lm:
             chart = "attention change"
             c3.text_area("sentences to rank by similarity (one per line)", "\n".join(SENTENCES),
                          key=K("sentences"), max_chars=SENTENCE_LINES * (SENTENCE_CHARS + 1),

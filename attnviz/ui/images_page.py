@@ -1,7 +1,7 @@
 """The Images page: what each head of a vision transformer looks at in a photo.
 
-The photo and its settings sit in the sidebar; the one head editor (`attnviz.ui.head_editor`) on
-the left, and beside it the one view the user chose (remembered across buttons and downloads):
+The photo is picked (or uploaded) at the top of the main area, its settings sit in the sidebar;
+the one head editor (`attnviz.ui.head_editor`) on the left, and beside it the one view the user chose (remembered across buttons and downloads):
 only that view's maps are computed and drawn. Every view uses the masked model.
 """
 from __future__ import annotations
@@ -93,12 +93,15 @@ def upload_key(upload) -> str:
 
 
 def choose_photo(cfg):
-    """(label, image key, bytes, photo, display copy) from the sidebar; a bad (or no) upload keeps
+    """(label, image key, bytes, photo, display copy) from the main area's picker; a bad (or no) upload keeps
     the last photo that worked, else the first sample. None when there is nothing to show."""
     samples = images.sample_images()
-    with st.sidebar:
+    # In the main area, above the views: a newcomer looks for the uploader here, not in the sidebar.
+    left, right = st.columns([1, 3], vertical_alignment="center")
+    with left:
         source = st.radio("Image", ["Sample photo", "Upload"], key=K("source"), horizontal=True)
-        upload = sample = None
+    upload = sample = None
+    with right:
         if source == "Upload":
             upload = st.file_uploader(
                 "Photo (PNG, JPEG, WebP, GIF, BMP, TIFF)", type=UPLOAD_TYPES, key=K("upload"),

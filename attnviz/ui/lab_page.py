@@ -14,6 +14,7 @@ from attnviz.base.texts import eval_text
 from attnviz.figures import lab_figures
 from attnviz.ui import common
 from attnviz.ui import job_controls
+from attnviz.ui import kept_inputs
 from attnviz.ui import lab_patterns, lab_positions, lab_steps, lab_toys, lab_translate
 
 PAGE = "lab"
@@ -69,11 +70,11 @@ def variants_view(model):
     ss = st.session_state
     with st.form(key("var_form")):
         specs = st.multiselect("Variants", VARIANTS, ["temp:2", "local:16", "linear", "relu", "topk:16"],
-                               key=key("var_specs"))
+                               key=key("var_specs"), **kept_inputs.kept_for_session())
         layers = st.multiselect("In layers", list(range(model.cfg.n_layers)),
-                                list(range(model.cfg.n_layers)), key=key(f"var_layers_{model.info.key}"))
+                                list(range(model.cfg.n_layers)), key=key(f"var_layers_{model.info.key}"), **kept_inputs.kept_for_session())
         var_text = st.text_area("Text", eval_text()[:700], key=key("var_text"), height=120,
-                                help=f"the first {LIMITS.lab_max_tokens} tokens are used")
+                                help=f"the first {LIMITS.lab_max_tokens} tokens are used", **kept_inputs.kept())
         measure = st.form_submit_button("Measure", key=key("var_go"))
     if measure:
         if not specs or not layers:

@@ -14,6 +14,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.figures import lab_figures
 from attnviz.figures import step_figures
 from attnviz.ui import common
+from attnviz.ui import kept_inputs
 
 PAGE = "lab"
 SENTENCE = "The animal didn't cross the street because it was too tired."
@@ -103,7 +104,7 @@ def steps_view(model):
     cfg = model.cfg
     mode = st.radio("Show", MODES, key=key("steps_mode"), horizontal=True, persist_state="session",
                     label_visibility="collapsed")
-    text = st.text_input("Sentence", SENTENCE, key=key("text"))
+    text = st.text_input("Sentence", SENTENCE, key=key("text"), **kept_inputs.kept())
     opening = open_on_default_head(model, text)
     clamp_choice(model, key("layer"), cfg.n_layers - 1, "layer")
     clamp_choice(model, key("head"), cfg.n_heads - 1, "head")
@@ -112,7 +113,7 @@ def steps_view(model):
                             persist_state="session")
     head = c2.number_input("Head", 0, cfg.n_heads - 1, key=key("head"), on_change=chose_head,
                            persist_state="session")
-    temperature = c3.slider("Temperature", 0.1, 5.0, 1.0, 0.1, key=key("temp"),
+    temperature = c3.slider("Temperature", 0.1, 5.0, 1.0, 0.1, key=key("temp"), **kept_inputs.kept_for_session(),
                             help="divides the scaled scores: < 1 sharpens, > 1 flattens")
     causal = c4.toggle("Causal mask", cfg.causal, key=key(f"causal_{cfg.causal}"),
                        help="queries see only earlier tokens")

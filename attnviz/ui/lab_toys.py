@@ -19,6 +19,7 @@ from attnviz.toys import tasks
 from attnviz.toys import training
 from attnviz.ui import common
 from attnviz.ui import job_controls
+from attnviz.ui import kept_inputs
 from attnviz.ui.head_editor import head_editor, metric_delta
 
 PAGE = "lab"
@@ -58,22 +59,31 @@ def off_heads(keep: torch.Tensor) -> tuple[str, ...]:
     return tuple(names.head_name(i, h) for i, h in (keep == 0).nonzero().tolist())
 
 
+def settings_words(s: training.TrainSettings) -> str:
+    """What a toy is trained with, in the words of the form."""
+    return (f"{s.task.name}, length {s.task.length}, {s.n_layers} layers × {s.n_heads} heads, d_model "
+            f"{s.d_model}, {s.positional} positions, {s.variant} attention, {s.steps} steps"
+            + (", gradient checkpointing" if s.checkpoint else ""))
+
+
 def train_form():
-    """Train a toy now; returns (toy, key) of the last trained one, or (None, None)."""
+    """Train a toy now; returns (toy, key) of the last trained one, or (None, None). What is shown
+    below the form says what it was trained with, and when the form has changed since."""
     ss = st.session_state
+    settings = None
     with st.form(key("toy_form")):
         c1, c2, c3, c4 = st.columns(4)
-        task_name = c1.selectbox("Task", list(tasks.TASKS), key=key("toy_task"))
-        length = c1.slider("Length", 2, 16, 8, key=key("toy_len"))
-        heads = c2.select_slider("Heads", [2, 4, 8], 4, key=key("toy_heads"))
-        n_layers = c2.slider("Layers", 1, 4, 2, key=key("toy_layers"))
-        d_model = c3.select_slider("Width d_model", [32, 64, 128], 64, key=key("toy_width"))
-        positional = c3.selectbox("Positions", list(tasks.POSITIONALS), 0, key=key("toy_pos"))
+        task_name = c1.selectbox("Task", list(tasks.TASKS), key=key("toy_task"), **kept_inputs.kept_for_session())
+        length = c1.slider("Length", 2, 16, 8, key=key("toy_len"), **kept_inputs.kept_for_session())
+        heads = c2.select_slider("Heads", [2, 4, 8], 4, key=key("toy_heads"), **kept_inputs.kept_for_session())
+        n_layers = c2.slider("Layers", 1, 4, 2, key=key("toy_layers"), **kept_inputs.kept_for_session())
+        d_model = c3.select_slider("Width d_model", [32, 64, 128], 64, key=key("toy_width"), **kept_inputs.kept_for_session())
+        positional = c3.selectbox("Positions", list(tasks.POSITIONALS), 0, key=key("toy_pos"), **kept_inputs.kept_for_session())
         variant = c4.selectbox("Attention", ["softmax", "linear", "relu", "local:4", "topk:4"],
-                               key=key("toy_var"))
-        steps = c4.number_input("Steps", 50, 5000, 600, 50, key=key("toy_steps"))
+                               key=key("toy_var"), **kept_inputs.kept_for_session())
+        steps = c4.number_input("Steps", 50, 5000, 600, 50, key=key("toy_steps"), **kept_inputs.kept_for_session())
         ckpt = st.toggle("Gradient checkpointing (recompute block activations in backward)",
-                         key=key("toy_ckpt"))
+                         key=key("toy_ckpt"), **kept_inputs.kept_for_session())
         train_go = st.form_submit_button("Train", key=key("toy_train"))
     try:
         settings = training.TrainSettings(
@@ -119,15 +129,21 @@ def train_form():
             finally:
                 live.empty()
             ss[key("toy_trained")] = (res, mem, f"trained:{uuid.uuid4().hex}")
+            ss[key("toy_trained_with")] = settings_words(settings)
     except ValueError as err:
         st.error(common.plain(str(err)))
     trained = ss.get(key("toy_trained"))
     if not trained:
         return None, None
     res, mem, toy_key = trained
+    trained_with = ss.get(key("toy_trained_with"), "")
+    if settings is not None and trained_with != settings_words(settings):
+        st.info(common.plain(f"The form has changed since the toy below was trained: it is still the toy "
+                             f"trained with {trained_with}. Press Train to train one with the form's settings."))
     msg = f"Trained {res.steps_done} steps in {res.seconds:.1f} s"
     (st.warning if res.stopped_early else st.success)(
-        msg + (" — stopped at the time budget." if res.stopped_early else "."))
+        msg + (" — stopped at the time budget." if res.stopped_early else ".")
+        + (f" Trained with: {common.plain(trained_with)}." if trained_with else ""))
     st.plotly_chart(lab_figures.loss_figure(res.losses, res.history), key=key("toy_loss"))
     st.caption(f"Peak training memory of one step, measured: {mem.step_peak / 1e6:.2f} MB of "
                f"activations and gradients + {mem.resident / 1e6:.2f} MB parameters and optimizer "
@@ -161,7 +177,8 @@ def toy_details(toy, toy_key: str):
     c1.metric("Exact accuracy (2,000 held-out prompts)", f"{score.exact:.1%}")
     c2.metric("Token accuracy", f"{score.token:.1%}")
     c3.metric("Parameters", f"{toy.num_params():,}")
-    prompt = st.text_input("Try it: a prompt", toy.task.example_prompt(), key=key(f"toy_prompt_{toy.task}"))
+    prompt = st.text_input("Try it: a prompt", toy.task.example_prompt(), key=key(f"toy_prompt_{toy.task}"),
+                           **kept_inputs.kept_for_session())
     try:
         answer, truth = toy_answer(toy, toy_key, prompt)
         (st.success if answer == truth else st.error)(
@@ -238,14 +255,14 @@ def toys_view(model):
     st.markdown("Synthetic tasks with exact answers, learnt by our own modules: "
                 + "; ".join(f"**{k}**: {v}" for k, v in tasks.TASKS.items()) + ".")
     source = st.radio("Model", ["shipped checkpoint", "train one now"], horizontal=True,
-                      key=key("toy_source"))
+                      key=key("toy_source"), **kept_inputs.kept_for_session())
     toy, toy_key = None, None
     if source == "shipped checkpoint":
         if not tasks.TOYS:
             st.error("No toy checkpoints are installed (attnviz/data/toys is empty); run "
                      "scripts/train_toys.py.")
         else:
-            toy_key = st.selectbox("Checkpoint", list(tasks.TOYS), key=key("toy_key"),
+            toy_key = st.selectbox("Checkpoint", list(tasks.TOYS), key=key("toy_key"), **kept_inputs.kept_for_session(),
                                    format_func=lambda k: f"{k} — stated exact accuracy "
                                                          f"{tasks.TOYS[k]['accuracy']['exact']:.1%}")
             toy = shipped_toy(toy_key)

@@ -11,12 +11,13 @@ from attnviz.base import exports, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import readout_figures
-from attnviz.ui import common, generation_view, head_editor, job_controls
+from attnviz.ui import common, generation_view, head_editor, job_controls, kept_inputs
 from attnviz.ui.common import plain
 
 PAGE = "readouts"
 VIEWS = ["Logit lens", "Attribution", "Generation", "Two prompts"]
 DEFAULT_TEXT = "When Mary and John went to the store, John gave a drink to"
+SAMPLE_TARGETS = (" Mary", " John")   # the indirect object and the subject: the sample's question
 PAIR = ("The trophy didn't fit in the suitcase because it was too big",
         "The trophy didn't fit in the suitcase because it was too small")
 FROZEN_NOTE = ("Direct logit attribution, as TransformerLens computes it: the final norm's scale is frozen at "
@@ -70,9 +71,7 @@ def page():
         if view == "Two prompts":
             pair_view(model)
             return
-        # a toy reads its own symbols: its example prompt replaces the text when it is picked
-        common.follow_owner(key("text_for"), model.info.key, {key("text"): default_text(model)})
-        text = st.text_area("Prompt", key=key("text"), height=80)
+        text = prompt(model)
         if not text.strip():
             st.info("Type a prompt.")
             return
@@ -84,6 +83,18 @@ def page():
             generation_view.view(model, text, PAGE, head_means)
     except ValueError as err:
         st.error(plain(err))
+
+
+def prompt(model) -> str:
+    """The prompt box and its Run button (Ctrl+Enter too): a form, so typing never reruns the
+    page. The text is kept across views, pages and reloads (kept_inputs)."""
+    # a toy reads its own symbols: its example prompt replaces the text when it is picked
+    common.follow_owner(key("text_for"), model.info.key, {key("text"): default_text(model)})
+    with st.form(key("prompt_form"), border=False):
+        text = st.text_area("Prompt", key=key("text"), height=80, help=kept_inputs.LINK_HELP,
+                            **kept_inputs.kept())
+        st.form_submit_button("Run", key=key("run"), type="primary")
+    return text
 
 
 # ---------------------------------------------------------------- logit lens
@@ -122,13 +133,28 @@ def lens_view(model, text: str):
 
 
 # ---------------------------------------------------------------- attribution
-def tokens_asked(model) -> tuple[int, int | None]:
-    st.session_state.setdefault(key("target"), " Mary")
-    st.session_state.setdefault(key("minus"), " John")
+def fitting_targets(model, text: str) -> tuple[str, str]:
+    """Target and minus tokens that mean something for this prompt: the sample's names for the
+    sample prompt, else the model's two most likely next tokens."""
+    if text == DEFAULT_TEXT:
+        return SAMPLE_TARGETS
+    full = common.cached_result(results(), ("logits", model_id(model), text),
+                                lambda: head_ablation.logits(model, text)[-1])
+    found = readouts.likely_targets(model.tokenizer, full) + ["", ""]
+    return found[0], found[1]
+
+
+def tokens_asked(model, text: str) -> tuple[int, int | None]:
+    """The target and minus boxes. They follow the prompt: a new prompt (or model) sets them to
+    fitting tokens for it, which the user may then change."""
+    common.follow_owner(key("targets_for"), (model_id(model), text),
+                        dict(zip((key("target"), key("minus")), fitting_targets(model, text))))
     left, right = st.columns(2)
     target_text = left.text_input("Target token", key=key("target"), help="one token, with its leading space",
-                                  max_chars=TOKEN_CHARS)
-    minus_text = right.text_input("Minus token (optional)", key=key("minus"), max_chars=TOKEN_CHARS)
+                                  **kept_inputs.kept(TOKEN_CHARS))
+    minus_text = right.text_input("Minus token (optional)", key=key("minus"), **kept_inputs.kept(TOKEN_CHARS))
+    st.caption("The tokens follow the prompt: for the sample, its two names; for a prompt of yours, "
+               "the model's two most likely next tokens. Type others to attribute those.")
     target, note = single_token(model.tokenizer, target_text)
     minus, note_minus = (None, None) if not minus_text.strip() else single_token(model.tokenizer, minus_text)
     for n in (note, note_minus):
@@ -138,7 +164,7 @@ def tokens_asked(model) -> tuple[int, int | None]:
 
 
 def attribution_view(model, text: str):
-    target, minus = tokens_asked(model)
+    target, minus = tokens_asked(model, text)
     att = common.cached_result(results(), ("dla", model_id(model), text, target, minus),
                         lambda: readouts.attribution(model, text, target, minus))
     label = "logit difference" if minus is not None else "logit"
@@ -196,11 +222,14 @@ def switch_off(model, text: str, att, target: int, minus: int | None):
 
 # ---------------------------------------------------------------- two prompts
 def pair_view(model):
-    st.session_state.setdefault(key("pair_a"), PAIR[0])
-    st.session_state.setdefault(key("pair_b"), PAIR[1])
-    left, right = st.columns(2)
-    text_a = left.text_area("First prompt", key=key("pair_a"), height=80)
-    text_b = right.text_area("Second prompt", key=key("pair_b"), height=80)
+    for name, default in zip(("pair_a", "pair_b"), PAIR):
+        if key(name) not in st.query_params:    # a reload keeps the pair in the link
+            st.session_state.setdefault(key(name), default)
+    with st.form(key("pair_form"), border=False):
+        left, right = st.columns(2)
+        text_a = left.text_area("First prompt", key=key("pair_a"), height=80, **kept_inputs.kept())
+        text_b = right.text_area("Second prompt", key=key("pair_b"), height=80, **kept_inputs.kept())
+        st.form_submit_button("Compare", key=key("pair_go"), type="primary")
     if not text_a.strip() or not text_b.strip():
         st.info("Type two prompts.")
         return

@@ -16,6 +16,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
 from attnviz.core.translator import Seq2SeqModel
+from attnviz.ui import kept_inputs
 from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
 from attnviz.weights.catalogue import list_models
@@ -51,7 +52,13 @@ def inputs():
                    f"2.5 × source + 5 target tokens (≤ {LIMITS.max_target_tokens}), "
                    f"{LIMITS.max_translate_seconds:g} s per translation. A beam search over more than "
                    f"{LIMITS.heavy_beam_tokens} source tokens takes one of the server's heavy-job slots.")
-    text = st.text_area("Sentence", value=DEFAULT_TEXT, key=key("text"), height=90)
+    if key("text") not in st.query_params:   # a reload keeps the sentence in the link
+        st.session_state.setdefault(key("text"), DEFAULT_TEXT)
+    # a form: Translate (or Ctrl+Enter) runs it, typing does not
+    with st.form(key("form"), border=False):
+        text = st.text_area("Sentence", key=key("text"), height=90, help=kept_inputs.LINK_HELP,
+                            **kept_inputs.kept())
+        st.form_submit_button("Translate", key=key("go"), type="primary")
     if not text.strip():
         st.error("The text is empty: type or paste a sentence to translate.")
         return None
