@@ -27,7 +27,6 @@ import pandas as pd
 import sacrebleu
 import torch
 from PIL import Image
-from scipy import stats
 
 from attnviz.analysis.corpus import PAIR, CorpusLimits
 from attnviz.analysis.importance import is_lm
@@ -246,6 +245,7 @@ def _spearman(labels, scores) -> float:
     ok = np.isfinite(labels) & np.isfinite(scores)
     if ok.sum() < 3 or np.ptp(labels[ok]) == 0 or np.ptp(scores[ok]) == 0:
         return float("nan")
+    from scipy import stats   # scipy.stats loads scipy.ndimage: only runs with labels pay for it
     return float(stats.spearmanr(labels[ok], scores[ok]).statistic)
 
 
