@@ -165,14 +165,15 @@ def corpus_tool(view, keep):
         return
     c1, c2, c3, c4 = st.columns(4)
     kinds = list(corpus_runs.RUN_KINDS)
-    kind = c1.selectbox("run", kinds, key=K("corpus_kind"), format_func=lambda k: k.replace("_", " "),
+    # scoring the editor's mask is the quickest run and the natural first one
+    kind = c1.selectbox("run", kinds, index=kinds.index("mask"), key=K("corpus_kind"), format_func=lambda k: k.replace("_", " "),
                         help="; ".join(f"{k.replace('_', ' ')}: {d}" for k, d in corpus_runs.RUN_KINDS.items()))
     mkind = "lm" if view.lm else "encoder"
     metrics = corpus_metrics.METRICS[mkind] + (["spearman_pruned"] if chosen.labels is not None else [])
     metric = c2.selectbox("metric", metrics, key=K(f"corpus_metric:{mkind}"),
                           help="the curve follows it (higher is better for top1, cosine, agreement)")
     options = [n for n in ITEM_CHOICES if n < len(chosen)] + [len(chosen)]
-    n_items = c3.selectbox("texts (the first)", options, index=min(2, len(options) - 1), key=K("corpus_n"))
+    n_items = c3.selectbox("texts (the first)", options, index=min(1, len(options) - 1), key=K("corpus_n"))
     cap = max(1, int(LIMITS.max_importance_seconds))
     budget = c4.number_input("time budget (s)", 1, cap, min(300, cap), key=K("corpus_budget"))
     where = scheduler_note()
