@@ -34,6 +34,29 @@ class Corpus:
     licence: str = "test text"
 
 
+SENTENCES = ["The cat sat on the mat.", "Stock markets fell sharply today.", "A kitten is resting on a rug.",
+             "I love you very much.", "The train leaves at noon.", "Rain is expected over the hills tonight."]
+
+
+def bundled_corpora() -> dict:
+    return {"test-sentences": "six short English sentences (tests)"}
+
+
+def default_corpus(model_kind: str) -> str:
+    return "test-sentences"
+
+
+def open_corpus(source, *, data=None, column=None, label_column=None, limits=CorpusLimits()) -> Corpus:
+    if data is None:
+        if source not in bundled_corpora():
+            raise ValueError(f"no bundled corpus {source!r}")
+        return Corpus(source, "text", list(SENTENCES))
+    lines = [x for x in data[:limits.max_bytes].decode("utf-8").splitlines() if x.strip()]
+    if not lines:
+        raise ValueError(f"{source} holds no text")
+    return Corpus(source, "text", lines[:limits.max_rows])
+
+
 PRIMARY = {"lm": "top1", "encoder": "cosine"}
 
 
@@ -66,7 +89,8 @@ def summarise(kind, rows: pd.DataFrame, fulls, pruneds, labels=None, seed: int =
 def install():
     """Put the stand-ins under the real modules' names where those do not exist yet."""
     me = sys.modules[__name__]
-    for name, attrs in (("attnviz.analysis.corpus", ("Corpus", "CorpusLimits")),
+    for name, attrs in (("attnviz.analysis.corpus", ("Corpus", "CorpusLimits", "bundled_corpora",
+                                                      "default_corpus", "open_corpus")),
                         ("attnviz.analysis.corpus_metrics", ("PRIMARY", "model_kind", "output", "compare",
                                                              "summarise"))):
         try:
