@@ -7,20 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dask
 import distributed
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-import corpus_standin  # noqa: F401  (installs the corpus modules' stand-ins where they are missing)
 from attnviz.analysis import corpus_engine, corpus_runs
 from attnviz.analysis.corpus import Corpus
 from attnviz.analysis.pruning import decode_mask, encode_mask
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = str(Path(corpus_standin.__file__).resolve())
 TEXTS = ["The cat sat on the mat.", "Stock markets fell sharply today.", "A kitten is resting on a rug.",
          "I love you very much.", "The train leaves at noon.", "Rain is expected over the hills tonight.",
          "She reads a book in the garden.", "Prices of bread rose again this week."]
@@ -42,8 +39,6 @@ def reference():
 def same_threads(monkeypatch):
     """Workers at this process's torch thread count: float sums then split the same way."""
     monkeypatch.setenv(corpus_engine.WORKER_THREADS_ENV, str(torch.get_num_threads()))
-    with dask.config.set({"distributed.worker.preload": [STANDIN]}):
-        yield
 
 
 def assert_same(a, b):
@@ -153,16 +148,16 @@ def _spawn(args, env):
 
 
 def test_real_scheduler_and_two_workers_one_killed_mid_run(tmp_path, reference, same_threads):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    env = dict(os.environ, PYTHONPATH=str(ROOT),
                OMP_NUM_THREADS=str(torch.get_num_threads()))
     file = tmp_path / "scheduler.json"
     procs = [_spawn(["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
-                     "--no-dashboard", "--scheduler-file", str(file), "--preload", STANDIN], env)]
+                     "--no-dashboard", "--scheduler-file", str(file)], env)]
     try:
         with distributed.Client(scheduler_file=str(file), timeout=60) as client:
             address = client.scheduler.address
             workers = [_spawn(["distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
-                               "--no-dashboard", "--preload", STANDIN], env) for _ in range(2)]
+                               "--no-dashboard"], env) for _ in range(2)]
             procs += workers
             client.wait_for_workers(2, timeout=60)
             pid_of = client.run(os.getpid)                       # worker address -> process id
