@@ -54,8 +54,9 @@ def parser() -> argparse.ArgumentParser:
         description="Run a model over a corpus on the corpus engine (in-process, a local Dask cluster or a "
                     "remote one) and print progress per item and the summary with 95 %% intervals. "
                     f"Run kinds: {kinds}.")
-    p.add_argument("corpus", help="a bundled corpus key (--list shows them) or a file: .txt (a line an "
-                                  "item), .csv / .jsonl (pick the column with --column)")
+    p.add_argument("corpus", nargs="?", help="a bundled corpus key (--list shows them), a file: .txt (a line "
+                                             "an item), .csv / .jsonl (pick the column with --column), or "
+                                             "a folder of audio clips or images")
     p.add_argument("--model", default="minilm", help="bundled model key or a local model folder (default minilm)")
     p.add_argument("--kind", default="importance", choices=list(RUN_KINDS), help="what to run (default importance)")
     p.add_argument("--column", help="the text column of a .csv / .jsonl corpus")
@@ -90,13 +91,7 @@ def parser() -> argparse.ArgumentParser:
 def load(args):
     limits = CorpusLimits(max_rows=args.max_rows, max_bytes=args.max_bytes,
                           max_chars_per_row=args.max_chars_per_row, max_tokens_per_row=args.max_tokens_per_row)
-    path = Path(args.corpus)
-    data = None
-    if args.corpus not in bundled_corpora() and path.is_file():
-        with path.open("rb") as f:
-            data = f.read(limits.max_bytes + 1)   # the corpus reader cuts and says so
-    return open_corpus(path.name if data is not None else args.corpus, data=data, column=args.column,
-                       label_column=args.label_column, limits=limits)
+    return open_corpus(args.corpus, column=args.column, label_column=args.label_column, limits=limits)
 
 
 def main(argv=None) -> int:
@@ -105,6 +100,10 @@ def main(argv=None) -> int:
         for key, text in bundled_corpora().items():
             print(f"{key}\t{text}")
         return 0
+    if not args.corpus:
+        print("error: name a corpus (a bundled key, a file or a folder); --list shows the bundled ones",
+              file=sys.stderr)
+        return 2
     try:
         corpus = load(args)
         for note in corpus.notes:
