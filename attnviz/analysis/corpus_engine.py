@@ -99,7 +99,8 @@ def connect(scheduler: str):
                      "distributed.nanny.pre-spawn-environ.MKL_NUM_THREADS": threads}
         with dask.config.set(spawn_env), \
                 distributed.LocalCluster(n_workers=local_workers(scheduler), threads_per_worker=1,
-                                         processes=True, dashboard_address=None, silence_logs=40) as cluster, \
+                                         processes=True, host="127.0.0.1", dashboard_address=None,
+                                         silence_logs=40) as cluster, \
                 distributed.Client(cluster) as client:
             yield client
         return
