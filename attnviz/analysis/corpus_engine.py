@@ -36,6 +36,7 @@ IN_PROCESS = ("", "none", "in-process", "inprocess")
 MODELS_PER_PROCESS = 2      # a worker keeps this many models (e.g. a run's model and the next run's)
 POLL_SECONDS = 0.2          # how often a waiting run looks at should_stop (results wake it at once)
 CONNECT_SECONDS = 30        # connecting to a remote scheduler
+WORKER_THREADS_ENV = "ATTNVIZ_WORKER_THREADS"   # torch threads of each local worker (default 1)
 
 _models = LRU(MODELS_PER_PROCESS)
 _model_lock = threading.Lock()
@@ -75,16 +76,31 @@ def local_workers(scheduler: str) -> int:
     return int(n) if n else max(1, os.cpu_count() or 1)
 
 
+def worker_threads() -> int:
+    text = os.environ.get(WORKER_THREADS_ENV, "1").strip()
+    if not re.fullmatch(r"[1-9]\d{0,2}", text):
+        raise ValueError(f"{WORKER_THREADS_ENV} must be a whole number of threads of at least 1; got {text!r}")
+    return int(text)
+
+
 @contextmanager
 def connect(scheduler: str):
     """A Dask client for a resolved scheduler: a fresh LocalCluster (closed afterwards) or the
     remote scheduler at the address."""
-    import distributed  # the in-process path never loads Dask
+    import dask  # the in-process path never loads Dask
+    import distributed
 
     if scheduler.startswith("local"):
-        # Nanny-spawned workers get OMP_NUM_THREADS=1 (Dask's default), so N workers use N cores.
-        with distributed.LocalCluster(n_workers=local_workers(scheduler), threads_per_worker=1,
-                                      processes=True, dashboard_address=None, silence_logs=40) as cluster, \
+        # One torch thread a worker by default, so N workers use N cores. Figures are bit-identical
+        # to an in-process run at the same thread count (float sums split across threads differ
+        # in the last bits otherwise): ATTNVIZ_WORKER_THREADS sets it.
+        threads = str(worker_threads())
+        spawn_env = {"distributed.nanny.pre-spawn-environ.OMP_NUM_THREADS": threads,
+                     "distributed.nanny.pre-spawn-environ.MKL_NUM_THREADS": threads}
+        with dask.config.set(spawn_env), \
+                distributed.LocalCluster(n_workers=local_workers(scheduler), threads_per_worker=1,
+                                         processes=True, host="127.0.0.1", dashboard_address=None,
+                                         silence_logs=40) as cluster, \
                 distributed.Client(cluster) as client:
             yield client
         return

@@ -4,7 +4,9 @@ heads" and any head mask scored over it. Every run is per-item work on the one e
 everywhere: the same items, and each item's seed taken from its index, never from the worker.
 
 - importance: Michel et al. (2019) gradient importance (`importance.gradient_importance`) of each
-  item, averaged over the corpus, then normalised per layer as `importance` does.
+  item, averaged over the corpus, then normalised per layer as `importance` does. Translators,
+  speech and vision models, which that gradient does not reach, get single-head ablation instead:
+  the drop of the item's primary metric with each head alone off (one forward per head and item).
 - pruning_curve: importance first, then heads removed least important first at each fraction of
   `FRACTIONS`, beside `RANDOM_ORDERS` seeded random orders; `extra["mark"]` is the 30 % point.
 - heads_4_vs_8: importance first, then every layer keeps its more important half; `extra["keep"]`
@@ -73,6 +75,24 @@ def importance_task(model_key: str, params: dict, index: int, item) -> dict:
     data = importance.eval_windows(model, item, max_tokens=ITEM_TOKENS, window=ITEM_TOKENS)
     imp = importance.gradient_importance(model, data, seed=item_seed(params["seed"], index))
     return dict(raw=imp.raw.numpy().astype(np.float64), tokens=int(data.ids.shape[1]))
+
+
+def ablation_task(model_key: str, params: dict, index: int, item) -> dict:
+    """Importance without gradients (translators, speech, vision): per head, how much the item's
+    primary metric drops when that head alone is off (the full model scores itself as the top)."""
+    model = worker_model(model_key)
+    kind = corpus_metrics.model_kind(model)
+    metric = corpus_metrics.PRIMARY[kind]
+    L, H = int(model.mask_layers), int(model.cfg.n_heads)
+    full = corpus_metrics.output(model, item)
+    top = corpus_metrics.compare(kind, full, full)[metric]
+    raw = np.zeros((L, H))
+    for i in range(L):
+        for h in range(H):
+            mask = torch.ones(L, H)
+            mask[i, h] = 0
+            raw[i, h] = top - corpus_metrics.compare(kind, full, corpus_metrics.output(model, item, head_mask=mask))[metric]
+    return dict(raw=raw, tokens=None)
 
 
 def masks_task(model_key: str, params: dict, index: int, item) -> dict:
@@ -251,9 +271,6 @@ def _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_s
             raise ValueError("a mask run needs a head mask (e.g. --mask 6x12-fff... from the head editor)")
         code = mask if isinstance(mask, str) else encode_mask(torch.as_tensor(mask) > 0.5)
         code = encode_mask(decode_mask(code, L, H))      # checked against the model, one spelling
-    elif mkind not in GRADIENT_KINDS:
-        raise ValueError(f"{RUN_KINDS[kind]} starts from gradient head importance, which needs a language "
-                         f"model or a sentence encoder; this model is a {mkind}: score a head mask instead")
     header = dict(model=model_key, corpus=corpus.key, items=len(corpus.items), kind=kind, seed=int(seed),
                   mask=code, random_orders=int(random_orders), fractions=[float(f) for f in fractions])
     phases = _Phases(model_key, corpus, engine, progress, should_stop, resume, header,
@@ -267,7 +284,10 @@ def _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_s
         return _importance_result(phases, kind, results, extra, complete=False)
 
     phases.partial = partial_importance
-    raws = phases.run("importance", importance_task, dict(seed=int(seed)))
+    gradient = mkind in GRADIENT_KINDS
+    extra["importance_method"] = ("gradient (Michel et al.)" if gradient else
+                                  f"single-head ablation: the drop of {corpus_metrics.PRIMARY[mkind]}")
+    raws = phases.run("importance", importance_task if gradient else ablation_task, dict(seed=int(seed)))
     result = _importance_result(phases, kind, raws, extra, complete=not phases.stopped)
     if kind == "importance" or phases.stopped or not raws:
         return result

@@ -21,7 +21,7 @@ from attnviz.base import jobs
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import corpus_figures
-from attnviz.latency import costmodel
+from attnviz.latency import tradeoff
 from attnviz.ui import common
 from attnviz.ui.heads_tools import csv_download, partial_note, run_tracked
 
@@ -118,18 +118,11 @@ def scheduler_note() -> str | None:
 
 def pi_latency(view, result) -> pd.DataFrame:
     """Raspberry Pi 4 / 5 latency of the full and the halved model at the corpus' mean length,
-    from the cost model (modelled, not measured)."""
+    from the Latency page's cost model (modelled, not measured)."""
     keep = result.extra.get("keep")
-    tokens = result.extra.get("tokens") or 64
     if keep is None:
         return pd.DataFrame()
-    small = view.model.prune(keep).cfg       # the one surgery: the pruned shape the Pi would run
-    rows = []
-    for device, profile in costmodel.PROFILES.items():
-        full = costmodel.predict(view.cfg, int(tokens), profile).total_ms
-        pruned = costmodel.predict(small, int(tokens), profile).total_ms
-        rows.append(dict(device=device, tokens=int(tokens), full_ms=full, halved_ms=pruned, speedup=full / pruned))
-    return pd.DataFrame(rows)
+    return tradeoff.kept_heads_latency(view.cfg, keep, int(result.extra.get("tokens") or 64))
 
 
 def show(view, result, metric: str):
