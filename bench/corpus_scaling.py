@@ -3,7 +3,8 @@ and on a local Dask cluster of 1 and of 2 worker processes (one torch thread eac
 
 Each configuration runs the same texts; the cluster timings include starting the cluster and each
 worker loading the model (what a user waits for), and are also given from the first result on
-(the steady rate). On a shared machine the numbers move with the other programs' load: the load
+(the steady rate). In-process runs at torch's default thread count, each worker at one thread
+(ATTNVIZ_WORKER_THREADS). On a shared machine the numbers move with the other programs' load: the load
 average is printed before and after.
 Usage: python bench/corpus_scaling.py [--texts 200] [--model smollm2] [--configs in-process local:1 local:2]
 """
@@ -14,6 +15,8 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
 
 from attnviz.analysis import corpus_runs  # noqa: E402
 from attnviz.analysis.corpus import CorpusLimits, open_corpus  # noqa: E402
@@ -37,7 +40,8 @@ def main():
     p.add_argument("--configs", nargs="+", default=["in-process", "local:1", "local:2"])
     args = p.parse_args()
     corpus = open_corpus("alice-sentences", limits=CorpusLimits(max_rows=args.texts))
-    print(f"{args.model}, {len(corpus.items)} texts, load average {os.getloadavg()[0]:.1f}")
+    print(f"{args.model}, {len(corpus.items)} texts, load average {os.getloadavg()[0]:.1f}, in-process torch "
+          f"threads {torch.get_num_threads()}, {os.cpu_count()} cores")
     rates = {}
     for config in args.configs:
         rates[config] = timed(args.model, corpus, config)

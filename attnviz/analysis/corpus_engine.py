@@ -97,11 +97,15 @@ def connect(scheduler: str):
         threads = str(worker_threads())
         spawn_env = {"distributed.nanny.pre-spawn-environ.OMP_NUM_THREADS": threads,
                      "distributed.nanny.pre-spawn-environ.MKL_NUM_THREADS": threads}
-        with dask.config.set(spawn_env), \
-                distributed.LocalCluster(n_workers=local_workers(scheduler), threads_per_worker=1,
-                                         processes=True, host="127.0.0.1", dashboard_address=None,
-                                         silence_logs=40) as cluster, \
-                distributed.Client(cluster) as client:
+        try:
+            with dask.config.set(spawn_env):
+                cluster = distributed.LocalCluster(n_workers=local_workers(scheduler), threads_per_worker=1,
+                                                   processes=True, host="127.0.0.1", dashboard_address=None,
+                                                   silence_logs=40)
+        except RuntimeError as e:
+            raise ValueError(f"could not start a local Dask cluster ({e}); a script that starts one must run "
+                             "its work under `if __name__ == '__main__':` (worker processes import it)") from None
+        with cluster, distributed.Client(cluster) as client:
             yield client
         return
     try:
