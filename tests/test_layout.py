@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "attnviz"
 RANK = {"base": 0, "uploads": 1, "core": 2, "toys": 3, "weights": 4, "analysis": 5, "latency": 5, "figures": 6,
         "ui": 7}
-ENTRY = {"__init__", "bench"}  # attnviz/__init__.py (the public API) and attnviz/bench.py (the CLI)
+ENTRY = {"__init__", "bench", "evaluate"}  # attnviz/__init__.py (the public API); bench.py, evaluate.py (CLIs)
 PAGE_MAX, LIBRARY_MAX = 80, 400
 
 

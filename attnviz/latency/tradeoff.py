@@ -5,11 +5,15 @@ matrices; what it buys is accuracy (the Lab's recall toys: toy-recall, 4 heads; 
 
 `heads_table()`: one row per (shape, heads): modelled latency on a Pi 4 and a Pi 5 at 4 threads
 for each engine asked, and the toy's exact accuracy on its fixed held-out set (NaN for a shape).
+
+`kept_heads_latency(cfg, keep)`: the same pricing for a real model with some heads removed (the
+corpus runs' "4 vs 8 heads"): the full model and the model that keeps `keep`, on both Pis.
 """
 from __future__ import annotations
 
 import pandas as pd
 
+from attnviz.core.config import Config
 from attnviz.latency.costmodel import predict
 from attnviz.latency.engines import engine_profile
 from attnviz.latency.results import parse_synthetic
@@ -35,4 +39,32 @@ def heads_table(toys=TOYS, heads=(4, 8), n: int = 256, engines=(("torch", "fp32"
                 prof = engine_profile(device, engine, dtype)
                 row[f"{device} {engine} {dtype} ms"] = predict(cfg, tokens, prof, "eager", threads=PI_THREADS).total_ms
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def kept_heads_config(cfg, keep):
+    """`cfg` with each layer's query and K/V head counts after keeping `keep` ([L][H] bools), as
+    `Model.prune` builds it (a K/V head stays while any query head of its group does)."""
+    if len(keep) != cfg.n_layers or any(len(row) != cfg.n_heads for row in keep):
+        raise ValueError(f"kept heads must be {cfg.n_layers} layers x {cfg.n_heads} heads")
+    heads = [[h for h, on in enumerate(row) if on] for row in keep]
+    return cfg.replace(head_dims=tuple(len(h) for h in heads),
+                       kv_dims=tuple(len({h // cfg.group for h in on}) for on in heads))
+
+
+def kept_heads_latency(cfg, keep, tokens: int = 128, engines=(("torch", "fp32"),)) -> pd.DataFrame:
+    """One row per (device, engine): modelled ms of the full model and of the one keeping `keep`
+    on `tokens` tokens at the Pi's 4 threads, and the speed-up."""
+    if type(cfg) is not Config:
+        raise ValueError("the Pi cost model prices encoder and decoder-only models here; translators and "
+                         "speech models are priced per source length on the Latency page")
+    small = kept_heads_config(cfg, keep)
+    rows = []
+    for device in ("pi4", "pi5"):
+        for engine, dtype in engines:
+            prof = engine_profile(device, engine, dtype)
+            full = predict(cfg, int(tokens), prof, "eager", threads=PI_THREADS).total_ms
+            kept = predict(small, int(tokens), prof, "eager", threads=PI_THREADS).total_ms
+            rows.append(dict(device=device, engine=f"{engine} {dtype}", tokens=int(tokens),
+                             heads=sum(map(sum, keep)), full_ms=full, kept_ms=kept, speedup=full / kept))
     return pd.DataFrame(rows)

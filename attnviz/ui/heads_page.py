@@ -1,7 +1,8 @@
 """The Heads page: switch heads off and watch the outputs change; rank heads; pruning curves; real pruning.
 
 The mask comes from the one head editor (`attnviz.ui.head_editor`), with the live effect beside it.
-Below, one tool at a time (importance, pruning curve, real pruning): only the chosen one runs.
+Below, one tool at a time (importance, pruning curve, real pruning, a run over a corpus): only the
+chosen one runs.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from attnviz.figures import head_figures
 from attnviz.ui import common
 from attnviz.weights.catalogue import list_models
 from attnviz.ui.head_editor import ablation_choice, applied_mask, head_editor, metric_delta
+from attnviz.ui.heads_corpus import corpus_tool
 from attnviz.ui.heads_tools import tools
 from attnviz.ui.readouts_page import head_means
 
@@ -264,4 +266,4 @@ def page():
     head_editor(model.cfg, PAGE, scores, model_key=view.mkey, effect=view.live, link=True,
                 score_label="importance", score_hint="compute importance below first")
     # the tools below work on the mask the results above are for
-    tools(view, applied_mask(model.cfg, PAGE, view.mkey).bool())
+    tools(view, applied_mask(model.cfg, PAGE, view.mkey).bool(), more={"Corpus": corpus_tool})

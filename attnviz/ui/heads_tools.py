@@ -1,4 +1,5 @@
-"""The Heads page's tools below the mask, one at a time: importance, pruning curve, real pruning.
+"""The Heads page's tools below the mask, one at a time: importance, pruning curve, real pruning
+(and the corpus tool, `attnviz.ui.heads_corpus`, which the page adds).
 
 Each holds one of the server's heavy-job slots while it runs, stops at its time budget, and stops
 between steps when its browser session goes away (`attnviz.ui.job_controls`).
@@ -296,9 +297,10 @@ def prune_tool(view, keep):
     st.dataframe(modelled, hide_index=True, key=K("pi_table"))
 
 
-def tools(view, keep):
+def tools(view, keep, more=None):
     """One tool at a time: the choice is remembered across buttons and downloads, and only the
-    chosen tool's widgets and work run."""
-    choice = st.segmented_control("tool", TOOLS, default=TOOLS[0], required=True, key=K("tool"),
+    chosen tool's widgets and work run. `more`: further tools, name -> tool(view, keep)."""
+    chosen = {"Importance": importance_tool, "Pruning curve": curve_tool, "Real pruning": prune_tool, **(more or {})}
+    choice = st.segmented_control("tool", list(chosen), default=TOOLS[0], required=True, key=K("tool"),
                                   label_visibility="collapsed")
-    {"Importance": importance_tool, "Pruning curve": curve_tool, "Real pruning": prune_tool}[choice](view, keep)
+    chosen[choice](view, keep)

@@ -1,0 +1,286 @@
+"""The engine under corpus runs: one module-level task function applied to every item of a corpus,
+in this process or on Dask distributed.
+
+Why Dask: it already is a scheduler with workers, retries when a worker dies, `wait` / `as_completed`
+and cancellation, it is pure Python and light enough for a 2-core machine; the same code path runs
+in-process (no Dask at all), on a `LocalCluster` of this machine's cores (processes, one thread
+each) and on a remote cluster (`tcp://host:8786`, or `ATTNVIZ_SCHEDULER`).
+
+What travels: a task carries the model KEY, the item's index, the item itself (a short text, a
+clip or a small image) and small parameters (mask lists); it returns small figures. Each process
+loads a model once into its own bounded cache (`worker_model`): weights and tensors are never
+pickled across. Results come back as they finish, so progress is per item, what finished is kept
+when the run is stopped, Cancel cancels the futures still pending, and a worker lost mid-run
+loses no finished item: the scheduler reruns its unfinished tasks on the workers that remain.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from attnviz.base.lru import LRU
+from attnviz.weights.catalogue import load_model
+
+SCHEDULER_ENV = "ATTNVIZ_SCHEDULER"
+IN_PROCESS = ("", "none", "in-process", "inprocess")
+MODELS_PER_PROCESS = 2      # a worker keeps this many models (e.g. a run's model and the next run's)
+POLL_SECONDS = 0.2          # how often a waiting run looks at should_stop (results wake it at once)
+CONNECT_SECONDS = 30        # connecting to a remote scheduler
+WORKER_THREADS_ENV = "ATTNVIZ_WORKER_THREADS"   # torch threads of each local worker (default 1)
+
+_models = LRU(MODELS_PER_PROCESS)
+_model_lock = threading.Lock()
+
+OnResult = Callable[[int, object], None]
+ShouldStop = Callable[[], bool]
+
+
+def worker_model(key: str):
+    """The model for `key`, loaded once per process (each Dask worker holds its own copy)."""
+    with _model_lock:
+        model = _models.get(key)
+        if model is None:
+            model = load_model(key)
+            _models.put(key, model)
+        return model
+
+
+def resolve_scheduler(scheduler: str | None) -> str | None:
+    """None (in-process), "local", "local:N" or a scheduler address. `scheduler=None` reads
+    ATTNVIZ_SCHEDULER; "" or "in-process" forces this process."""
+    text = os.environ.get(SCHEDULER_ENV, "") if scheduler is None else scheduler
+    text = str(text).strip()
+    if text.lower() in IN_PROCESS:
+        return None
+    if re.fullmatch(r"local(:[1-9]\d{0,2})?", text):
+        return text
+    if re.fullmatch(r"(tcp|tls|ws|wss|ucx)://[A-Za-z0-9._\-\[\]:]+", text):
+        return text
+    raise ValueError(f"the scheduler {text!r} is not understood: give 'local' (this machine's cores), "
+                     "'local:N' (N worker processes) or a Dask scheduler address such as tcp://host:8786")
+
+
+def local_workers(scheduler: str) -> int:
+    """Worker processes for "local" (one per core) or "local:N"."""
+    _, _, n = scheduler.partition(":")
+    return int(n) if n else max(1, os.cpu_count() or 1)
+
+
+def worker_threads() -> int:
+    text = os.environ.get(WORKER_THREADS_ENV, "1").strip()
+    if not re.fullmatch(r"[1-9]\d{0,2}", text):
+        raise ValueError(f"{WORKER_THREADS_ENV} must be a whole number of threads of at least 1; got {text!r}")
+    return int(text)
+
+
+@contextmanager
+def connect(scheduler: str):
+    """A Dask client for a resolved scheduler: a fresh LocalCluster (closed afterwards) or the
+    remote scheduler at the address."""
+    import dask  # the in-process path never loads Dask
+    import distributed
+
+    if scheduler.startswith("local"):
+        # One torch thread a worker by default, so N workers use N cores. Figures are bit-identical
+        # to an in-process run at the same thread count (float sums split across threads differ
+        # in the last bits otherwise): ATTNVIZ_WORKER_THREADS sets it.
+        threads = str(worker_threads())
+        spawn_env = {"distributed.nanny.pre-spawn-environ.OMP_NUM_THREADS": threads,
+                     "distributed.nanny.pre-spawn-environ.MKL_NUM_THREADS": threads}
+        try:
+            with dask.config.set(spawn_env):
+                cluster = distributed.LocalCluster(n_workers=local_workers(scheduler), threads_per_worker=1,
+                                                   processes=True, host="127.0.0.1", dashboard_address=None,
+                                                   silence_logs=40)
+        except RuntimeError as e:
+            raise ValueError(f"could not start a local Dask cluster ({e}); a script that starts one must run "
+                             "its work under `if __name__ == '__main__':` (worker processes import it)") from None
+        with cluster, distributed.Client(cluster) as client:
+            yield client
+        return
+    try:
+        client = distributed.Client(scheduler, timeout=CONNECT_SECONDS)
+    except OSError as e:
+        raise ValueError(f"could not reach the Dask scheduler at {scheduler} ({e}); start one with "
+                         f"`dask scheduler` and workers with `dask worker {scheduler}`") from None
+    with client:
+        yield client
+
+
+@dataclass
+class Outcome:
+    done: int                   # items whose result arrived
+    total: int
+    stopped: str | None = None  # "stopped" when should_stop ended the run early
+    workers: dict | None = None  # items finished per worker address
+
+
+class Engine:
+    """Runs tasks in this process (`client` None) or through a Dask client; one per corpus run, so
+    the phases of a run share one cluster and the models its workers loaded."""
+
+    def __init__(self, client=None):
+        self.client = client
+
+    def map(self, fn, args: tuple, items: list[tuple[int, object]], *, on_result: OnResult,
+            should_stop: ShouldStop | None = None, name: str = "corpus") -> Outcome:
+        """Call `fn(*args, index, item)` for every (index, item) and hand each result to
+        `on_result(index, result)` as it arrives (in-process: in order; on Dask: as tasks finish).
+        `fn` must be a module-level function (workers import it by name). A task's ValueError is
+        raised here, after the tasks still pending are cancelled."""
+        stop = should_stop or (lambda: False)
+        if self.client is None:
+            out = Outcome(0, len(items), workers={})
+            for index, item in items:
+                if stop():
+                    out.stopped = "stopped"
+                    break
+                on_result(index, fn(*args, index, item))
+                out.done += 1
+            out.workers = {"in-process": out.done} if out.done else {}
+            return out
+        return _run_on(self.client, fn, args, items, on_result, stop, name)
+
+
+@contextmanager
+def session(scheduler: str | None):
+    """An Engine for `scheduler` (see `resolve_scheduler`), its cluster closed afterwards."""
+    resolved = resolve_scheduler(scheduler)
+    if resolved is None:
+        yield Engine()
+        return
+    with connect(resolved) as client:
+        yield Engine(client)
+
+
+def run_tasks(fn, args: tuple, items: list[tuple[int, object]], *, scheduler: str | None,
+              on_result: OnResult, should_stop: ShouldStop | None = None, name: str = "corpus") -> Outcome:
+    """`Engine.map` in a session of its own."""
+    with session(scheduler) as engine:
+        return engine.map(fn, args, items, on_result=on_result, should_stop=should_stop, name=name)
+
+
+def _run_on(client, fn, args, items, on_result, stop, name) -> Outcome:
+    import distributed
+
+    out = Outcome(0, len(items), workers={})
+    if not items:
+        return out
+    tag = uuid.uuid4().hex[:8]
+    futures = {client.submit(fn, *args, index, item, key=f"{name}-{tag}-{index}", pure=False): index
+               for index, item in items}
+    pending = set(futures)
+    try:
+        while pending:
+            if stop():
+                out.stopped = "stopped"
+                break
+            try:
+                done, pending = distributed.wait(pending, timeout=POLL_SECONDS, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                continue
+            for future in sorted(done, key=futures.get):
+                try:
+                    value = future.result()
+                except distributed.KilledWorker as e:
+                    raise ValueError(f"item {futures[future]} kept killing the workers that ran it ({e}); "
+                                     "it may need more memory than a worker has") from None
+                where = _where(client, future)
+                out.workers[where] = out.workers.get(where, 0) + 1
+                on_result(futures[future], value)
+                out.done += 1
+                future.release()  # the cluster drops the result once we hold it
+    finally:
+        if pending:
+            client.cancel(list(pending))
+    return out
+
+
+def _where(client, future) -> str:
+    """The address of the worker that holds a finished task's result ("?" once it is gone)."""
+    try:
+        who = client.who_has([future]).get(future.key) or ()
+    except (OSError, TimeoutError):
+        return "?"
+    return who[0] if who else "?"
+
+
+# ---------------------------------------------------------------- results file (resume)
+def _encode(value):
+    """JSON for a task's figures: numpy arrays keep their dtype, so a resumed run reads back the
+    very numbers it wrote (float32 values are exact as doubles; doubles round-trip through repr)."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"__float__": repr(value)}
+    return value
+
+
+def _decode(value):
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=value["dtype"])
+        if "__float__" in value:
+            return float(value["__float__"])
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+class ResultsFile:
+    """A JSON-lines file written as items finish: a header naming the run, then one record per
+    finished (phase, item). Reopening it with the same header gives back the records, so a resumed
+    run skips what is done; a header for another run is refused. A last line cut short by a crash
+    is ignored (that item simply runs again)."""
+
+    def __init__(self, path: str | Path, header: dict):
+        self.path = Path(path)
+        self.header = _encode(header)
+        self.records: dict[tuple[str, int], object] = {}
+        if self.path.exists() and self.path.stat().st_size:
+            self._read()
+        else:
+            self._append({"run": self.header})
+
+    def _read(self):
+        with self.path.open(encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        try:
+            first = json.loads(lines[0])
+        except (json.JSONDecodeError, IndexError):
+            raise ValueError(f"{self.path.name} is not a corpus-run results file; give a new file name "
+                             "to start a run, or the file an earlier run wrote to resume it") from None
+        if not isinstance(first, dict) or first.get("run") != json.loads(json.dumps(self.header)):
+            raise ValueError(f"{self.path.name} holds the results of another run (model, corpus, run kind, "
+                             "mask or seed differ); give a new file name, or the same options as that run")
+        for line in lines[1:]:
+            try:
+                rec = json.loads(line)
+                self.records[(rec["phase"], int(rec["index"]))] = _decode(rec["result"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+
+    def _append(self, obj):
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(obj) + "\n")
+
+    def add(self, phase: str, index: int, result):
+        self.records[(phase, index)] = result
+        self._append({"phase": phase, "index": index, "result": _encode(result)})

@@ -1,0 +1,137 @@
+"""`python -m attnviz.evaluate`: corpus runs from the command line, and `attnviz.evaluate.run`, the
+library call behind them (`analysis.corpus_runs.run`; "heads_4_vs_8" also gets the modelled
+Raspberry Pi latency of the smaller model, from the one pricing function,
+`latency.tradeoff.kept_heads_latency`).
+
+Bad input prints one line saying what to fix and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from attnviz.analysis import corpus_runs
+from attnviz.analysis.corpus import CorpusLimits, bundled_corpora, open_corpus
+from attnviz.analysis.corpus_engine import SCHEDULER_ENV, WORKER_THREADS_ENV
+from attnviz.analysis.corpus_runs import RUN_KINDS, RunResult
+from attnviz.base.exports import csv_text
+from attnviz.latency.tradeoff import kept_heads_latency
+
+DEFAULT_TOKENS = 128     # priced length when the run measured none (no tokenizer)
+
+
+def run(model_key: str, corpus, kind: str = "importance", **kw) -> RunResult:
+    """`corpus_runs.run`, with "heads_4_vs_8"'s Pi latency joined: `extra["latency"]` (one row per
+    Pi) and, per Pi, `<device> full ms` / `<device> kept ms` columns beside the summary."""
+    result = corpus_runs.run(model_key, corpus, kind, **kw)
+    if kind == "heads_4_vs_8" and "keep" in result.extra:
+        add_latency(result)
+    return result
+
+
+def add_latency(result: RunResult) -> RunResult:
+    """Price the kept heads of a 4-vs-8 run on a Pi 4 and a Pi 5 and join that to its summary."""
+    tokens = result.extra.get("tokens") or DEFAULT_TOKENS
+    try:
+        priced = kept_heads_latency(result.extra["cfg"], result.extra["keep"], tokens)
+    except ValueError as e:
+        result.extra["latency_note"] = str(e)
+        return result
+    result.extra["latency"] = priced
+    for row in priced.itertuples():
+        result.summary[f"{row.device} full ms"] = row.full_ms
+        result.summary[f"{row.device} kept ms"] = row.kept_ms
+    return result
+
+
+def parser() -> argparse.ArgumentParser:
+    kinds = "; ".join(f"{k}: {v}" for k, v in RUN_KINDS.items())
+    p = argparse.ArgumentParser(
+        prog="python -m attnviz.evaluate",
+        description="Run a model over a corpus on the corpus engine (in-process, a local Dask cluster or a "
+                    "remote one) and print progress per item and the summary with 95 %% intervals. "
+                    f"Run kinds: {kinds}.")
+    p.add_argument("corpus", nargs="?", help="a bundled corpus key (--list shows them), a file: .txt (a line "
+                                             "an item), .csv / .jsonl (pick the column with --column), or "
+                                             "a folder of audio clips or images")
+    p.add_argument("--model", default="minilm", help="bundled model key or a local model folder (default minilm)")
+    p.add_argument("--kind", default="importance", choices=list(RUN_KINDS), help="what to run (default importance)")
+    p.add_argument("--column", help="the text column of a .csv / .jsonl corpus")
+    p.add_argument("--label-column", help="a numeric column of labels (e.g. a similarity score): Spearman "
+                                          "correlation with the model's figures")
+    p.add_argument("--metric", help="the metric the pruning curve follows (default: the model kind's primary "
+                                    "metric, higher is better)")
+    p.add_argument("--mask", help="head mask for --kind mask, as the head editor writes it (e.g. 6x12-fff...)")
+    p.add_argument("--scheduler", default=None,
+                   help=f"'local' (a Dask cluster on this machine's cores), 'local:N' (N workers) or a Dask "
+                        f"scheduler address tcp://host:8786; default: ${SCHEDULER_ENV} if set, else in-process. "
+                        f"Local workers use ${WORKER_THREADS_ENV} torch threads (default 1)")
+    p.add_argument("--resume", type=Path, help="results file (JSON lines) written as items finish; rerun with "
+                                               "the same options and file to skip what is done")
+    p.add_argument("--out", type=Path, help="write the per-item table to this CSV (the summary goes to "
+                                            "OUT with .summary.csv)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random orders and probes (each item's "
+                                                       "seed derives from it and the item's index)")
+    p.add_argument("--random-orders", type=int, default=corpus_runs.RANDOM_ORDERS,
+                   help=f"random orders beside the importance order (default {corpus_runs.RANDOM_ORDERS})")
+    limits = CorpusLimits()
+    p.add_argument("--max-rows", type=int, default=limits.max_rows, help="items read at most")
+    p.add_argument("--max-bytes", type=int, default=limits.max_bytes, help="bytes of a corpus file read at most")
+    p.add_argument("--max-chars-per-row", type=int, default=limits.max_chars_per_row,
+                   help="characters an item keeps at most")
+    p.add_argument("--max-tokens-per-row", type=int, default=limits.max_tokens_per_row,
+                   help="tokens an item keeps at most")
+    p.add_argument("--list", action="store_true", help="list the bundled corpora and exit")
+    return p
+
+
+def load(args):
+    limits = CorpusLimits(max_rows=args.max_rows, max_bytes=args.max_bytes,
+                          max_chars_per_row=args.max_chars_per_row, max_tokens_per_row=args.max_tokens_per_row)
+    return open_corpus(args.corpus, column=args.column, label_column=args.label_column, limits=limits)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.list:
+        for key, text in bundled_corpora().items():
+            print(f"{key}\t{text}")
+        return 0
+    if not args.corpus:
+        print("error: name a corpus (a bundled key, a file or a folder); --list shows the bundled ones",
+              file=sys.stderr)
+        return 2
+    try:
+        corpus = load(args)
+        for note in corpus.notes:
+            print(f"note: {note}", file=sys.stderr)
+
+        def progress(done, total, partial):
+            print(f"item {done}/{total}", file=sys.stderr, flush=True)
+
+        result = run(args.model, corpus, args.kind, mask=args.mask, metric=args.metric,
+                     scheduler=args.scheduler, seed=args.seed, progress=progress, resume=args.resume,
+                     random_orders=args.random_orders)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stopped; rerun with --resume FILE to keep finished items next time", file=sys.stderr)
+        return 130
+    with pd.option_context("display.width", 160, "display.max_rows", 60):
+        print(result.summary.to_string(index=False))
+    if "latency" in result.extra:
+        print(result.extra["latency"].to_string(index=False))
+    if not result.complete:
+        print(f"incomplete: {result.done}/{result.total} items", file=sys.stderr)
+    if args.out is not None:
+        args.out.write_text(csv_text(result.table), encoding="utf-8", newline="")
+        args.out.with_suffix(".summary.csv").write_text(csv_text(result.summary), encoding="utf-8", newline="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

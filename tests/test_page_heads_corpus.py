@@ -1,0 +1,101 @@
+"""The Heads page's Corpus tool (AppTest, MiniLM): a run on a tiny bundled corpus gives a table, a chart
+and CSVs; a bad upload is explained and the page keeps what it had."""
+from pathlib import Path
+
+import pandas as pd
+
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "2_Heads.py")
+
+
+def corpus_tool() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=300).run()
+    assert not at.exception
+    at.button_group(key="heads.tool").set_value("Corpus").run()
+    assert not at.exception
+    return at
+
+
+def test_a_mask_run_on_five_bundled_sentences_gives_a_table_chart_and_csv(monkeypatch, tmp_path):
+    monkeypatch.delenv("ATTNVIZ_SCHEDULER", raising=False)
+    at = corpus_tool()
+    assert at.selectbox(key="heads.corpus_pick").value == "alice-sentences"
+    at.selectbox(key="heads.corpus_kind").set_value("mask").run()
+    at.selectbox(key="heads.corpus_n").set_value(5).run()
+    assert not at.exception and "in this process" in " ".join(c.value for c in at.caption)
+    at.button(key="heads.corpus_go").click().run()
+    assert not at.exception, at.exception
+    frames = [d.value for d in at.dataframe if "metric" in d.value.columns and "ci_low" in d.value.columns]
+    assert len(frames) == 1, [e.value for e in at.error]
+    summary = frames[0]
+    by_metric = summary.set_index("metric")
+    # every head is on in the default mask: the pruned model is the full one
+    assert by_metric.loc["cosine", "value"] == 1.0 and by_metric.loc["nn_agreement", "value"] == 1.0
+    assert (summary["n"] == 5).all()
+    assert at.get("plotly_chart")
+    labels = [b.label for b in at.get("download_button")]
+    assert "Summary CSV" in labels and "Per-text CSV" in labels
+    result = at.session_state["heads.corpus:minilm"][0]
+    assert result.complete and result.done == result.total == 5 and len(result.table) == 5
+
+
+def test_bad_upload_is_explained_and_the_last_corpus_stays():
+    at = corpus_tool()
+    at.selectbox(key="heads.corpus_pick").set_value("upload a file (.txt, .csv, .jsonl)").run()
+    at.file_uploader(key="heads.corpus_file").set_value(("good.csv", b"text,score\nA cat.,1\nA dog.,2\n", "text/csv"))
+    at.text_input(key="heads.corpus_label").input("score").run()
+    assert not at.exception
+    assert "2 texts" in " ".join(c.value for c in at.caption) and "labelled" in " ".join(c.value for c in at.caption)
+    at.file_uploader(key="heads.corpus_file").set_value(("bad.csv", b"text,score\nA cat.,high\n", "text/csv")).run()
+    assert not at.exception
+    assert any("not a number" in e.value and "unchanged" in e.value for e in at.error)
+    assert "2 texts" in " ".join(c.value for c in at.caption)   # still the good corpus
+    assert at.session_state["heads.corpus_upload"][1].key == "good.csv"
+
+
+class StopsAfter:
+    """A Deadline stand-in that reads as expired after `limit` checks: the run stops between texts
+    at a known place, without depending on how fast this machine is."""
+    checks = 0
+    limit = 3
+
+    def __init__(self, seconds, what="this job"):
+        pass
+
+    def expired(self):
+        StopsAfter.checks += 1
+        return StopsAfter.checks > StopsAfter.limit
+
+
+def test_a_stopped_run_keeps_its_partial_result_and_resumes_from_its_file(monkeypatch, tmp_path):
+    from attnviz.analysis import corpus_runs
+    from attnviz.base import jobs
+    from attnviz.ui import heads_corpus
+    monkeypatch.delenv("ATTNVIZ_SCHEDULER", raising=False)
+    monkeypatch.setattr(heads_corpus, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(jobs, "Deadline", StopsAfter)
+    at = corpus_tool()
+    at.selectbox(key="heads.corpus_n").set_value(5).run()
+    at.button(key="heads.corpus_go").click().run()
+    assert not at.exception, at.exception
+    first = at.session_state["heads.corpus:minilm"][0]
+    assert not first.complete and first.done == 3 and first.total == 5 and len(first.table) == 3
+    assert any("after 3 of 5 steps" in w.value for w in at.warning)
+    (results,) = list(tmp_path.iterdir())            # the finished texts were written as they came
+    assert len(results.read_text().splitlines()) == 1 + 3
+    monkeypatch.undo()
+    monkeypatch.setattr(heads_corpus, "RESULTS_DIR", tmp_path)
+    ran, task = [], corpus_runs.masks_task
+
+    def counted(model_key, params, index, item):
+        ran.append(index)
+        return task(model_key, params, index, item)
+    monkeypatch.setattr(corpus_runs, "masks_task", counted)
+    at.button(key="heads.corpus_go").click().run()
+    assert not at.exception, at.exception
+    second = at.session_state["heads.corpus:minilm"][0]
+    assert second.complete and second.done == second.total == 5 and len(second.table) == 5
+    assert ran == [3, 4]                              # only the texts the first run had not finished
+    assert not list(tmp_path.iterdir())               # a complete run leaves no results file
+    pd.testing.assert_frame_equal(second.table.iloc[:3], first.table)   # NaN scores compare equal here
