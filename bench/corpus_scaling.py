@@ -1,4 +1,5 @@
-"""Texts per second of SmolLM2 head importance over a corpus (bundled Alice sentences), in-process
+"""Texts per second of SmolLM2 head importance over a corpus (the bundled Alice sentences, topped up to
+200 with the bundled GLib/GTK English messages: no bundled English corpus alone holds 200), in-process
 and on a local Dask cluster of 1 and of 2 worker processes (one torch thread each), with the ratio.
 
 Each configuration runs the same texts; the cluster timings include starting the cluster and each
@@ -6,7 +7,8 @@ worker loading the model (what a user waits for), and are also given from the fi
 (the steady rate). In-process runs at torch's default thread count, each worker at one thread
 (ATTNVIZ_WORKER_THREADS). On a shared machine the numbers move with the other programs' load: the load
 average is printed before and after.
-Usage: python bench/corpus_scaling.py [--texts 200] [--model smollm2] [--configs in-process local:1 local:2]
+Usage: python bench/corpus_scaling.py [--texts 200] [--model smollm2] [--corpora alice-sentences gtk-en]
+       [--configs in-process local:1 local:2]
 """
 import argparse
 import os
@@ -19,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from attnviz.analysis import corpus_runs  # noqa: E402
-from attnviz.analysis.corpus import CorpusLimits, open_corpus  # noqa: E402
+from attnviz.analysis.corpus import Corpus, CorpusLimits, open_corpus  # noqa: E402
 
 
 def timed(model, corpus, scheduler):
@@ -37,10 +39,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--texts", type=int, default=200)
     p.add_argument("--model", default="smollm2")
+    p.add_argument("--corpora", nargs="+", default=["alice-sentences", "gtk-en"])
     p.add_argument("--configs", nargs="+", default=["in-process", "local:1", "local:2"])
     args = p.parse_args()
-    corpus = open_corpus("alice-sentences", limits=CorpusLimits(max_rows=args.texts))
-    print(f"{args.model}, {len(corpus.items)} texts, load average {os.getloadavg()[0]:.1f}, in-process torch "
+    parts = [open_corpus(key, limits=CorpusLimits(max_rows=args.texts)) for key in args.corpora]
+    texts = [t for part in parts for t in part.items][:args.texts]
+    corpus = Corpus(key="+".join(args.corpora), kind="text", items=texts)
+    print(f"{args.model}, {len(corpus.items)} texts ({corpus.key}), load average {os.getloadavg()[0]:.1f}, in-process torch "
           f"threads {torch.get_num_threads()}, {os.cpu_count()} cores")
     rates = {}
     for config in args.configs:

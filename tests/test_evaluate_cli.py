@@ -73,3 +73,17 @@ def test_bad_input_is_one_line_and_status_2(argv, message, capsys):
     assert evaluate.main(argv + ["--max-rows", "3"]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("note: ")]  # notes: what was cut
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_a_translators_kept_cross_heads_are_priced_on_both_pis():
+    """Fewer cross-attention heads cost less on both Pis; all heads kept costs what the full model does."""
+    from attnviz.core.seq2seq import Seq2SeqConfig
+    from attnviz.latency import tradeoff
+    cfg = Seq2SeqConfig(family="marian", vocab_size=1000, d_model=64, n_heads=8, d_ff=128, n_enc_layers=2, n_dec_layers=2)
+    full = tradeoff.kept_heads_latency(cfg, [[True] * 8] * 2, 32)
+    half = tradeoff.kept_heads_latency(cfg, [[True] * 4 + [False] * 4] * 2, 32)
+    assert list(full.device) == ["pi4", "pi5"] and (full.speedup == 1).all()
+    assert (half.kept_ms < half.full_ms).all() and (half.full_ms == full.full_ms).all()
+    assert list(half.heads) == [8, 8]
+    with pytest.raises(ValueError, match="decoder layers"):
+        tradeoff.kept_heads_latency(cfg, [[True] * 8] * 3, 32)

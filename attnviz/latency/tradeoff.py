@@ -14,6 +14,8 @@ from __future__ import annotations
 import pandas as pd
 
 from attnviz.core.config import Config
+from attnviz.core.seq2seq import Seq2SeqConfig
+from attnviz.latency import translation_latency
 from attnviz.latency.costmodel import predict
 from attnviz.latency.engines import engine_profile
 from attnviz.latency.results import parse_synthetic
@@ -54,10 +56,14 @@ def kept_heads_config(cfg, keep):
 
 def kept_heads_latency(cfg, keep, tokens: int = 128, engines=(("torch", "fp32"),)) -> pd.DataFrame:
     """One row per (device, engine): modelled ms of the full model and of the one keeping `keep`
-    on `tokens` tokens at the Pi's 4 threads, and the speed-up."""
+    on `tokens` tokens at the Pi's 4 threads, and the speed-up. A translator's `keep` is its decoder
+    layers' cross-attention heads (what its head mask switches); it is priced encoding `tokens`
+    source tokens and decoding as many (torch fp32, the one engine its cost model has)."""
+    if type(cfg) is Seq2SeqConfig:
+        return _translator_latency(cfg, keep, int(tokens))
     if type(cfg) is not Config:
-        raise ValueError("the Pi cost model prices encoder and decoder-only models here; translators and "
-                         "speech models are priced per source length on the Latency page")
+        raise ValueError("the Pi cost model prices encoders, decoder-only models and translators here; "
+                         "speech models are priced per audio length on the Latency page")
     small = kept_heads_config(cfg, keep)
     rows = []
     for device in ("pi4", "pi5"):
@@ -67,4 +73,18 @@ def kept_heads_latency(cfg, keep, tokens: int = 128, engines=(("torch", "fp32"),
             kept = predict(small, int(tokens), prof, "eager", threads=PI_THREADS).total_ms
             rows.append(dict(device=device, engine=f"{engine} {dtype}", tokens=int(tokens),
                              heads=sum(map(sum, keep)), full_ms=full, kept_ms=kept, speedup=full / kept))
+    return pd.DataFrame(rows)
+
+
+def _translator_latency(cfg: Seq2SeqConfig, keep, tokens: int) -> pd.DataFrame:
+    if len(keep) != cfg.n_dec_layers or any(len(row) != cfg.n_heads for row in keep):
+        raise ValueError(f"kept heads must be {cfg.n_dec_layers} decoder layers x {cfg.n_heads} cross-attention heads")
+    kept_heads = tuple(int(sum(row)) for row in keep)
+    rows = []
+    for device in ("pi4", "pi5"):
+        full, kept = (translation_latency.predict(cfg, tokens, device, threads=PI_THREADS, cross_heads=heads)
+                      for heads in (None, kept_heads))
+        full_ms, kept_ms = (p["encode_ms"] + tokens * p["decode_ms_per_token"] for p in (full, kept))
+        rows.append(dict(device=device, engine="torch fp32", tokens=tokens, heads=sum(kept_heads),
+                         full_ms=full_ms, kept_ms=kept_ms, speedup=full_ms / kept_ms))
     return pd.DataFrame(rows)

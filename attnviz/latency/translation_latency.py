@@ -37,17 +37,30 @@ def _attend(name: str, h: int, S: int, dh: int) -> list[Op]:
             Op(f"weights x V ({name})", "attention", "bmm", 2 * h * S * dh, F32 * h * S * (dh + 1), rows=1)]
 
 
-def encode_ops(cfg: Seq2SeqConfig, n_src: int) -> list[tuple[Op, int]]:
-    """(op, times) of encoding n_src tokens, the decoder layers' cross K/V projections included."""
+def cross_heads_of(cfg: Seq2SeqConfig, cross_heads) -> tuple[int, ...]:
+    """Each decoder layer's cross-attention head count: all of them, or what a pruned copy keeps."""
+    heads = tuple(cross_heads) if cross_heads is not None else (cfg.n_heads,) * cfg.n_dec_layers
+    if len(heads) != cfg.n_dec_layers or any(not 0 <= k <= cfg.n_heads for k in heads):
+        raise ValueError(f"cross-attention heads kept must be {cfg.n_dec_layers} counts of 0..{cfg.n_heads}")
+    return heads
+
+
+def encode_ops(cfg: Seq2SeqConfig, n_src: int, cross_heads=None) -> list[tuple[Op, int]]:
+    """(op, times) of encoding n_src tokens, the decoder layers' cross K/V projections included
+    (narrower where `cross_heads` keeps fewer heads in a layer)."""
     d, h = cfg.d_model, cfg.n_heads
     ops = [(op, cfg.n_enc_layers) for op in layer_ops(cfg.block_config(), n_src, SOFTMAX, h, h)]
-    return ops + [(gemm_op("cross K/V projection", "projections", n_src, d, 2 * d), cfg.n_dec_layers)]
+    return ops + [(gemm_op("cross K/V projection", "projections", n_src, d, 2 * k * cfg.d_head), 1)
+                  for k in cross_heads_of(cfg, cross_heads) if k]
 
 
-def step_ops(cfg: Seq2SeqConfig, n_src: int, depth: int, vocab: int | None = None) -> list[tuple[Op, int]]:
+def step_ops(cfg: Seq2SeqConfig, n_src: int, depth: int, vocab: int | None = None,
+             cross_heads=None) -> list[tuple[Op, int]]:
     """(op, times) of one decoding step at target position `depth`; `vocab`: pieces scored
-    (default the whole vocabulary; a shortlist's size otherwise)."""
+    (default the whole vocabulary; a shortlist's size otherwise); `cross_heads`: each decoder
+    layer's kept cross-attention heads (default all)."""
     d, h, dh, ff = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff
+    kept = cross_heads_of(cfg, cross_heads)
     layer = []
     if cfg.decoder == "ssru":
         layer += [gemm_op("SSRU W", "projections", 1, d, d, bias=False), gemm_op("SSRU forget gate", "projections", 1, d, d),
@@ -56,24 +69,29 @@ def step_ops(cfg: Seq2SeqConfig, n_src: int, depth: int, vocab: int | None = Non
         layer += [gemm_op("self Q", "projections", 1, d, d), gemm_op("self K/V", "projections", 1, d, 2 * d),
                   Op("cache append", "other", "vector", 0, 2 * F32 * (depth + 1) * d, calls=2)]
         layer += _attend("self", h, depth + 1, dh) + [gemm_op("self output", "projections", 1, d, d)]
-    layer += [_norm(1, d), gemm_op("cross Q", "projections", 1, d, d)] + _attend("cross", h, n_src, dh)
-    layer += [gemm_op("cross output", "projections", 1, d, d), _norm(1, d),
-              gemm_op("FFN in", "mlp", 1, d, ff), Op("activation", "mlp", "vector", 10 * ff, 2 * F32 * ff),
-              gemm_op("FFN out", "mlp", 1, ff, d), _norm(1, d),
-              Op("residual adds", "other", "vector", 3 * d, 9 * F32 * d, calls=3)]
-    ops = [(op, cfg.n_dec_layers) for op in layer]
+    layer += [_norm(1, d)]
+    after = [_norm(1, d), gemm_op("FFN in", "mlp", 1, d, ff), Op("activation", "mlp", "vector", 10 * ff, 2 * F32 * ff),
+             gemm_op("FFN out", "mlp", 1, ff, d), _norm(1, d),
+             Op("residual adds", "other", "vector", 3 * d, 9 * F32 * d, calls=3)]
+    ops = [(op, cfg.n_dec_layers) for op in layer + after]
+    for k in kept:  # cross-attention, as wide as the heads each layer keeps
+        if k:
+            ops += [(op, 1) for op in [gemm_op("cross Q", "projections", 1, d, k * dh)]
+                    + _attend("cross", k, n_src, dh) + [gemm_op("cross output", "projections", 1, k * dh, d)]]
     ops.append((gemm_op("output logits", "projections", 1, d, vocab or cfg.vocab_size), 1))
     ops.append((Op("log-softmax, top-k", "other", "vector", 12 * (vocab or cfg.vocab_size),
                    3 * F32 * (vocab or cfg.vocab_size), calls=3), 1))
     return ops
 
 
-def predict(cfg: Seq2SeqConfig, n_src: int, backend: str, threads: int | None = None) -> dict:
-    """Modelled encode_ms and decode_ms_per_token (the mean over a translation as long as its source)."""
+def predict(cfg: Seq2SeqConfig, n_src: int, backend: str, threads: int | None = None, cross_heads=None) -> dict:
+    """Modelled encode_ms and decode_ms_per_token (the mean over a translation as long as its source);
+    `cross_heads`: each decoder layer's kept cross-attention heads (default all)."""
     profile = PROFILES[backend]
     p = profile.at_threads(threads) if threads else profile
-    encode = sum(k * op_seconds(op, p) for op, k in encode_ops(cfg, n_src))
-    steps = [sum(k * op_seconds(op, p) for op, k in step_ops(cfg, n_src, t)) for t in range(n_src)]
+    encode = sum(k * op_seconds(op, p) for op, k in encode_ops(cfg, n_src, cross_heads))
+    steps = [sum(k * op_seconds(op, p) for op, k in step_ops(cfg, n_src, t, cross_heads=cross_heads))
+             for t in range(n_src)]
     return dict(encode_ms=1e3 * encode, decode_ms_per_token=1e3 * sum(steps) / len(steps))
 
 
