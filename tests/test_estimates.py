@@ -4,6 +4,9 @@ ratio is the claim, not a wall time). Before, a formula for an idle machine said
 training that hit its 60 s limit after 379 of 600 steps."""
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from attnviz.toys import tasks, training
 
 
@@ -105,3 +108,43 @@ def test_model_bytes_count_the_prepacked_copies():
         p.numel() * p.element_size() for p in packed) + sum(b.numel() * b.element_size() for b in model.net.buffers())
 
 
+
+
+def test_a_first_load_shows_its_stages_reading_converting_caching_of_this_thread_only(tmp_path, monkeypatch):
+    """Before: SmolLM2's first load (20-59 s converting) showed a spinner and nothing of where it was."""
+    import threading
+    import torch
+    from attnviz.ui import loaded_models
+    from attnviz.weights import conversion_cache
+    monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "model.bin"
+    source.write_bytes(b"weights")
+
+    def make(_tmp):
+        return {"d": 2}, {"w": torch.ones(2)}
+    seen, others = [], []
+    with loaded_models.stages(lambda stage, message: seen.append(stage)):
+        other = threading.Thread(target=lambda: conversion_cache.converted("other", source, make))
+        other.start()
+        other.join()                                         # another session's load: not this bar's
+        conversion_cache.converted("toy", source, make)
+        assert seen == ["converting", "caching"]
+        meta, state, _ = conversion_cache.converted("toy", source, make)
+    assert seen == ["converting", "caching", "reading", "loaded"] and meta == {"d": 2} and torch.equal(state["w"], torch.ones(2))
+    conversion_cache.converted("toy", source, make)          # outside the block: nothing more shown
+    assert seen == ["converting", "caching", "reading", "loaded"] and not others
+    assert not any(isinstance(h, logging.Handler) and type(h).__name__ == "_Stages"
+                   for h in conversion_cache.log.handlers)
+
+
+def test_the_first_open_of_a_page_shows_a_progress_bar_and_the_budget():
+    from streamlit.testing.v1 import AppTest
+    from attnviz.ui import common
+    common.forget_loaded()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "pages" / "1_Attention.py"),
+                           default_timeout=300).run()
+    assert not at.exception
+    assert at.get("progress") and at.get("progress")[-1].proto.value == 100     # 1.0 as a percentage
+    assert any(c.value.startswith(common.plain("In memory on this server: minilm (127 MB); 127 MB of a 4,096 MB "
+                                               "model budget (ATTNVIZ_MODEL_CACHE_MB).")) for c in at.caption)
+    common.forget_loaded()

@@ -112,7 +112,8 @@ def loaded_with_status(notice, choice: str, typed: str | None) -> Model:
                        "later page and session shares this one copy."))
         start = time.perf_counter()
         try:
-            model = _shared_model(key, typed or "")
+            with loaded_models.stages(loaded_models.stage_bar()):
+                model = _shared_model(key, typed or "")
         except ValueError:
             status.update(label=plain(f"Could not load {choice}"), state="error")
             raise

@@ -7,12 +7,15 @@ Streamlit's st.cache_resource bounds only the number of entries, so a walk throu
 bounds what actually costs: the bytes of the weights and their prepacked copies."""
 from __future__ import annotations
 
+import logging
 import threading
+from contextlib import contextmanager
 
 import streamlit as st
 
 from attnviz.base.lru import LRU
 from attnviz.base.limits import LIMITS
+from attnviz.weights import conversion_cache
 
 _MAX_MODELS = 64   # the byte budget is the bound; the count only keeps the map small
 
@@ -85,3 +88,50 @@ def note(key: str, shown: str | None = None) -> str:
         text += (f" A model that does not fit in what is left drops {held[0][0]} first, which then "
                  "loads again when a page needs it.")
     return text
+
+
+class _Stages(logging.Handler):
+    """Calls `show(stage, message)` for the conversion cache's stage records of one thread (the
+    loading session's: another session's load at the same time is not shown here)."""
+
+    def __init__(self, show):
+        super().__init__(logging.INFO)
+        self.show, self.thread = show, threading.get_ident()
+
+    def emit(self, record):
+        stage = getattr(record, "stage", None)
+        if stage in conversion_cache.STAGES and record.thread == self.thread:
+            self.show(stage, record.getMessage())
+
+
+@contextmanager
+def stages(show):
+    """Within the block, `show(stage, message)` is called as this thread's load reads, converts
+    and caches weights (weights.conversion_cache.STAGES, in that order)."""
+    logger = conversion_cache.log
+    handler, level = _Stages(show), logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+        show("loaded", "")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+# how far a load is at the start of each stage, and what the bar says (never a path: the
+# messages name only catalogue keys, and a typed folder is not converted)
+_BAR = dict(reading=(0.1, "Reading the converted weights from the disk cache…"),
+            converting=(0.2, "Converting the checkpoint to this app's format (first start of this server)…"),
+            caching=(0.8, "Caching the conversion on disk for the next start…"), loaded=(1.0, "Loaded."))
+
+
+def stage_bar():
+    """A progress bar in the current container and the `show` that `stages` calls for it."""
+    bar = st.progress(0.0, text="Starting…")
+
+    def show(stage, _message):
+        bar.progress(*_BAR[stage][:1], text=_BAR[stage][1])
+    return show
