@@ -393,7 +393,7 @@ def test_shared_models_leave_the_collectors_view_and_are_still_freed_when_droppe
     assert gc.get_freeze_count() > before
     settled = []
     monkeypatch.setattr(common, "settle_heap", lambda: settled.append(True))
-    common._shared_model.clear()
+    common.forget_loaded()
     common.shared_model("toy-copy")
     assert settled                                       # every shared load settles the heap
     for key in ("toy-copy", "minilm"):

@@ -61,3 +61,48 @@ def test_bad_audio_gets_a_message_not_a_traceback():
     assert not at.exception, at.exception
     errors = [e.value for e in at.error]
     assert len(errors) == 3 and "not audio" in errors[0] and "empty" in errors[1] and "WAV or FLAC" in errors[2]
+
+
+def test_apply_runs_only_the_decoder_again_the_encoder_once_per_clip(monkeypatch):
+    """Before: every Apply (and layer box) transcribed from scratch, the encoder included, though
+    only decoder heads change. Counted by the encoder's runs, not timed."""
+    import streamlit as st
+    from attnviz.core.speech_model import SpeechModel
+    runs = []
+    real = SpeechModel.encode_audio
+
+    def counted(self, *args, **kwargs):
+        runs.append(1)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(SpeechModel, "encode_audio", counted)
+    st.cache_resource.clear()
+    at = view(run_page(), "Switch heads off")
+    assert len(runs) == 1                                    # the clip's own transcription
+    texts = []
+    for layer in (2, 3):
+        at.button_group(key=ROW.format(layer)).set_value([]).run()
+        assert len(runs) == 1 + (layer == 3)                 # a head click recomputes nothing
+        at.button(key="speech.apply").click().run()
+        assert not at.exception, at.exception
+        texts.append([m.value for m in at.markdown if m.value.startswith("**With those heads off:**")])
+    assert len(runs) == 2                                    # one encoder pass kept for both masks
+    assert texts[0] and texts[1]
+
+
+def test_a_reused_encoder_output_gives_the_same_transcript():
+    import torch
+    from attnviz.weights import catalogue
+    from attnviz.ui import speech_page
+    model = catalogue.load_model("whisper-tiny-en")
+    data = speech_page.CLIP.read_bytes()
+    keep = torch.ones(model.cfg.n_dec_layers, model.cfg.n_heads)
+    keep[2:] = 0
+    fresh = model.transcribe(data, head_mask=keep, cut=True)
+    memory = speech_page._encoded(model, model.transcribe(data, cut=True).features)
+    reused = model.transcribe(data, head_mask=keep, cut=True, memory=memory)
+    assert reused.text == fresh.text and torch.equal(reused.ids, fresh.ids)
+    assert all(torch.equal(a, b) for a, b in zip(reused.cross_attentions, fresh.cross_attentions))
+    assert [(w.start, w.end) for w in reused.words] == [(w.start, w.end) for w in fresh.words]
+    import pytest
+    with pytest.raises(ValueError, match="reused encoder output"):
+        model.transcribe(data, cut=True, memory=memory, variant="local:64")

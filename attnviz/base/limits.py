@@ -99,7 +99,8 @@ class Limits:
     max_config_bytes: int = 1 * 2**20   # config.json, tokenizer_config.json, ...
     max_weight_bytes: int = 8 * 2**30   # all weight files of one folder together
     # caches (st.cache_resource max_entries): models, and large per-input results (traces, captures)
-    model_cache_entries: int = 4
+    model_cache_entries: int = 4        # per-model derived results (e.g. the heads' means)
+    model_cache_mb: int = 4096          # the shared models' weights (all seven bundled: ~2.3 GB)
     trace_cache_entries: int = 4
     result_cache_mb: int = 768          # app: each server-wide cache of per-text results (all sessions)
     # torch threads per server process (0: torch's default, one per core). On a shared server

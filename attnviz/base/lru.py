@@ -88,6 +88,22 @@ class LRU:
                 self._bytes -= dropped
             return True
 
+    def resize(self, max_bytes: int | None):
+        """A new byte bound (a deployment's limit read again); the oldest entries go until it holds.
+        Only a cache that had a byte bound takes sizes, so it keeps one."""
+        if self.max_bytes is None or not (max_bytes or 0) > 0:
+            raise ValueError(f"resize needs a cache with a byte bound and a positive one, not {max_bytes}")
+        with self._lock:
+            self.max_bytes = int(max_bytes)
+            while self._items and self._bytes > self.max_bytes:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._bytes -= dropped
+
+    def sizes(self) -> list[tuple]:
+        """(key, estimated bytes) of every entry, least recently used first."""
+        with self._lock:
+            return [(key, size) for key, (_, size) in self._items.items()]
+
     def pop(self, key, default=None):
         with self._lock:
             item = self._items.get(key)

@@ -125,14 +125,16 @@ class SpeechModel(Seq2SeqModel):
     def transcribe(self, audio, head_mask=None, *, encoder_head_mask=None, self_head_mask=None,
                    encoder_attentions: bool = False, cut: bool = False, rate: int = 16_000,
                    max_tokens: int | None = None, head_fill=None, encoder_head_fill=None, variant=None,
-                   check=None) -> Transcript:
+                   check=None, memory=None) -> Transcript:
         """Transcribe WAV/FLAC bytes or float samples at `rate` (16 kHz unless told), up to 30 s
         (longer: ValueError, or the first 30 s with `cut=True`). `head_mask` [L_dec, H] switches
         cross-attention heads off (1 keeps, 0 removes); `encoder_head_mask` [L_enc, H] and
         `self_head_mask` [L_dec, H] the others; `head_fill` / `encoder_head_fill` [L, H, d_head]
         are added to those heads' outputs after the mask (mean ablation, see `head_means`).
         `variant`: the encoder's attention variant (a `Variant` or its name, e.g. 'local:64');
-        `check()` (a cancel) runs with the time limit's check before every encoder block."""
+        `check()` (a cancel) runs with the time limit's check before every encoder block.
+        `memory`: this audio's encoder output as `encode_audio(features)` gave it (no encoder mask,
+        fill or variant), reused when only decoder heads change: the encoder is not run again."""
         c = self.cfg
         masks = dict(self._masks(head_mask, encoder_head_mask, self_head_mask), vocab=None)  # whole vocabulary
         masks.update(self._fills(head_fill, encoder_head_fill), variant=parse_variant(variant))
@@ -147,7 +149,13 @@ class SpeechModel(Seq2SeqModel):
             if check is not None:
                 check()
         with torch.inference_mode():
-            memory, enc_att = self.encode_audio(feats, masks, encoder_attentions, check=every_block)
+            if memory is None:
+                memory, enc_att = self.encode_audio(feats, masks, encoder_attentions, check=every_block)
+            elif (encoder_head_mask is not None or encoder_head_fill is not None or variant is not None
+                  or encoder_attentions):
+                raise ValueError("a reused encoder output holds no encoder mask, fill, variant or attentions")
+            else:
+                enc_att = None
             start = self.net.start(memory)  # every decoder layer's K/V of the audio frames, once for both passes
             out = self._greedy(memory, masks, n_max, deadline, True, True, start)
             audio_frames = min(c.n_audio_ctx, len(heard.samples) // HOP // 2)  # mel frames / 2

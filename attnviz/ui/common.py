@@ -46,15 +46,18 @@ def plain(text: str) -> str:
 LOCAL = "local folder…"  # the picker's entry for a typed folder (offered only with an allow-list)
 
 
-@st.cache_resource(max_entries=LIMITS.model_cache_entries, show_spinner=False)
 def _shared_model(key: str, _typed: str = "") -> Model:
-    """One shared, never-mutated model per key for every browser session of this process. `key` is
-    a catalogue key or "folder:" + a RESOLVED allowed folder, so every spelling of one folder
-    (`/m/big`, `/m/big/`, `/m/./big`, a symlink to it) is one cache entry and one copy of the
-    weights. `_typed` (not part of the key) is what the user typed, for messages."""
+    """One shared, never-mutated model per key for every browser session of this process, kept
+    within the model budget (ui.loaded_models). `key` is a catalogue key or "folder:" + a RESOLVED
+    allowed folder, so every spelling of one folder (`/m/big`, `/m/big/`, `/m/./big`, a symlink to
+    it) is one cache entry and one copy of the weights. `_typed` is what the user typed, for messages."""
+    return loaded_models.shared(key, lambda: _load(key, _typed))
+
+
+def _load(key: str, typed: str) -> Model:
     if key.startswith("folder:"):
         resolved = Path(key[len("folder:"):])
-        model = folders.load_dir(resolved, key=folders.local_folder_name(resolved, LIMITS), name=_typed,
+        model = folders.load_dir(resolved, key=folders.local_folder_name(resolved, LIMITS), name=typed,
                                  limits=LIMITS)
     else:
         model = catalogue.load_model(key)
@@ -81,51 +84,49 @@ def shared_model(key: str) -> Model:
     return _shared_model(key)
 
 
-def load_folder(typed: str) -> Model:
-    """A typed local folder, only inside ATTNVIZ_ALLOWED_MODEL_DIRS (none without one), cached on
-    its resolved path. Refusals say the same for a folder outside the list, a missing one and an
-    unreadable one, and never show where a path resolves."""
+def folder_key(typed: str) -> str:
+    """The cache key of a typed local folder, only inside ATTNVIZ_ALLOWED_MODEL_DIRS (none without
+    one). Refusals say the same for a folder outside the list, a missing one and an unreadable one,
+    and never show where a path resolves."""
     resolved, _ = folders.allowed_folder(typed, LIMITS)
-    return _shared_model(f"folder:{resolved}", typed)
+    return f"folder:{resolved}"
 
 
-LOADED: set[str] = set()   # models this server process has loaded once (its first open says so)
+def load_folder(typed: str) -> Model:
+    """A typed local folder (see `folder_key`), cached on its resolved path."""
+    return _shared_model(folder_key(typed), typed)
 
 
 def loaded_with_status(notice, choice: str, typed: str | None) -> Model:
-    """Load the picked model. The first load in this process (seconds: reading, and on a new
-    server converting, the weights) shows in the main area what is loading and, when done, how
-    long it took; later runs take the shared copy at once."""
-    name = f"folder:{typed}" if typed is not None else choice
-    load = (lambda: load_folder(typed)) if typed is not None else (lambda: shared_model(choice))
-    if name in LOADED:
-        with st.spinner(plain(f"Loading {choice}…")):
-            model = load()
-        loaded_models.note(name, model)
-        return model
+    """Load the picked model. A load that is not in memory (seconds: reading, and on a new server
+    converting, the weights) shows in the main area what is loading, how long it took and what the
+    server holds against its model budget; a held model is taken at once."""
+    key = folder_key(typed) if typed is not None else choice
+    if typed is None and key not in BUNDLED and key not in TOYS:
+        raise ValueError(f"unknown model {key!r}")
+    if loaded_models.holds(key):
+        return _shared_model(key, typed or "")
     with notice.status(plain(f"Loading {choice}…"), expanded=True) as status:
         st.write(plain(f"Reading {choice}'s weights into memory. The first start of a server "
                        "also converts them to this app's format and caches them on disk; every "
                        "later page and session shares this one copy."))
         start = time.perf_counter()
         try:
-            model = load()
+            with loaded_models.stages(loaded_models.stage_bar()):
+                model = _shared_model(key, typed or "")
         except ValueError:
             status.update(label=plain(f"Could not load {choice}"), state="error")
             raise
         status.update(label=plain(f"Loaded {choice} in {time.perf_counter() - start:.1f} s: "
                                   f"{model.num_params() / 1e6:.1f} M parameters"),
                       state="complete", expanded=False)
-        st.caption(plain(loaded_models.note(name, model)))
-    LOADED.add(name)
+        st.caption(plain(loaded_models.note(key, typed)))
     return model
 
 
 def forget_loaded():
     """Drop the shared models (tests: the next open is a first open again)."""
-    _shared_model.clear()
-    LOADED.clear()
-    loaded_models.IN_MEMORY.clear()
+    loaded_models.clear()
 
 
 def local_folders_allowed() -> bool:

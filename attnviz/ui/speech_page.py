@@ -16,7 +16,7 @@ from attnviz.analysis import head_ablation
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS, sizes
 from attnviz.figures import speech_figures
-from attnviz.ui.common import plain, shared_model, sidebar_nav, view_choice
+from attnviz.ui.common import cached_result, plain, shared_cache, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
 from attnviz.ui.translate_page import diff_markdown
 
@@ -72,12 +72,24 @@ def inputs():
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _transcribed(model_key: str, digest: str, mask_key: bytes, _model, _data: bytes, _mask, _fill=None):
-    # cache_resource: one transcript per audio, mask and fill (mask_key holds both), shared, never changed
+def _transcribed(model_key: str, digest: str, mask_id: bytes, _model, _data: bytes, _mask, _fill=None):
+    # cache_resource: one transcript per audio, mask and fill (mask_id holds both), shared, never changed
     c = _model.cfg  # priced before it runs: every decoder position's cross-attention over the 30 s window
     memory.plan_capture("this transcription", layers=c.n_dec_layers, heads=c.n_heads, n=c.n_audio_ctx,
                         rows=c.n_text_ctx, shorten="the audio")
-    return _model.transcribe(_data, head_mask=_mask, head_fill=_fill, cut=True)
+    if _mask is None:
+        return _model.transcribe(_data, cut=True)
+    # heads of the decoder switched off: the encoder's output is this audio's unmasked one (kept
+    # per audio, bounded in bytes), so Apply runs only the decoder again
+    plain_run = _transcribed(model_key, digest, mask_key(None, None), _model, _data, None)
+    encoded = cached_result(shared_cache("speech.encoder", 8, 64), (model_key, digest),
+                            lambda: _encoded(_model, plain_run.features))
+    return _model.transcribe(_data, head_mask=_mask, head_fill=_fill, cut=True, memory=encoded)
+
+
+def _encoded(model, features):
+    with torch.inference_mode():   # as transcribe runs it: the same (prepacked) path, the same numbers
+        return model.encode_audio(features)[0]
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)

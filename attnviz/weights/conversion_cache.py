@@ -12,6 +12,9 @@ import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+# The stages of a load, logged at INFO with `extra={"stage": ...}` so that a caller (the app's
+# loading message) can show progress without this layer knowing about it.
+STAGES = ("reading", "converting", "caching")
 
 
 def cache_root() -> Path:
@@ -37,6 +40,7 @@ def converted(key: str, source: Path, make):
     folder = cache_root() / f"{key}-{source_key(source)}"
     done = folder / "config.json"
     if done.exists():
+        log.info("reading %s from the conversion cache", key, extra={"stage": "reading"})
         try:
             return json.loads(done.read_text()), load_file(str(folder / "weights.safetensors")), folder
         except Exception as err:  # a damaged cache entry is rebuilt, never trusted
@@ -44,7 +48,9 @@ def converted(key: str, source: Path, make):
             shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder.parent))
+    log.info("converting %s to this app's format", key, extra={"stage": "converting"})
     meta, state = make(tmp)
+    log.info("caching the converted %s on disk", key, extra={"stage": "caching"})
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "weights.safetensors"))
     (tmp / "config.json").write_text(json.dumps(meta))
     try:
