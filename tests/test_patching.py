@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from attnviz.analysis import patching
+from attnviz.weights import catalogue
 from attnviz.weights.catalogue import random_model
 from tests.tiny import LLAMA
 
@@ -112,3 +113,14 @@ def test_refusals(tiny):
     pair = patching.prepare(tiny, CLEAN, CORRUPTED, TARGET, MINUS)
     with pytest.raises(ValueError, match="unknown activation"):
         patching.patch_map(tiny, pair, "mlp")
+
+
+@pytest.mark.parametrize("kind,layer,unit", [("z", 14, 3), ("k", 20, 1), ("resid_pre", 10, 9)])
+def test_smollm2_mary_john_matches_by_hand(kind, layer, unit):
+    model = catalogue.load_model("smollm2")
+    pair = patching.prepare(model, patching.SAMPLE_CLEAN, patching.SAMPLE_CORRUPTED, " Mary", " John")
+    assert pair.clean_diff > 0 > pair.corrupted_diff      # the clean prompt prefers Mary, the corrupted John
+    clean, corrupted = (model.inputs(t)["ids"].tolist() for t in (patching.SAMPLE_CLEAN, patching.SAMPLE_CORRUPTED))
+    want = hand_diff(model, clean, corrupted, layer, kind, unit, pair.target, pair.minus)
+    got = patching.patch_map(model, pair, kind, units={layer: [unit]})
+    assert abs(float(got.diffs[layer, unit]) - want) < 1e-4

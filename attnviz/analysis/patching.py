@@ -152,13 +152,16 @@ def count(model, kind: str, pair: Pair) -> int:
     return sum(len(u) for u in _units(model, kind, pair)[1])
 
 
-def patch_map(model, pair: Pair, kind: str, check=None, progress=None) -> Patched:
+def patch_map(model, pair: Pair, kind: str, check=None, progress=None, units: dict | None = None) -> Patched:
     """The recovered fraction for every unit of `kind` ("z", "q", "k", "v" or "resid_pre"), one
     patched run each, from the patched layer on. `check()` runs before every block (a deadline or
-    a cancel); `progress(done, total)` after every patched run. Holds a heavy-job slot."""
+    a cancel); `progress(done, total)` after every patched run; `units` {layer: [columns]}: patch only
+    those (the rest stay NaN). Holds a heavy-job slot."""
     if kind not in KIND_NAMES:
         raise ValueError(f"unknown activation {kind!r}: one of {', '.join(KIND_NAMES)}")
-    cols, units = _units(model, kind, pair)
+    cols, every = _units(model, kind, pair)
+    units = every if units is None else [[(j, c) for j, c in u if c in units.get(i, ())]
+                                         for i, u in enumerate(every)]
     L, total = len(units), sum(len(u) for u in units)
     diffs = torch.full((L, len(cols)), float("nan"))
     net, variant, done = model.net, getattr(model, "variant", None), 0
