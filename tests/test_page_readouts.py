@@ -229,5 +229,7 @@ def test_patching_view_on_the_mary_john_sample(smollm2):
     pair = patching.prepare(smollm2, patching.SAMPLE_CLEAN, patching.SAMPLE_CORRUPTED, " Mary", " John")
     want = patching.patch_map(smollm2, pair, "k", units={23: [0]})
     assert abs(spec["data"][0]["z"][23][0] - float(want.recovered[23, 0])) < 1e-4
+    at.run()  # a rerun (the CSV download, another widget) keeps the map
+    assert chart(at, "readouts.patch_map")["data"][0]["z"] == spec["data"][0]["z"]
     at.text_input(key="readouts.patch_corrupted").input("When Mary went to the store").run()
     assert not at.exception and "same length" in at.error[0].value

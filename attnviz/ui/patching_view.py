@@ -5,7 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from attnviz.analysis import patching
-from attnviz.base import exports
+from attnviz.base import exports, jobs
+from attnviz.base.limits import LIMITS
 from attnviz.figures import patching_figures
 from attnviz.ui import job_controls
 
@@ -33,12 +34,19 @@ def view(model, page: str):
     pair = patching.prepare(model, clean, corrupted, target, minus)
     st.write(f"Clean logit difference {pair.clean_diff:.4f}; corrupted {pair.corrupted_diff:.4f}; "
              f"{patching.count(model, kind, pair)} patched runs.")
-    if not st.button("Run patching", key=key("run")):
+    asked = (model.info.key, clean, corrupted, pair.target, pair.minus, kind)
+    kept = st.session_state.get(key("result"))
+    if st.button("Run patching", key=key("run")):
+        bar = st.progress(0.0, text="patching")
+        # the heavy-job slot is the library's; this session's Cancel and a deadline bound it
+        check = jobs.checks(job_controls.session_cancel(),
+                            jobs.Deadline(LIMITS.max_importance_seconds, "activation patching"))
+        result = patching.patch_map(model, pair, kind, check=check,
+                                    progress=lambda d, t: bar.progress(d / t, text=f"patched {d} of {t}"))
+        st.session_state[key("result")] = kept = (asked, result)
+    if kept is None or kept[0] != asked:
         return
-    bar = st.progress(0.0, text="patching")
-    cancel = job_controls.session_cancel()
-    result = patching.patch_map(model, pair, kind, check=cancel.check,
-                                progress=lambda d, t: bar.progress(d / t, text=f"patched {d} of {t}"))
+    result = kept[1]
     st.plotly_chart(patching_figures.patch_heatmap(result.recovered, result.columns,
                                                    f"recovered fraction: {patching.KIND_NAMES[kind]}"),
                     key=key("map"))
