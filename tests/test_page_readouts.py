@@ -7,7 +7,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from attnviz.analysis import head_ablation, readouts
+from attnviz.analysis import head_ablation, patching, readouts
 from attnviz.analysis.effects import single_token
 from attnviz.ui import kept_inputs
 from attnviz.weights import catalogue
@@ -243,3 +243,19 @@ def test_heads_page_live_effect_and_importance_say_their_ablation():
     at.button(key="heads.curve_go").click().run()
     assert not at.exception and not at.error
     assert chart(at, "heads.curve_cosine")["layout"]["title"]["text"] == "cosine: heads removed by mean ablation"
+
+
+def test_patching_view_on_the_mary_john_sample(smollm2):
+    at = view(app(), "Patching")
+    assert not at.exception and not at.error
+    at.radio(key="readouts.patch_kind").set_value("k").run()
+    at.button(key="readouts.patch_run").click().run()
+    assert not at.exception and not at.error
+    spec = chart(at, "readouts.patch_map")
+    pair = patching.prepare(smollm2, patching.SAMPLE_CLEAN, patching.SAMPLE_CORRUPTED, " Mary", " John")
+    want = patching.patch_map(smollm2, pair, "k", units={23: [0]})
+    assert abs(spec["data"][0]["z"][23][0] - float(want.recovered[23, 0])) < 1e-4
+    at.run()  # a rerun (the CSV download, another widget) keeps the map
+    assert chart(at, "readouts.patch_map")["data"][0]["z"] == spec["data"][0]["z"]
+    at.text_input(key="readouts.patch_corrupted").input("When Mary went to the store").run()
+    assert not at.exception and "same length" in at.error[0].value

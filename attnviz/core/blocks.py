@@ -126,13 +126,15 @@ class Attention(nn.Module):
 
     def forward(self, x, *, rope=None, allowed=None, causal=False, head_mask=None,
                 need_weights=False, variant: Variant = SOFTMAX, heads_out=None, head_fill=None, past=None,
-                kv=None):
+                kv=None, patch=None):
         """`past`: this layer's K/V cache, a dict ("k", "v": (B, hkv, S, dh), rope applied) that is
         extended in place (incremental decoding); `kv`: keys and values computed once from another
         source (`keys_values`: cross-attention), then only the queries come from x; `heads_out`: a
         list the per-head outputs (B, h, T, dh), before the output projection, are appended to
         (logit attribution); `head_fill` [H, dh]: added to each head's output after the mask
-        (mean ablation)."""
+        (mean ablation); `patch(name, t) -> t`: this call's edit of "q" (B, h, T, dh), "k" and "v"
+        (B, hkv, T, dh, rope applied) and "z" (the per-head outputs, after mask and fill):
+        activation patching, never a change to the module."""
         B, T, _ = x.shape
         if self.n_heads == 0:  # every head of this layer pruned: the layer adds only the output bias
             return self.out(x.new_zeros(B, T, 0)), None
@@ -140,6 +142,8 @@ class Attention(nn.Module):
             q, (k, v) = self.queries(x), kv
         else:
             q, k, v = self.project(x, rope)
+        if patch is not None:
+            q, k, v = patch("q", q), patch("k", k), patch("v", v)
         if past is not None and kv is None:  # the keys and values of the tokens before these, then these
             if "k" in past:
                 k, v = torch.cat([past["k"], k], 2), torch.cat([past["v"], v], 2)  # (B, hkv, S, dh)
@@ -151,6 +155,8 @@ class Attention(nn.Module):
             y = y * head_mask[self.heads].to(y.dtype)[None, :, None, None]
         if head_fill is not None:
             y = y + head_fill[self.heads].to(y.dtype)[:, None, :][None]          # (1, h, 1, dh)
+        if patch is not None:
+            y = patch("z", y)
         if heads_out is not None:
             heads_out.append(y)
         y = y.transpose(1, 2).reshape(B, T, -1)      # (B, T, h*dh)
@@ -245,7 +251,7 @@ class BlockStep:
 
 def iter_layers(blocks, x, start: int = 0, stop: int | None = None, *, head_mask=None, capture=(),
                 weights_out=None, variants=None, check=None, head_outputs=(), head_fill=None, cache=None,
-                self_head_mask=None, self_capture=(), row: bool = False, **shared):
+                self_head_mask=None, self_capture=(), row: bool = False, patch=None, **shared):
     """THE forward loop, for every model: blocks start..stop-1 of `blocks` from x = the input of
     block `start`, yielding a `BlockStep` per block (callers that look at one layer at a time, such
     as long captures and head scores, never hold every layer's weights).
@@ -256,7 +262,8 @@ def iter_layers(blocks, x, start: int = 0, stop: int | None = None, *, head_mask
     [L, H, d_head]: added to the heads' outputs after the mask (mean ablation); `cache`: one dict
     per layer, the per-call state (K/V, an SSRU cell, the encoder's K/V); `self_head_mask` and
     `self_capture`: a decoder block's self-attention; `row`: one row (1, d) through each block's
-    fused `step_row` path; `shared`: passed to every block (rope, allowed, causal)."""
+    fused `step_row` path; `patch`: {layer: patch(name, tensor) -> tensor}, passed to that layer's
+    `Attention` (activation patching, see `Attention.forward`); `shared`: passed to every block (rope, allowed, causal)."""
     stop = len(blocks) if stop is None else int(stop)
     if not 0 <= start <= stop <= len(blocks):
         raise ValueError(f"blocks {start}..{stop} are outside 0..{len(blocks)}")
@@ -278,6 +285,8 @@ def iter_layers(blocks, x, start: int = 0, stop: int | None = None, *, head_mask
             continue
         z = [] if i in head_outputs else None
         kw = {} if self_head_mask is None else {"self_head_mask": self_head_mask[i]}
+        if patch is not None and i in patch:
+            kw["patch"] = patch[i]
         if i in self_capture:
             kw["self_weights_out"] = []
         out, att = blocks[i](x, head_mask=mask, need_weights=i in capture if into is None else into,

@@ -129,7 +129,7 @@ class Transformer(nn.Module):
     # ---------------------------------------------------------------- the forward loop
     def iter_blocks(self, x, start: int = 0, stop: int | None = None, *, head_mask=None, capture=(),
                     weights_out=None, variants=None, attention_mask=None, check=None,
-                    head_outputs=(), head_fill=None, cache=None, offset: int = 0):
+                    head_outputs=(), head_fill=None, cache=None, offset: int = 0, patch=None):
         """The forward loop (`iter_layers`) over this model's blocks: blocks start..stop-1 from x = the input of block `start` (B, n, d),
         yielding a `BlockStep` per block (callers that look at one layer at a time, such as long
         captures and head scores, never hold every layer's weights).
@@ -140,7 +140,8 @@ class Transformer(nn.Module):
         `head_outputs`: layers whose per-head outputs to return (`BlockStep.heads`); `head_fill`
         [L, H, d_head]: added to the heads' outputs after the mask (mean ablation); `cache`: one
         dict per layer holding its keys and values (incremental decoding, see `Attention`), and
-        `offset` the position of x's first token after what the cache holds."""
+        `offset` the position of x's first token after what the cache holds; `patch`: {layer:
+        patch(name, tensor)} edits of q / k / v / per-head outputs (activation patching)."""
         cfg = self.cfg
         allowed = padding_mask(attention_mask) if attention_mask is not None else None
         rope = None
@@ -149,7 +150,7 @@ class Transformer(nn.Module):
             rope = (cos[offset:], sin[offset:])
         yield from iter_layers(self.blocks, x, start, stop, head_mask=head_mask, capture=capture,
                                weights_out=weights_out, variants=variants, check=check,
-                               head_outputs=head_outputs, head_fill=head_fill, cache=cache,
+                               head_outputs=head_outputs, head_fill=head_fill, cache=cache, patch=patch,
                                rope=rope, allowed=allowed, causal=cfg.causal)
 
     def run_blocks(self, x, start: int = 0, stop: int | None = None, *, states: bool = False, **kw) -> Blocks:

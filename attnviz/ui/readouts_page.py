@@ -11,11 +11,11 @@ from attnviz.base import exports, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import readout_figures
-from attnviz.ui import common, generation_view, head_editor, job_controls, kept_inputs
+from attnviz.ui import common, generation_view, head_editor, job_controls, kept_inputs, patching_view
 from attnviz.ui.common import plain
 
 PAGE = "readouts"
-VIEWS = ["Logit lens", "Attribution", "Generation", "Two prompts"]
+VIEWS = ["Logit lens", "Attribution", "Generation", "Two prompts", "Patching"]
 DEFAULT_TEXT = "When Mary and John went to the store, John gave a drink to"
 SAMPLE_TARGETS = (" Mary", " John")   # the indirect object and the subject: the sample's question
 PAIR = ("The trophy didn't fit in the suitcase because it was too big",
@@ -68,6 +68,9 @@ def page():
         st.stop()
     view = common.view_choice(PAGE, VIEWS)
     try:
+        if view == "Patching":
+            patching_view.view(model, PAGE)
+            return
         if view == "Two prompts":
             pair_view(model)
             return
