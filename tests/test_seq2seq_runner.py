@@ -182,4 +182,7 @@ def test_encoder_keys_and_values_are_computed_once_per_input(whisper, heard, tra
         assert len(calls) == 1
     assert out.stopped == "eos" and out.n_tgt > 3
     shared = whisper.transcribe(CLIP.read_bytes()).words
-    assert shared and shared == own
+    # transcribe moves the last word's end on to where its sound ends; the rest are the timing's own
+    assert shared and shared[:-1] == own[:-1] and len(shared) == len(own)
+    last, mine = shared[-1], own[-1]
+    assert (last.text, last.start, last.tokens) == (mine.text, mine.start, mine.tokens) and last.end >= mine.end
