@@ -98,35 +98,35 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.list:
         for key, text in bundled_corpora().items():
-            print(f"{key}\t{text}")
+            sys.stdout.write(f"{key}\t{text}\n")
         return 0
     if not args.corpus:
-        print("error: name a corpus (a bundled key, a file or a folder); --list shows the bundled ones",
-              file=sys.stderr)
+        sys.stderr.write("error: name a corpus (a bundled key, a file or a folder); --list shows the bundled ones\n")
         return 2
     try:
         corpus = load(args)
         for note in corpus.notes:
-            print(f"note: {note}", file=sys.stderr)
+            sys.stderr.write(f"note: {note}\n")
 
         def progress(done, total, partial):
-            print(f"item {done}/{total}", file=sys.stderr, flush=True)
+            sys.stderr.write(f"item {done}/{total}\n")
+            sys.stderr.flush()
 
         result = run(args.model, corpus, args.kind, mask=args.mask, metric=args.metric,
                      scheduler=args.scheduler, seed=args.seed, progress=progress, resume=args.resume,
                      random_orders=args.random_orders)
     except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {e}\n")
         return 2
     except KeyboardInterrupt:
-        print("stopped; rerun with --resume FILE to keep finished items next time", file=sys.stderr)
+        sys.stderr.write("stopped; rerun with --resume FILE to keep finished items next time\n")
         return 130
     with pd.option_context("display.width", 160, "display.max_rows", 60):
-        print(result.summary.to_string(index=False))
+        sys.stdout.write(result.summary.to_string(index=False) + "\n")
     if "latency" in result.extra:
-        print(result.extra["latency"].to_string(index=False))
+        sys.stdout.write(result.extra["latency"].to_string(index=False) + "\n")
     if not result.complete:
-        print(f"incomplete: {result.done}/{result.total} items", file=sys.stderr)
+        sys.stderr.write(f"incomplete: {result.done}/{result.total} items\n")
     if args.out is not None:
         args.out.write_text(csv_text(result.table), encoding="utf-8", newline="")
         args.out.with_suffix(".summary.csv").write_text(csv_text(result.summary), encoding="utf-8", newline="")
