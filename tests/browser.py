@@ -63,6 +63,48 @@ def wait_idle(page, timeout_ms: int = 120_000):
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
 
 
+
+def browser_fixtures(viewport: dict, timeout_ms: int):
+    """A module's `server`, `browser` and `page` fixtures: one Streamlit server and one Chromium for
+    the module, a fresh browser context of `viewport` for each test. Bind them in the module:
+    `server, browser, page = browser_fixtures(...)`."""
+    import pytest
+    from playwright.sync_api import sync_playwright
+
+    @pytest.fixture(scope="module")
+    def server():
+        ARTIFACTS.mkdir(exist_ok=True)
+        with streamlit_server() as url:
+            yield url
+
+    @pytest.fixture(scope="module")
+    def browser():
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            yield b
+            b.close()
+
+    @pytest.fixture
+    def page(browser):
+        context = browser.new_context(viewport=viewport)
+        pg = context.new_page()
+        pg.set_default_timeout(timeout_ms)
+        yield pg
+        context.close()
+
+    return server, browser, page
+
+
+def open_page(page, server, path=""):
+    page.goto(f"{server}/{path}")
+    page.wait_for_selector('[data-testid="stSidebar"]')
+    wait_idle(page)
+
+
+def assert_no_errors(page):
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+
 # ---------------------------------------------------------------- many sessions at once
 WORDS = ["dog", "cow", "horse", "parrot", "tiger", "whale", "spider", "camel", "otter", "eagle", "lion",
          "mouse", "snake", "rabbit", "sheep", "monkey", "frog", "duck", "bear", "wolf", "fox", "goat",

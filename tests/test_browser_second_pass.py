@@ -9,48 +9,15 @@ from __future__ import annotations
 
 import re
 
-import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from tests.browser import ARGS, ARTIFACTS, CHROMIUM, streamlit_server, wait_idle
+from tests.browser import ARTIFACTS, assert_no_errors, browser_fixtures, open_page, wait_idle
 
 TIMEOUT = 60_000
 expect.set_options(timeout=TIMEOUT)
 
 
-@pytest.fixture(scope="module")
-def server():
-    ARTIFACTS.mkdir(exist_ok=True)
-    with streamlit_server() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 2400})
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT)
-    yield pg
-    context.close()
-
-
-def open_page(page, server, path=""):
-    page.goto(f"{server}/{path}")
-    page.wait_for_selector('[data-testid="stSidebar"]')
-    wait_idle(page)
-
-
-def assert_no_errors(page):
-    assert page.locator('[data-testid="stException"]').count() == 0
-    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+server, browser, page = browser_fixtures({"width": 1400, "height": 2400}, TIMEOUT)
 
 
 def test_latency_enter_does_not_run_and_a_run_reports_its_time_within_budget(page, server):
