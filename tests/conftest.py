@@ -22,3 +22,17 @@ def set_limits():
     """`set_limits(max_text_chars=10)`: those limits, for every module, until the test ends."""
     with contextlib.ExitStack() as stack:
         yield lambda **changes: stack.enter_context(limits.override(**changes))
+
+
+@pytest.fixture(scope="session")
+def bytelevel():
+    """A byte-level BPE like GPT-2's, trained here on English words only, so every CJK character and
+    emoji splits into bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the cat sat on the mat", "hello world"] * 20, trainer)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")

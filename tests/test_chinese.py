@@ -3,8 +3,6 @@ founding notes' Chinese samples on the Attention page, and Find heads opening on
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from attnviz.analysis import stats
 from attnviz.core.tokens import (PARTIAL, SPACE, completed, labels, main_script, show, spelled_ends,
@@ -17,17 +15,6 @@ APPLE = "我吃了一个苹果，它很甜"
 VASE = "他打碎了花瓶，然后把它粘好了"
 LOVE = "I love you. In Chinese: 我爱你"
 
-
-@pytest.fixture(scope="module")
-def bytelevel():
-    """A byte-level BPE trained on English only, so every CJK character and emoji is bytes."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the cat sat on the mat", "hello world"] * 20, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
 
 @pytest.mark.parametrize("text", [APPLE, VASE, "ok 😀 👨‍👩‍👧 ☀️！", "Ελληνικά हिन्दी ไทย 한국어"])

@@ -1,23 +1,10 @@
 """Readable labels: byte-level pieces decoded, CJK and emoji intact, specials kept, no mojibake."""
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 import attnviz
 from attnviz.core.tokens import (FRAGMENT_MAX_CHARS_PER_TOKEN, OUTSIDE_WARN_SHARE, SPACE, labels, show,
                             vocabulary_coverage, vocabulary_warning)
 
-
-@pytest.fixture(scope="module")
-def bytelevel():
-    """A byte-level BPE like GPT-2's, trained here on a few words, so CJK splits into bytes."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the cat sat on the mat", "hello world"] * 20, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
 
 def test_bytelevel_english_has_space_marker(bytelevel):
