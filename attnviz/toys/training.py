@@ -83,6 +83,17 @@ def estimate_seconds(s: TrainSettings) -> float:
     return s.steps * per_step * (CHECKPOINT_FACTOR if s.checkpoint else 1.0)
 
 
+def _step(net, opt, s: TrainSettings, variant, generator) -> float:
+    """One optimiser step on a fresh batch (what `train` runs and `timed_estimate` times); its loss."""
+    inputs, answers, _ = s.task.sample(s.batch_size, generator)
+    loss = _loss(net, s.task, inputs, answers, variant, s.checkpoint)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
 def timed_estimate(s: TrainSettings, eval_every: int = 0, steps: int = 3) -> float:
     """Seconds a training of these settings should take HERE: a few training steps of a throwaway
     copy (the same code as `train`, after one untimed step) and one held-out evaluation timed with
@@ -94,15 +105,7 @@ def timed_estimate(s: TrainSettings, eval_every: int = 0, steps: int = 3) -> flo
         variant, opt = parse_variant(s.variant), _optimizer(net)
         generator = torch.Generator().manual_seed(s.seed)
 
-        def one_step():
-            inputs, answers, _ = s.task.sample(s.batch_size, generator)
-            loss = _loss(net, s.task, inputs, answers, variant, s.checkpoint)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
-            loss.item()
-        per_step = measure(one_step, steps, 1).median
+        per_step = measure(lambda: _step(net, opt, s, variant, generator), steps, 1).median
         evals = s.steps // eval_every if eval_every else 0
         per_eval = 0.0
         if evals:
@@ -235,13 +238,7 @@ def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget
             break
         for group in opt.param_groups:
             group["lr"] = _lr(step, s.steps, s.lr)
-        inputs, answers, _ = s.task.sample(s.batch_size, generator)
-        loss = _loss(net, s.task, inputs, answers, variant, s.checkpoint)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+        losses.append(_step(net, opt, s, variant, generator))
         if eval_every and (step + 1) % eval_every == 0:
             net.eval()
             history.append((step + 1, score(net, s.task, variant, n=500).exact))
