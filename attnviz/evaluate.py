@@ -16,6 +16,7 @@ import pandas as pd
 from attnviz.analysis import corpus_runs
 from attnviz.analysis.corpus import CorpusLimits, bundled_corpora, open_corpus
 from attnviz.analysis.corpus_engine import SCHEDULER_ENV, WORKER_THREADS_ENV
+from attnviz.analysis.corpus_metrics import REFERENCES
 from attnviz.analysis.corpus_runs import RUN_KINDS, RunResult
 from attnviz.base.exports import csv_text
 from attnviz.latency.tradeoff import kept_heads_latency
@@ -64,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
                                           "correlation with the model's figures")
     p.add_argument("--metric", help="the metric the pruning curve follows (default: the model kind's primary "
                                     "metric, higher is better)")
+    p.add_argument("--reference", default="full", choices=list(REFERENCES),
+                   help="translators: score the pruned translation against the full model's (full, the default), "
+                        "against the package's own native engine's (native), or both columns side by side (both)")
     p.add_argument("--mask", help="head mask for --kind mask, as the head editor writes it (e.g. 6x12-fff...)")
     p.add_argument("--scheduler", default=None,
                    help=f"'local' (a Dask cluster on this machine's cores), 'local:N' (N workers) or a Dask "
@@ -114,7 +118,7 @@ def main(argv=None) -> int:
 
         result = run(args.model, corpus, args.kind, mask=args.mask, metric=args.metric,
                      scheduler=args.scheduler, seed=args.seed, progress=progress, resume=args.resume,
-                     random_orders=args.random_orders)
+                     random_orders=args.random_orders, reference=args.reference)
     except (ValueError, OSError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2

