@@ -178,7 +178,7 @@ def steps_summary(kind: str, results: dict[int, dict], steps: list[dict], labels
                   L: int, H: int, reference: str = "full") -> pd.DataFrame:
     done = sorted(results)
     if not done:
-        return pd.DataFrame(columns=["order", "fraction", "heads_kept", "metric", "value", "ci_low", "ci_high", "n"])
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
     item_labels = None if labels is None else [labels[i] for i in done]
     fulls = [results[i]["full"] for i in done]
     parts = []
@@ -192,6 +192,30 @@ def steps_summary(kind: str, results: dict[int, dict], steps: list[dict], labels
         part.insert(0, "order", step["order"])
         parts.append(part)
     return pd.concat(parts, ignore_index=True)
+
+
+SUMMARY_COLUMNS = ["order", "fraction", "heads_kept", "metric", "value", "ci_low", "ci_high", "n"]
+
+
+def running_summary(table: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """While a run goes: per step, each per-item metric of `names` over the items done so far, its
+    mean with a normal 95 % interval (NaN below two items). Cheap enough to redo after every item;
+    the final summary's bootstrap and corpus-level figures (pooled perplexity, corpus chrF,
+    nearest neighbours) come from `steps_summary` at the end."""
+    cols = [m for m in names if m in table.columns and not m.startswith("perplexity")]
+    rows = []
+    if len(table) and cols:
+        for (order, fraction, kept), part in table.groupby(["order", "fraction", "heads_kept"], sort=False):
+            for m in cols:
+                v = part[m].to_numpy(dtype=float)
+                v = v[np.isfinite(v)]
+                if not len(v):
+                    continue
+                mean = float(v.mean())
+                half = Z95 * float(v.std(ddof=1)) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
+                rows.append(dict(order=order, fraction=fraction, heads_kept=kept, metric=m, value=mean,
+                                 ci_low=mean - half, ci_high=mean + half, n=len(v)))
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def curve_points(summary: pd.DataFrame, metric: str) -> list[dict]:
@@ -328,9 +352,12 @@ def _importance_result(phases: _Phases, kind, raws, extra, complete: bool) -> Ru
 def _scored(phases: _Phases, kind, steps, mkind, L, H, seed, extra) -> RunResult:
     codes = sorted({s["code"] for s in steps})
 
+    names = corpus_metrics.metric_names(mkind, extra["reference"])
+
     def partial(phase, results):
-        return RunResult(kind, phases.model_key, phases.corpus.key, steps_table(results, steps, L, H),
-                         pd.DataFrame(), False, phases.done, phases.total, dict(extra))
+        table = steps_table(results, steps, L, H)
+        return RunResult(kind, phases.model_key, phases.corpus.key, table, running_summary(table, names), False,
+                         phases.done, phases.total, dict(extra, running=len(results), steps=steps))
 
     phases.partial = partial
     results = phases.run("scored", masks_task, dict(codes=codes, reference=extra["reference"]))

@@ -1,10 +1,14 @@
-"""The Heads page's Corpus tool: a run over many texts (importance, pruning curve, 4 vs 8 heads, or the
-editor's mask scored), with progress per text, Cancel, partial results kept, CSV export and resume.
+"""The Corpus tool, one for every model kind: a run over many items (importance, pruning curve, 4 vs 8
+heads, or the page's head mask scored), with progress per item, a running summary, Cancel, partial
+results kept, CSV export and resume. The Heads page shows it among its tools (encoders, language
+models); Translate, Speech and Images show the same tool (`page_tool`) with their bundled corpora,
+uploads of their kind (text, audio or image files) and the mask of their own head editor.
 
-The run is `corpus_runs.run` inside one heavy-job slot; ATTNVIZ_SCHEDULER sends its per-text work to
-a Dask cluster (the replica then only waits for results). Every finished text is also written to a
+The run is `corpus_runs.run` inside one heavy-job slot; ATTNVIZ_SCHEDULER sends its per-item work to
+a Dask cluster (the replica then only waits for results). Every finished item is also written to a
 results file, so a cancelled or interrupted run picks up where it stopped when Run is pressed again
-with the same options; the file is removed once the run completes.
+with the same options; the file is removed once the run completes, and all of them together stay
+within ATTNVIZ_CORPUS_RESULTS_MB (the oldest removed first).
 """
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ import dataclasses
 import hashlib
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -23,21 +29,33 @@ from attnviz.base.names import session_key
 from attnviz.figures import corpus_figures
 from attnviz.latency import tradeoff
 from attnviz.ui import common
+from attnviz.ui.head_editor import applied_mask
 from attnviz.ui.heads_tools import csv_download, partial_note, run_tracked
 
-PAGE = "heads"
-UPLOAD = "upload a file (.txt, .csv, .jsonl)"
 ITEM_CHOICES = (5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 RESULTS_DIR = Path(tempfile.gettempdir()) / "attnviz-corpus-runs"
+NOUNS = {"text": "texts", "audio": "clips", "image": "photos"}
+UPLOADS = {"text": ("upload a file (.txt, .csv, .jsonl)", ["txt", "csv", "jsonl"]),
+           "audio": ("upload clips (.wav, .flac)", [s[1:] for s in corpus.AUDIO_SUFFIXES]),
+           "image": ("upload photos (.png, .jpg, …)", [s[1:] for s in corpus.IMAGE_SUFFIXES])}
+REFERENCE_LABELS = {"full": "the full model", "native": "the package's native engine", "both": "both, side by side"}
 
 
-def K(name: str) -> str:
-    return session_key(PAGE, name)
+class Tool:
+    """One page's corpus tool for one model: its keys, model kind and corpora."""
 
+    def __init__(self, page: str, model, keep):
+        self.page, self.model, self.keep = page, model, keep
+        self.mkey, self.cfg = model.info.key, model.cfg
+        self.kind = corpus_metrics.model_kind(model)
+        self.items = corpus.corpus_kind(self.kind)       # "text" | "audio" | "image"
+        self.noun = NOUNS[self.items]
 
-def text_corpora() -> dict[str, str]:
-    """The bundled corpora this page's models (encoders and language models) read."""
-    return {k: d for k, d in corpus.bundled_corpora().items() if corpus.BUNDLED[k][0] == "text"}
+    def K(self, name: str) -> str:
+        return session_key(self.page, name)
+
+    def bundled_choices(self) -> dict[str, str]:
+        return {k: d for k, d in corpus.bundled_corpora().items() if corpus.BUNDLED[k][0] == self.items}
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -46,43 +64,58 @@ def bundled(key: str) -> corpus.Corpus:
     return corpus.open_corpus(key)
 
 
-def choose_corpus(view) -> corpus.Corpus | None:
-    """The corpus picked or uploaded. A bad upload shows why and keeps the last good one."""
-    ss = st.session_state
-    choices = list(text_corpora()) + [UPLOAD]
-    default = corpus.default_corpus("lm" if view.lm else "encoder")
-    c1, c2 = st.columns([2, 1])
-    pick = c1.selectbox("corpus", choices, index=choices.index(default), key=K("corpus_pick"),
-                        format_func=lambda k: k if k == UPLOAD else f"{k}: {text_corpora()[k]}")
-    if pick != UPLOAD:
-        chosen = bundled(pick)
-    else:
-        up = c1.file_uploader("corpus file", type=["txt", "csv", "jsonl"], key=K("corpus_file"),
+def _upload(tool: Tool, c1, c2) -> corpus.Corpus | None:
+    """The uploaded corpus; a bad upload shows why and keeps the last good one."""
+    ss, K = st.session_state, tool.K
+    label, types = UPLOADS[tool.items]
+    if tool.items == "text":
+        up = c1.file_uploader("corpus file", type=types, key=K("corpus_file"),
                               help="one text a line (.txt), or a column of a .csv / .jsonl; at most "
                                    f"{corpus.CorpusLimits().max_bytes:,} bytes are read")
         column = c2.text_input("text column (.csv / .jsonl)", "", key=K("corpus_column"), max_chars=200,
                                help="empty: 'text', else the first column; 'a+b' joins two columns as a "
-                                    "sentence pair (an encoder then scores their similarity)")
-        label = c2.text_input("label column (optional)", "", key=K("corpus_label"), max_chars=200,
-                              help="a number per text, e.g. a similarity score: compared by Spearman "
-                                   "correlation with each model's score")
-        chosen = None
-        if up is not None:
-            wanted = (up.name, up.size, column.strip(), label.strip())
-            if ss.get(K("corpus_upload"), (None,))[0] != wanted:
-                try:
-                    ss[K("corpus_upload")] = (wanted, corpus.open_corpus(
-                        up.name, data=up.getvalue(), column=column.strip() or None,
-                        label_column=label.strip() or None))
-                except ValueError as err:
-                    st.error(f"{common.plain(str(err)[:300])} — the corpus is unchanged.")
-        got = ss.get(K("corpus_upload"))
-        chosen = got[1] if got is not None else None
-        if chosen is None:
-            st.info("Upload a corpus file to run on it.")
-            return None
-    st.caption(f"{len(chosen):,} texts · {common.plain(chosen.source)} · licence: {common.plain(chosen.licence)}"
-               + (" · labelled" if chosen.labels is not None else ""))
+                                    "sentence pair (an encoder then scores their similarity)").strip()
+        label_col = c2.text_input("label column (optional)", "", key=K("corpus_label"), max_chars=200,
+                                  help="a number per text, e.g. a similarity score: compared by Spearman "
+                                       "correlation with each model's score").strip()
+        files = [up] if up is not None else []
+    else:
+        files = c1.file_uploader(f"{tool.noun} ({', '.join('.' + t for t in types)})", type=types,
+                                 accept_multiple_files=True, key=K("corpus_files"),
+                                 help=f"several files, one {tool.noun[:-1]} each") or []
+        column = label_col = ""
+    if files:
+        wanted = (tuple((f.name, f.size) for f in files), column, label_col)
+        if ss.get(K("corpus_upload"), (None,))[0] != wanted:
+            try:
+                if tool.items == "text":
+                    got = corpus.open_corpus(files[0].name, data=files[0].getvalue(), column=column or None,
+                                             label_column=label_col or None)
+                else:
+                    got = corpus.open_corpus([(f.name, f.getvalue()) for f in files])
+                ss[K("corpus_upload")] = (wanted, got)
+            except ValueError as err:
+                st.error(f"{common.plain(str(err)[:300])} — the corpus is unchanged.")
+    got = ss.get(K("corpus_upload"))
+    if got is None or got[1].kind != tool.items:
+        st.info(f"Upload {'a corpus file' if tool.items == 'text' else tool.noun} to run on it.")
+        return None
+    return got[1]
+
+
+def choose_corpus(tool: Tool) -> corpus.Corpus | None:
+    """The corpus picked or uploaded."""
+    choices = {**tool.bundled_choices(), UPLOADS[tool.items][0]: ""}
+    keys = list(choices)
+    default = corpus.default_corpus(tool.kind, tool.mkey)
+    c1, c2 = st.columns([2, 1])
+    pick = c1.selectbox("corpus", keys, index=keys.index(default) if default in keys else 0,
+                        key=tool.K("corpus_pick"), format_func=lambda k: f"{k}: {choices[k]}" if choices[k] else k)
+    chosen = bundled(pick) if choices[pick] else _upload(tool, c1, c2)
+    if chosen is None:
+        return None
+    st.caption(f"{len(chosen):,} {tool.noun} · {common.plain(chosen.source)} · licence: "
+               f"{common.plain(chosen.licence)}" + (" · labelled" if chosen.labels is not None else ""))
     for note in chosen.notes:
         st.caption(f"Cut: {common.plain(note)}.")
     return chosen
@@ -95,14 +128,19 @@ def first_items(chosen: corpus.Corpus, n: int) -> corpus.Corpus:
     return dataclasses.replace(chosen, items=chosen.items[:n], labels=labels, notes=list(chosen.notes))
 
 
-def results_path(view, chosen: corpus.Corpus, kind: str, code: str | None, seed: int) -> Path:
-    """One results file per model, corpus content, run kind, mask and seed: pressing Run again
-    with the same options resumes it."""
+def _item_bytes(item) -> bytes:
+    return np.ascontiguousarray(item).tobytes() if isinstance(item, np.ndarray) else str(item).encode()
+
+
+def results_path(mkey: str, chosen: corpus.Corpus, kind: str, code: str | None, seed: int,
+                 reference: str = "full") -> Path:
+    """One results file per model, corpus content, run kind, mask, seed and reference: pressing Run
+    again with the same options resumes it."""
     digest = hashlib.sha256()
-    for part in (view.mkey, chosen.key, kind, code or "", str(seed), str(len(chosen))):
+    for part in (mkey, chosen.key, kind, code or "", str(seed), str(len(chosen)), reference):
         digest.update(part.encode() + b"\0")
     for item in chosen.items:
-        digest.update(str(item).encode() + b"\0")
+        digest.update(_item_bytes(item) + b"\0")
     return RESULTS_DIR / f"{digest.hexdigest()[:24]}.jsonl"
 
 
@@ -116,83 +154,144 @@ def scheduler_note() -> str | None:
     return "in this process" if where is None else f"on the Dask cluster at {where}"
 
 
-def pi_latency(view, result) -> pd.DataFrame:
+def results_store() -> corpus_engine.ResultsStore | None:
+    """The bounded folder of results files, or None (with the reason shown) for a bad budget."""
+    try:
+        return corpus_engine.ResultsStore(RESULTS_DIR, corpus_engine.results_budget())
+    except ValueError as err:
+        st.error(common.plain(str(err)))
+        return None
+
+
+def pi_latency(cfg, result) -> pd.DataFrame | str:
     """Raspberry Pi 4 / 5 latency of the full and the halved model at the corpus' mean length,
-    from the Latency page's cost model (modelled, not measured)."""
+    from the Latency page's cost model (modelled, not measured); a sentence where it has none."""
     keep = result.extra.get("keep")
     if keep is None:
         return pd.DataFrame()
-    return tradeoff.kept_heads_latency(view.cfg, keep, int(result.extra.get("tokens") or 64))
+    try:
+        return tradeoff.kept_heads_latency(cfg, keep, int(result.extra.get("tokens") or 64))
+    except ValueError as err:
+        return str(err)
 
 
-def show(view, result, metric: str):
-    kind = result.kind
-    st.caption(f"{result.done} of {result.total} texts' steps done · worked on: "
+def show(tool: Tool, result, metric: str):
+    K, kind, noun = tool.K, result.kind, tool.noun
+    st.caption(f"{result.done} of {result.total} {noun}' steps done · worked on: "
                + ", ".join(f"{w} ({n})" for w, n in result.extra.get("workers", {}).items()))
-    if kind == "importance":
+    scored = len(result.summary) and "order" in result.summary.columns
+    if result.extra.get("running"):
+        st.caption(f"Summary so far, over the {result.extra['running']} {noun} done: each metric's mean with a "
+                   "normal 95 % interval. The full summary (bootstrap intervals, corpus-level figures) "
+                   "comes when the run ends.")
+    if kind == "importance" or (not scored and "importance" in result.extra):
         if "importance" in result.extra:
             st.plotly_chart(corpus_figures.importance_figure(result.extra["importance"]), key=K("corpus_imp"))
-    elif kind == "pruning_curve" and len(result.summary):
+    elif kind == "pruning_curve" and scored:
         st.plotly_chart(corpus_figures.curve_figure(result.summary, metric, result.extra.get("mark")),
                         key=K("corpus_curve"))
-    elif len(result.summary):
+    elif scored:
         title = "the editor's mask" if kind == "mask" else "each layer's heads halved by importance"
         st.plotly_chart(corpus_figures.metrics_figure(result.summary, f"{title}: against the full model"),
                         key=K("corpus_bars"))
-    if kind == "heads_4_vs_8" and len(result.summary):
-        st.caption("Modelled Raspberry Pi latency of the full and the halved model (attnviz.latency.costmodel, "
-                   "at the corpus' mean length):")
-        st.dataframe(pi_latency(view, result), hide_index=True, key=K("corpus_pi"))
+    if kind == "heads_4_vs_8" and scored:
+        priced = pi_latency(tool.cfg, result)
+        if isinstance(priced, str):
+            st.caption(f"No modelled Raspberry Pi latency: {common.plain(priced)}")
+        else:
+            st.caption("Modelled Raspberry Pi latency of the full and the halved model (attnviz.latency.costmodel, "
+                       "at the corpus' mean length):")
+            st.dataframe(priced, hide_index=True, key=K("corpus_pi"))
     if len(result.summary):
         st.dataframe(result.summary, hide_index=True, key=K("corpus_summary"))
-        csv_download("Summary CSV", result.summary, f"corpus-{kind}-{view.mkey}-summary.csv", K("corpus_csv_s"))
+        csv_download("Summary CSV", result.summary, f"corpus-{kind}-{tool.mkey}-summary.csv", K("corpus_csv_s"))
     if len(result.table):
-        csv_download("Per-text CSV", result.table, f"corpus-{kind}-{view.mkey}.csv", K("corpus_csv_t"))
+        csv_download(f"Per-{noun[:-1]} CSV", result.table, f"corpus-{kind}-{tool.mkey}.csv", K("corpus_csv_t"))
 
 
-def corpus_tool(view, keep):
-    """Pick a corpus, a run kind and a metric; Run holds a heavy-job slot with progress and Cancel."""
-    ss = st.session_state
-    chosen = choose_corpus(view)
-    if chosen is None:
-        return
-    c1, c2, c3, c4 = st.columns(4)
+def options(tool: Tool, chosen: corpus.Corpus):
+    """Run kind, reference, metric, items and budget from the tool's widgets."""
+    K = tool.K
+    c1, c2, c3, c4, c5 = st.columns(5)
     kinds = list(corpus_runs.RUN_KINDS)
     # scoring the editor's mask is the quickest run and the natural first one
-    kind = c1.selectbox("run", kinds, index=kinds.index("mask"), key=K("corpus_kind"), format_func=lambda k: k.replace("_", " "),
+    kind = c1.selectbox("run", kinds, index=kinds.index("mask"), key=K("corpus_kind"),
+                        format_func=lambda k: k.replace("_", " "),
                         help="; ".join(f"{k.replace('_', ' ')}: {d}" for k, d in corpus_runs.RUN_KINDS.items()))
-    mkind = "lm" if view.lm else "encoder"
-    metrics = corpus_metrics.METRICS[mkind] + (["spearman_pruned"] if chosen.labels is not None else [])
-    metric = c2.selectbox("metric", metrics, key=K(f"corpus_metric:{mkind}"),
-                          help="the curve follows it (higher is better for top1, cosine, agreement)")
-    options = [n for n in ITEM_CHOICES if n < len(chosen)] + [len(chosen)]
-    n_items = c3.selectbox("texts (the first)", options, index=min(1, len(options) - 1), key=K("corpus_n"))
+    refs = list(corpus_metrics.REFERENCES) if corpus_engine.has_native(tool.mkey) else ["full"]
+    reference = c2.selectbox("score against", refs, key=K("corpus_reference"), format_func=REFERENCE_LABELS.get,
+                             disabled=len(refs) == 1,
+                             help="translators: the pruned translation against the full model's, against the "
+                                  "translator package's own native engine's, or both columns")
+    metrics = corpus_metrics.metric_names(tool.kind, reference) + \
+        (["spearman_pruned"] if chosen.labels is not None else [])
+    metric = c3.selectbox("metric", metrics, key=K(f"corpus_metric:{tool.kind}:{reference}"),
+                          help="the curve follows it (higher is better except kl and wer)")
+    sizes = [n for n in ITEM_CHOICES if n < len(chosen)] + [len(chosen)]
+    n_items = c4.selectbox(f"{tool.noun} (the first)", sizes, index=min(1, len(sizes) - 1), key=K("corpus_n"))
     cap = max(1, int(LIMITS.max_importance_seconds))
-    budget = c4.number_input("time budget (s)", 1, cap, min(300, cap), key=K("corpus_budget"))
+    budget = c5.number_input("time budget (s)", 1, cap, min(300, cap), key=K("corpus_budget"))
+    return kind, reference, metric, int(n_items), int(budget)
+
+
+def corpus_runner(page: str, model, keep):
+    """Pick a corpus, a run kind and a metric; Run holds a heavy-job slot with progress, a running
+    summary and Cancel. `keep`: the page's applied head mask ([L, H] bool), scored by a mask run."""
+    ss = st.session_state
+    tool = Tool(page, model, keep)
+    chosen = choose_corpus(tool)
+    if chosen is None:
+        return
+    kind, reference, metric, n_items, budget = options(tool, chosen)
     where = scheduler_note()
     st.caption(f"{common.plain(corpus_runs.RUN_KINDS[kind])}. Runs {where or '—'}"
-               + ("; scores the mask applied above." if kind == "mask" else "."))
-    run_on = first_items(chosen, int(n_items))
+               + ("; scores the mask applied in the head editor." if kind == "mask" else "."))
+    run_on = first_items(chosen, n_items)
     code = pruning.encode_mask(keep) if kind == "mask" else None
-    store = K(f"corpus:{view.mkey}")
+    store = tool.K(f"corpus:{tool.mkey}")
     disabled = where is None or (kind == "mask" and not keep.any())
-    if st.button("Run on the corpus", key=K("corpus_go"), disabled=disabled):
-        ss[store + ":stopped"] = None
-        path = results_path(view, run_on, kind, code, 0)
-        ss[store + ":options"] = (kind, metric)
+    if st.button("Run on the corpus", key=tool.K("corpus_go"), disabled=disabled):
+        files = results_store()
+        if files is not None:
+            ss[store + ":stopped"] = None
+            path = results_path(tool.mkey, run_on, kind, code, 0, reference)
+            ss[store + ":options"] = (kind, metric)
+            live = st.empty()
 
-        def job(progress, seconds, cancel):
-            deadline = jobs.Deadline(seconds)
-            RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-            result = corpus_runs.run(view.mkey, run_on, kind, mask=code, metric=metric, progress=progress,
-                                     should_stop=lambda: cancel() or deadline.expired(), resume=path)
-            if result.complete:
-                path.unlink(missing_ok=True)
-            return result
-        run_tracked(store, f"corpus {kind.replace('_', ' ')}", int(budget), job)
+            def job(progress, seconds, cancel):
+                deadline = jobs.Deadline(seconds)
+                RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+
+                def shown(done, total, partial):
+                    progress(done, total, partial)
+                    if partial is not None and len(partial.summary):
+                        live.dataframe(partial.summary, hide_index=True)
+
+                result = corpus_runs.run(tool.mkey, run_on, kind, mask=code, metric=metric, progress=shown,
+                                         should_stop=lambda: cancel() or deadline.expired(), resume=path,
+                                         reference=reference, results_store=files)
+                if result.complete:
+                    path.unlink(missing_ok=True)
+                return result
+            run_tracked(store, f"corpus {kind.replace('_', ' ')}", budget, job)
+            live.empty()
     partial_note(store, "corpus")
     if store in ss and ss[store][0] is not None:
         shown_kind, shown_metric = ss.get(store + ":options", (kind, metric))
         if (shown_kind, shown_metric) != (kind, metric):
             st.info("Shown: the last run's result; press Run for these options.")
-        show(view, ss[store][0], shown_metric)
+        show(tool, ss[store][0], shown_metric)
+
+
+def corpus_tool(view, keep):
+    """The Heads page's entry (its tools' signature): the tool for the page's model and mask."""
+    corpus_runner("heads", view.model, keep)
+
+
+def page_tool(page: str, model):
+    """The entry for Translate, Speech and Images: the tool under the mask last applied in that
+    page's own head editor (rows: the layers `head_mask` switches, `model.mask_layers`)."""
+    shape = SimpleNamespace(n_layers=int(model.mask_layers), n_heads=int(model.cfg.n_heads))
+    st.caption(f"Runs the model over a corpus of {NOUNS[corpus.corpus_kind(corpus_metrics.model_kind(model))]}; "
+               "a mask run scores the heads switched off in this page's head editor.")
+    corpus_runner(page, model, applied_mask(shape, page, model.info.key).bool())

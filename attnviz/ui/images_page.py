@@ -22,6 +22,7 @@ from attnviz.figures import render
 from attnviz.figures.attention_figures import distance_figure
 from attnviz.ui import common
 from attnviz.ui.head_editor import head_editor, metric_delta
+from attnviz.ui.heads_corpus import page_tool
 from attnviz.uploads import images
 
 PAGE = "images"
@@ -367,3 +368,5 @@ def page():
     size, alpha, fit = settings(model)
     view = View(model, chosen, size, alpha, fit)
     head_editor(model.cfg, PAGE, model_key=model.info.key, effect=view.effect, split=(1, 3))
+    with st.expander("Corpus run: the mask above over many photos", expanded=False):
+        page_tool(PAGE, model)

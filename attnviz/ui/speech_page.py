@@ -18,6 +18,7 @@ from attnviz.base.limits import LIMITS, sizes
 from attnviz.figures import speech_figures
 from attnviz.ui.common import cached_result, plain, shared_cache, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
+from attnviz.ui.heads_corpus import page_tool
 from attnviz.ui.translate_page import diff_markdown
 
 PAGE = "speech"
@@ -231,11 +232,12 @@ VIEWS = {
     "Every head": lambda model, data, tr: every_head(model, tr),
     "Word timestamps": lambda model, data, tr: words(model, tr),
     "Switch heads off": heads_off,
+    "Corpus run": lambda model, data, tr: page_tool(PAGE, model),
 }
 
 
 def views(model, data: bytes, tr, drawn_before: bool):
-    """The chosen view only (st.tabs would compute all four on every rerun); the choice is kept
+    """The chosen view only (st.tabs would compute all five on every rerun); the choice is kept
     across buttons, the head editor's Apply and page switches. After a run that drew no radio
     (an upload on its way, an error) the browser draws a new radio at its first option while the
     session still holds the chosen view: the value is given again, so the radio shows the view

@@ -19,6 +19,7 @@ from attnviz.core.translator import Seq2SeqModel
 from attnviz.ui import kept_inputs
 from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
+from attnviz.ui.heads_corpus import page_tool
 from attnviz.weights.catalogue import list_models
 
 PAGE = "translate"
@@ -288,11 +289,12 @@ VIEWS = {
     "Step through decoding": lambda model, text, beam, tr: steps(model, tr),
     "Encoder self-attention": lambda model, text, beam, tr: encoder(model, tr),
     "Switch heads off": heads_off,
+    "Corpus run": lambda model, text, beam, tr: page_tool(PAGE, model),
 }
 
 
 def views(model, text: str, beam: int, tr):
-    """The chosen view only (st.tabs would compute all five on every rerun); the choice is kept
+    """The chosen view only (st.tabs would compute all six on every rerun); the choice is kept
     across buttons, the head editor's Apply and page switches."""
     VIEWS[view_choice(PAGE, list(VIEWS))](model, text, beam, tr)
 
