@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test install bench clean-cache chromium fonts
+.PHONY: run test install bench clean-cache chromium fonts nginx
 
 $(STAMP): requirements.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,12 +22,16 @@ install: $(STAMP)
 run: $(STAMP) fonts
 	$(BIN)/streamlit run app.py --server.headless true --server.port $(PORT) --browser.gatherUsageStats false
 
-test: $(STAMP) chromium fonts
+test: $(STAMP) chromium fonts nginx
 	$(BIN)/python -m pytest -q
 
 # Debian's Chromium for the real-browser tests (Playwright drives it; it never downloads a browser).
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+# Debian's nginx-light: the deployment test checks deploy/nginx.conf with `nginx -t` and proxies through it.
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light; }
 
 # Debian's WenQuanYi Zen Hei: server-side PNG exports draw CJK labels with it (not as empty boxes).
 fonts:
