@@ -17,7 +17,7 @@ def test_help_documents_corpus_model_metric_kind_scheduler_and_resume():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    for flag in ("--model", "--kind", "--column", "--label-column", "--metric", "--mask", "--scheduler",
+    for flag in ("--model", "--kind", "--column", "--label-column", "--metric", "--mask", "--scheduler", "--reference",
                  "ATTNVIZ_SCHEDULER", "--resume", "--out", "--seed", "--max-rows", "--max-tokens-per-row",
                  "importance", "pruning_curve", "heads_4_vs_8", "tcp://host:8786", "local"):
         assert flag in text, flag

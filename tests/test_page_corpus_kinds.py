@@ -73,6 +73,17 @@ def test_speech_page_runs_the_tool_on_the_librivox_clips():
     result = at.session_state["speech.corpus:whisper-tiny-en"][0]
     assert result.complete and len(result.table) == 5
     assert "Per-clip CSV" in [b.label for b in at.get("download_button")]
+    clips = sorted((Path(__file__).resolve().parents[1] / "attnviz" / "data" / "corpora" / "librivox").glob("*.wav"))
+    at.selectbox(key="speech.corpus_pick").set_value("upload clips (.wav, .flac)").run()
+    at.file_uploader(key="speech.corpus_files").set_value(
+        [(p.name, p.read_bytes(), "audio/wav") for p in clips[:2]] + [("noise.wav", b"RIFF" + bytes(40), "audio/wav")]).run()
+    assert not at.exception, at.exception
+    assert any("noise" in e.value and "not audio" in e.value and "unchanged" in e.value for e in at.error)   # a bad file: named, nothing run
+    at.file_uploader(key="speech.corpus_files").set_value([(p.name, p.read_bytes(), "audio/wav") for p in clips[:2]]).run()
+    assert "2 clips" in " ".join(c.value for c in at.caption)
+    at.button(key="speech.corpus_go").click().run()
+    assert not at.exception, at.exception
+    assert (summary_of(at)["n"] == 2).all()
 
 
 def png(colour) -> bytes:
