@@ -1,6 +1,7 @@
 """The one Corpus tool on Translate, Speech and Images (AppTest, bundled models): each page reaches
 it with its own bundled corpus, runs a small mask run under the mask of its own head editor to
 completion and shows the summary table; a stopped run shows its summary over the items done."""
+import dataclasses
 import io
 from pathlib import Path
 
@@ -139,3 +140,30 @@ def test_a_stopped_run_shows_its_summary_over_the_items_done(monkeypatch, result
     assert t.loc["chrf", "value"] == 1.0                 # every head on: the full model's own output
     assert any("after 3 of 5 steps" in w.value for w in at.warning)
     assert len(list(results_dir.iterdir())) == 1          # kept for resume
+
+
+def test_a_run_interrupted_by_cancel_shows_its_running_summary():
+    """What a Cancel click leaves (run_tracked's state: the last progress report, still marked
+    running) is shown as the running summary over the texts done, with the cancelled note."""
+    import torch
+
+    from attnviz.analysis import corpus, corpus_runs
+    sentences = corpus.open_corpus("alice-sentences")
+    first = dataclasses.replace(sentences, items=sentences.items[:5])
+    reports = []
+    keep = torch.ones(6, 12)
+    keep[0] = 0
+    corpus_runs.run("minilm", first, "mask", mask=keep, progress=lambda d, t, p: reports.append(p),
+                    should_stop=lambda: len(reports) >= 2)
+    at = AppTest.from_file(str(PAGES / "2_Heads.py"), default_timeout=300)
+    at.session_state["heads.corpus:minilm"] = (reports[-1], 300)
+    at.session_state["heads.corpus:minilm:running"] = True
+    at.session_state["heads.corpus:minilm:options"] = ("mask", "cosine")
+    at.run()
+    at.button_group(key="heads.tool").set_value("Corpus").run()
+    assert not at.exception, at.exception
+    assert any("was cancelled after 2 of 5 steps" in w.value for w in at.warning)
+    assert any("Summary so far, over the 2 texts done" in c.value for c in at.caption)
+    t = summary_of(at)
+    assert list(t.index) == ["cosine"] and t.loc["cosine", "n"] == 2
+    assert t.loc["cosine", "ci_low"] < t.loc["cosine", "value"] < t.loc["cosine", "ci_high"]
