@@ -6,14 +6,12 @@ import io
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from attnviz.analysis import patching
 from attnviz.weights import catalogue
 from tests.browser import assert_no_errors, browser_fixtures, open_page, wait_idle
 from tests.test_patching import hand_diff
 
-pytest.importorskip("playwright")
 SHOT = Path(__file__).resolve().parents[1] / "bench" / "screenshots" / "31-patching.png"
 
 server, browser, page = browser_fixtures({"width": 1400, "height": 2400}, 240_000)
