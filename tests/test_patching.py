@@ -256,3 +256,19 @@ def test_encoder_metric_refusals(tiny):
         patching.prepare(model, ENC_CLEAN, ENC_CORRUPTED, metric="logit_diff")
     with pytest.raises(ValueError, match="does not fit"):
         patching.prepare(tiny, CLEAN, CORRUPTED, TARGET, MINUS, metric="cosine")
+
+
+@pytest.mark.parametrize("kind,layer,unit", [("z", 2, 5), ("resid_pre", 3, 10)])
+def test_minilm_mary_john_matches_by_hand(kind, layer, unit):
+    model = catalogue.load_model("minilm")
+    pair = patching.prepare(model, patching.SAMPLE_CLEAN, patching.SAMPLE_CORRUPTED)
+    clean, corrupted = (model.inputs(t)["ids"].tolist() for t in (patching.SAMPLE_CLEAN, patching.SAMPLE_CORRUPTED))
+    with torch.no_grad():
+        ref = sentence_embedding(model.net(input_ids=torch.tensor([clean])).hidden[0])
+    assert pair.corrupted_diff < -1e-3          # swapping the names moves the embedding
+
+    def measure(out):
+        return -float((sentence_embedding(out.hidden[0]) - ref).norm())
+    want = hand_diff(model, clean, corrupted, layer, kind, unit, None, None, measure)
+    got = patching.patch_map(model, pair, kind, units={layer: [unit]})
+    assert abs(float(got.diffs[layer, unit]) - want) < 1e-5
