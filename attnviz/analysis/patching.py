@@ -4,7 +4,10 @@ then re-run the corrupted prompt with ONE activation replaced by its value from 
 measure how much of the clean behaviour comes back.
 
 - The metric is the logit difference logit[target] - logit[minus] at the last position (e.g.
-  " Mary" - " John").
+  " Mary" - " John"). An encoder (MiniLM) has no logits: its metric compares the sentence embedding
+  (mean-pooled, L2-normalised, `sentence_embedding`) with the clean run's, either as minus the
+  Euclidean distance ("distance": the recovered fraction is 1 - |e - e_clean| / |e_corrupted -
+  e_clean|, the share of the clean-corrupted distance closed) or as the cosine ("cosine").
 - The score is the recovered fraction (patched - corrupted) / (clean - corrupted): 0 where the
   patch changes nothing, 1 where it restores the clean logit difference exactly (it can leave
   0..1).
@@ -30,9 +33,13 @@ from attnviz.analysis.readouts import check_lm
 from attnviz.base import memory
 from attnviz.base.jobs import heavy_job
 from attnviz.base.limits import LIMITS
+from attnviz.core.transformer import sentence_embedding
 
 KINDS = ("z", "q", "k", "v")
 KIND_NAMES = {"z": "head output", "q": "query", "k": "key", "v": "value", "resid_pre": "residual stream"}
+METRICS = {"logit_diff": "logit difference", "distance": "embedding distance (minus)",
+           "cosine": "embedding cosine with the clean run"}
+ENCODER_METRICS = ("distance", "cosine")
 SAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
 SAMPLE_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
 
@@ -42,13 +49,16 @@ class Pair:
     """The clean and corrupted runs a patching map starts from."""
     tokens: list[str]                        # the corrupted prompt's tokens
     clean_tokens: list[str]
-    target: int
-    minus: int
-    clean_diff: float
+    target: int | None                       # None for an encoder's embedding metric
+    minus: int | None
+    clean_diff: float                        # the metric on the clean run (the logit difference, ...)
     corrupted_diff: float
     clean_acts: list[dict]                   # per layer: "q", "k", "v", "z" of the clean run
     clean_states: list[torch.Tensor]         # per layer: the block's input (1, n, d), clean run
     corrupted_states: list[torch.Tensor]     # the same, corrupted run
+    corrupted_acts: list[dict] | None = None  # per layer: "q", "k", "v", "z" of the corrupted run
+    metric: str = "logit_diff"
+    reference: torch.Tensor | None = None    # the clean run's sentence embedding (encoder metrics)
 
 
 @dataclass
@@ -60,6 +70,7 @@ class Patched:
     clean_diff: float
     corrupted_diff: float
     columns: list[str]
+    metric: str = "logit_diff"
 
     def top(self, k: int = 5) -> list[tuple[int, int, float]]:
         flat = self.recovered.flatten()
@@ -77,20 +88,29 @@ def token_id(model, token) -> int:
     return single_token(model.tokenizer, token)[0]
 
 
-def _diff(model, out, target: int, minus: int) -> float:
-    logits = model.net.finish(out[:, -1:])[1][0, -1].float()
-    return float(logits[target] - logits[minus])
+def embedding(model, out) -> torch.Tensor:
+    """The last block's output (1, n, d) -> the sentence embedding [d] an encoder is pooled to."""
+    return sentence_embedding(model.net.finish(out, logits=False)[0][0])
 
 
-def _run(model, ids, check, keep_acts: bool):
-    acts, states = [], []
+def score(model, pair: Pair, out) -> float:
+    """The pair's metric on one run's last block output (1, n, d)."""
+    if pair.metric == "logit_diff":
+        logits = model.net.finish(out[:, -1:])[1][0, -1].float()
+        return float(logits[pair.target] - logits[pair.minus])
+    e = embedding(model, out)
+    if pair.metric == "cosine":
+        return float(e @ pair.reference)
+    return -float((e - pair.reference).norm())
+
+
+def _run(model, ids, check):
+    states = []
     net = model.net
     x = net.embed_text(ids[None])
-    patch = None
-    if keep_acts:
-        L = model.cfg.n_layers
-        acts = [{} for _ in range(L)]
-        patch = {i: (lambda name, t, i=i: acts[i].setdefault(name, t)) for i in range(L)}
+    L = model.cfg.n_layers
+    acts = [{} for _ in range(L)]
+    patch = {i: (lambda name, t, i=i: acts[i].setdefault(name, t)) for i in range(L)}
     out = x
     for step in net.iter_blocks(x, variants=getattr(model, "variant", None), check=check, patch=patch):
         states.append(step.x)
@@ -98,13 +118,23 @@ def _run(model, ids, check, keep_acts: bool):
     return acts, states, out
 
 
-def prepare(model, clean, corrupted, target, minus, check=None) -> Pair:
+def prepare(model, clean, corrupted, target=None, minus=None, check=None, metric: str | None = None) -> Pair:
     """Both prompts through the model once. ValueError when they tokenize to different lengths, a
-    target is not one token, or the two prompts give the same logit difference (nothing to recover)."""
-    check_lm(model)
-    t, m = token_id(model, target), token_id(model, minus)
-    if t == m:
-        raise ValueError("the target and the minus token are the same: pick two different tokens")
+    target is not one token, or the two prompts give the same metric (nothing to recover). A
+    language model's metric is the logit difference (target, minus); an encoder's `metric` is
+    "distance" (the default) or "cosine" of the sentence embedding with the clean run's."""
+    encoder = model.cfg.task == "encoder"
+    metric = metric or ("distance" if encoder else "logit_diff")
+    if metric not in (ENCODER_METRICS if encoder else ("logit_diff",)):
+        raise ValueError(f"metric {metric!r} does not fit {model.info.key}: "
+                         f"{'an encoder takes ' + ' or '.join(ENCODER_METRICS) if encoder else 'a language model takes logit_diff'}")
+    if encoder:
+        t = m = None
+    else:
+        check_lm(model)
+        t, m = token_id(model, target), token_id(model, minus)
+        if t == m:
+            raise ValueError("the target and the minus token are the same: pick two different tokens")
     a, b = model.inputs(clean), model.inputs(corrupted)
     if len(a["ids"]) != len(b["ids"]):
         raise ValueError(f"the clean prompt has {len(a['ids'])} tokens and the corrupted one {len(b['ids'])}: "
@@ -115,16 +145,19 @@ def prepare(model, clean, corrupted, target, minus, check=None) -> Pair:
                          "Shorten them.")
     memory.plan_capture("activation patching", layers=1, heads=model.cfg.n_heads, n=n, shorten="the prompts")
     with torch.inference_mode():
-        acts, clean_states, clean_out = _run(model, a["ids"], check, True)
-        _, corrupted_states, corrupted_out = _run(model, b["ids"], check, False)
-        cd, kd = _diff(model, clean_out, t, m), _diff(model, corrupted_out, t, m)
-    if abs(cd - kd) < 1e-6:
-        raise ValueError(f"the clean and corrupted prompts give the same logit difference ({cd:.4f}): "
+        acts, clean_states, clean_out = _run(model, a["ids"], check)
+        bad_acts, corrupted_states, corrupted_out = _run(model, b["ids"], check)
+        pair = Pair(b["tokens"], a["tokens"], t, m, 0.0, 0.0, acts, clean_states, corrupted_states, bad_acts,
+                    metric, embedding(model, clean_out) if encoder else None)
+        pair.clean_diff, pair.corrupted_diff = score(model, pair, clean_out), score(model, pair, corrupted_out)
+    if abs(pair.clean_diff - pair.corrupted_diff) < 1e-6:
+        raise ValueError(f"the clean and corrupted prompts give the same {METRICS[metric]} ({pair.clean_diff:.4f}): "
                          "there is nothing to recover; corrupt the prompt differently")
-    return Pair(b["tokens"], a["tokens"], t, m, cd, kd, acts, clean_states, corrupted_states)
+    return pair
 
 
-def _replace(kind: str, j: int, clean: torch.Tensor):
+def replace_unit(kind: str, j: int, clean: torch.Tensor):
+    """A patch replacing unit j (a head, a K/V group) of activation `kind` with `clean`'s."""
     def patch(name, t):
         if name != kind:
             return t
@@ -174,25 +207,26 @@ def patch_map(model, pair: Pair, kind: str, check=None, progress=None, units: di
                     x = x.clone()
                     x[:, j] = pair.clean_states[layer][:, j]
                 else:
-                    patch = {layer: _replace(kind, j, pair.clean_acts[layer][kind])}
+                    patch = {layer: replace_unit(kind, j, pair.clean_acts[layer][kind])}
                 out = x
                 for step in net.iter_blocks(x, layer, variants=variant, check=check, patch=patch):
                     out = step.out
-                diffs[layer, col] = _diff(model, out, pair.target, pair.minus)
+                diffs[layer, col] = score(model, pair, out)
                 done += 1
                 if progress is not None:
                     progress(done, total)
     recovered = (diffs - pair.corrupted_diff) / (pair.clean_diff - pair.corrupted_diff)
-    return Patched(kind, recovered, diffs, pair.clean_diff, pair.corrupted_diff, cols)
+    return Patched(kind, recovered, diffs, pair.clean_diff, pair.corrupted_diff, cols, pair.metric)
 
 
 def patch_frame(result: Patched) -> pd.DataFrame:
-    """One row per patched unit: layer, column, the patched logit difference, the recovered fraction."""
+    """One row per patched unit: layer, column, the patched metric (`patched_logit_diff` for a
+    language model, `patched_distance` / `patched_cosine` for an encoder), the recovered fraction."""
     rows = []
     for layer in range(result.recovered.shape[0]):
         for c, name in enumerate(result.columns):
             r = float(result.recovered[layer, c])
             if r == r:
-                rows.append({"activation": KIND_NAMES[result.kind], "layer": layer, "unit": name,
-                             "patched_logit_diff": float(result.diffs[layer, c]), "recovered": r})
+                rows.append({"activation": KIND_NAMES.get(result.kind, result.kind), "layer": layer, "unit": name,
+                             f"patched_{result.metric}": float(result.diffs[layer, c]), "recovered": r})
     return pd.DataFrame(rows)

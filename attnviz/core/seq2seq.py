@@ -182,17 +182,22 @@ class Seq2Seq(nn.Module):
 
     # ---------------------------------------------------------------- running the blocks
     def encode(self, ids, *, allowed=None, head_mask=None, need_weights=False, weights_out=None,
-               variants=None, head_fill=None, check=None, heads_out=None):
+               variants=None, head_fill=None, check=None, heads_out=None, patch=None, resume=None,
+               states_out=None):
         """ids (B, S) (Whisper: log-mel frames) -> (memory (B, S, d), {layer: (B, h, S, S)} when
         capturing), through `iter_layers`. `weights_out`: {layer: tensor} the weights are written
-        into (no stacking copy later); `variants`, `head_fill`, `check` as `iter_layers` takes them;
-        `heads_out`: a dict that receives every layer's per-head outputs (B, h, S, dh)."""
-        x = self.embed(ids, 0, "enc")
+        into (no stacking copy later); `variants`, `head_fill`, `check`, `patch` as `iter_layers` takes them;
+        `heads_out`: a dict that receives every layer's per-head outputs (B, h, S, dh). Activation
+        patching: `resume` (layer, x) runs from block `layer`'s input x instead of the embedded ids;
+        `states_out`: a list receiving every block's input."""
+        start, x = (0, self.embed(ids, 0, "enc")) if resume is None else resume
         attentions = {}
-        for step in iter_layers(self.encoder, x, head_mask=head_mask, weights_out=weights_out,
+        for step in iter_layers(self.encoder, x, start, head_mask=head_mask, weights_out=weights_out,
                                 capture=range(len(self.encoder)) if need_weights else (), variants=variants,
-                                head_fill=head_fill, check=check, allowed=allowed,
+                                head_fill=head_fill, check=check, allowed=allowed, patch=patch,
                                 head_outputs=range(len(self.encoder)) if heads_out is not None else ()):
+            if states_out is not None:
+                states_out.append(step.x)
             if step.weights is not None:
                 attentions[step.layer] = step.weights
             if heads_out is not None:
@@ -229,11 +234,12 @@ class Seq2Seq(nn.Module):
         return x
 
     def step(self, ids, state: DecoderState, *, head_mask=None, self_head_mask=None, need_weights=False,
-             need_self=False, logits=True, head_fill=None, heads_out=None) -> StepOutput:
+             need_self=False, logits=True, head_fill=None, heads_out=None, patch=None) -> StepOutput:
         """Feed target positions state.position.. (ids (B, T); position 0 is the start token) and
         advance `state`, through `iter_layers`. `head_mask` [L_dec, H] and `head_fill` [L_dec, H,
         d_head]: the cross-attention's; `self_head_mask`: the self-attention's; `need_weights`: a
-        bool, or {layer: bool}; `heads_out`: a dict receiving the cross heads' outputs."""
+        bool, or {layer: bool}; `heads_out`: a dict receiving the cross heads' outputs; `patch`:
+        {layer: patch(name, t)}, the cross-attention's (activation patching, see `Attention`)."""
         x = self.embed(ids, state.position, "dec")
         L = len(self.decoder)
         capture = [i for i in range(L) if (need_weights.get(i) if isinstance(need_weights, dict) else need_weights)]
@@ -241,7 +247,7 @@ class Seq2Seq(nn.Module):
         for step in iter_layers(self.decoder, x, head_mask=head_mask, self_head_mask=self_head_mask,
                                 capture=capture, self_capture=range(L) if need_self and self.cfg.decoder != "ssru"
                                 else (), head_fill=head_fill, cache=state.layers, allowed=state.allowed,
-                                head_outputs=range(L) if heads_out is not None else ()):
+                                head_outputs=range(L) if heads_out is not None else (), patch=patch):
             if step.weights is not None:
                 cross[step.layer] = step.weights
             if step.self_weights is not None:

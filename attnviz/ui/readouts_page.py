@@ -63,10 +63,13 @@ def default_text(model) -> str:
 
 
 def page():
-    model = common.model_picker(tasks=("lm",), default="smollm2")
+    model = common.model_picker(tasks=("encoder", "lm"), default="smollm2")
     if model is None:
         st.stop()
-    view = common.view_choice(PAGE, VIEWS)
+    if model.cfg.task == "encoder":
+        st.caption("An encoder has no next-token logits: of this page's views, patching (with an embedding "
+                   "metric) is the one that applies.")
+    view = common.view_choice(PAGE, VIEWS if model.cfg.task != "encoder" else ["Patching"])
     try:
         if view == "Patching":
             patching_view.view(model, PAGE)

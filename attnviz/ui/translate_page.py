@@ -16,7 +16,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
 from attnviz.core.translator import Seq2SeqModel
-from attnviz.ui import kept_inputs
+from attnviz.ui import kept_inputs, patching_view
 from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
 from attnviz.ui.heads_corpus import page_tool
@@ -311,3 +311,5 @@ def page():
         return
     summary(model, tr)
     views(model, text, beam, tr)
+    with st.expander("Activation patching: a source and a corrupted one"):
+        patching_view.translate_view(model, PAGE)
