@@ -72,8 +72,8 @@ class CrossBlock(nn.Module):
     causal self-attention, its K/V in the per-call cache; "ssru": an SSRU, its cell in the cache),
     then cross-attention over the encoder's output (its K/V computed once per decoding, in the cache
     as "memory"), then the MLP. Post-norm (residual, then LayerNorm) or pre-norm (Whisper). The head
-    mask, fill, variant and captured weights are the cross-attention's; `self_head_mask` and
-    `self_weights_out` the self-attention's."""
+    mask, fill, variant, captured weights and `patch` (see `Attention.forward`) are the
+    cross-attention's; `self_head_mask` and `self_weights_out` the self-attention's."""
 
     def __init__(self, cfg: Config, mixer: str):
         super().__init__()
@@ -97,7 +97,7 @@ class CrossBlock(nn.Module):
 
     def forward(self, x, *, past: dict, allowed=None, head_mask=None, need_weights=False,
                 variant: Variant = SOFTMAX, heads_out=None, head_fill=None, self_head_mask=None,
-                self_weights_out=None, rope=None, causal=False):
+                self_weights_out=None, rope=None, causal=False, patch=None):
         if self.has_ssru:  # the Bergamot students: post-norm
             x = self.norm_ssru(x + self.ssru(x, past))
         else:
@@ -108,7 +108,7 @@ class CrossBlock(nn.Module):
                 self_weights_out.append(s_att)
             x = x + a if self.pre_norm else self.norm_self(x + a)
         cross = dict(kv=past["memory"], allowed=allowed, head_mask=head_mask, need_weights=need_weights,
-                     variant=variant, heads_out=heads_out, head_fill=head_fill)
+                     variant=variant, heads_out=heads_out, head_fill=head_fill, patch=patch)
         if self.pre_norm:  # Whisper: x + sublayer(norm(x))
             a, att = self.cross(self.norm_cross(x), **cross)
             x = x + a

@@ -229,11 +229,12 @@ class Seq2Seq(nn.Module):
         return x
 
     def step(self, ids, state: DecoderState, *, head_mask=None, self_head_mask=None, need_weights=False,
-             need_self=False, logits=True, head_fill=None, heads_out=None) -> StepOutput:
+             need_self=False, logits=True, head_fill=None, heads_out=None, patch=None) -> StepOutput:
         """Feed target positions state.position.. (ids (B, T); position 0 is the start token) and
         advance `state`, through `iter_layers`. `head_mask` [L_dec, H] and `head_fill` [L_dec, H,
         d_head]: the cross-attention's; `self_head_mask`: the self-attention's; `need_weights`: a
-        bool, or {layer: bool}; `heads_out`: a dict receiving the cross heads' outputs."""
+        bool, or {layer: bool}; `heads_out`: a dict receiving the cross heads' outputs; `patch`:
+        {layer: patch(name, tensor)}, the cross-attention's (see `Attention.forward`)."""
         x = self.embed(ids, state.position, "dec")
         L = len(self.decoder)
         capture = [i for i in range(L) if (need_weights.get(i) if isinstance(need_weights, dict) else need_weights)]
@@ -241,7 +242,7 @@ class Seq2Seq(nn.Module):
         for step in iter_layers(self.decoder, x, head_mask=head_mask, self_head_mask=self_head_mask,
                                 capture=capture, self_capture=range(L) if need_self and self.cfg.decoder != "ssru"
                                 else (), head_fill=head_fill, cache=state.layers, allowed=state.allowed,
-                                head_outputs=range(L) if heads_out is not None else ()):
+                                head_outputs=range(L) if heads_out is not None else (), patch=patch):
             if step.weights is not None:
                 cross[step.layer] = step.weights
             if step.self_weights is not None:
