@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from attnviz.base import jobs
-from attnviz.toys import image_reader
+from attnviz.toys import image_reader, reader_training
 
 STEPS = 1000   # 12-24 s on one core (88 % exact, measured); the Lab's default is 1,500
 
 
 @pytest.fixture(scope="module")
 def trained():
-    return image_reader.train(image_reader.ReaderSettings(steps=STEPS), stop_at_budget=False)
+    return reader_training.train(reader_training.ReaderSettings(steps=STEPS), stop_at_budget=False)
 
 
 def test_pictures_are_deterministic_and_bad_strings_are_refused():
@@ -39,8 +39,8 @@ def test_pictures_are_deterministic_and_bad_strings_are_refused():
 def test_training_reads_held_out_pictures_exactly(trained):
     assert trained.steps_done == STEPS and not trained.stopped_early
     assert trained.exact >= 0.8, trained.exact                    # measured: see the report
-    again = image_reader.train(image_reader.ReaderSettings(steps=5), stop_at_budget=False)
-    assert again.losses == image_reader.train(image_reader.ReaderSettings(steps=5), stop_at_budget=False).losses   # seeded
+    again = reader_training.train(reader_training.ReaderSettings(steps=5), stop_at_budget=False)
+    assert again.losses == reader_training.train(reader_training.ReaderSettings(steps=5), stop_at_budget=False).losses   # seeded
 
 
 def test_cross_attention_is_exact_and_rows_sum_to_one(trained):
@@ -86,10 +86,17 @@ def test_training_stops_when_cancelled_and_budget_is_bounded():
         seen.append(step)
         if step == 3:
             cancel.set()
-    res = image_reader.train(image_reader.ReaderSettings(steps=50), progress, should_stop=cancel)
+    res = reader_training.train(reader_training.ReaderSettings(steps=50), progress, should_stop=cancel)
     assert res.stopped_early and res.steps_done == 3 and seen == [1, 2, 3]
     with pytest.raises(ValueError, match="at most"):
-        image_reader.ReaderSettings(budget_s=1e6).check()
+        reader_training.ReaderSettings(budget_s=1e6).check()
     with pytest.raises(ValueError, match="at least 1"):
-        image_reader.ReaderSettings(steps=0).check()
-    assert image_reader.timed_estimate(image_reader.ReaderSettings(steps=100)) > 0
+        reader_training.ReaderSettings(steps=0).check()
+    assert reader_training.timed_estimate(reader_training.ReaderSettings(steps=100)) > 0
+
+
+def test_the_shipped_reader_reads_as_recorded():
+    shipped = reader_training.load()
+    assert shipped.exact >= 0.95 and shipped.steps_done == 2000
+    assert image_reader.exact_accuracy(shipped.net) == shipped.exact         # the same 500 held-out pictures
+    assert image_reader.read(shipped.net, "90417").text == "90417"

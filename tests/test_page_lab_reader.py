@@ -8,7 +8,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from attnviz.base import jobs
-from attnviz.toys import image_reader
+from attnviz.toys import image_reader, reader_training
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "5_Lab.py")
 
@@ -63,3 +63,15 @@ def test_the_images_page_opens_the_lab_on_the_reader():
     at.button(key="images.to_reader").click().run()
     assert not at.exception, at.exception
     assert at.session_state["lab.view"] == "Text reads an image"
+
+
+def test_the_view_opens_on_the_reader_trained_here_earlier():
+    at = AppTest.from_file(PAGE, default_timeout=300).run()
+    at.radio(key="lab.view").set_value("Text reads an image").run()
+    assert not at.exception, at.exception
+    shipped = reader_training.load()
+    assert any("Trained here in the Lab earlier, not a pretrained model" in i.value for i in at.info)
+    assert {m.label: m.value for m in at.metric}["Held-out pictures read exactly"] == f"{shipped.exact:.1%}"
+    assert any("The reader reads **90417**: read exactly." in m.value for m in at.markdown)
+    assert any(m.value.startswith("Token '9' puts") for m in at.markdown)
+    assert len(at.get("image")) == 2

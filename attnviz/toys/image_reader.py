@@ -15,21 +15,16 @@ Both sides run through the one block runner (`Seq2Seq.encode` / `step`, i.e.
 from __future__ import annotations
 
 import functools
-import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
-from attnviz.base.limits import LIMITS
-from attnviz.base.timing import measure
 from attnviz.core.seq2seq import Seq2Seq, Seq2SeqConfig
-from attnviz.toys.training import lr_at, one_thread_here, optimiser_step, optimizer
 
 DIGITS = "0123456789"
 EOS, BOS = 10, 11
@@ -41,7 +36,6 @@ FONT_SIZE, ADVANCE = 14, 8                # every digit of Pillow's font at 14 p
 GLYPH_W = 10                              # and inks at most 9 columns
 MAX_JITTER = 2
 HELD_OUT_EVERY = 5                        # strings whose CRC-32 is a multiple of 5 are never trained on
-KEY = "image-reader"
 
 
 def font() -> ImageFont.ImageFont:
@@ -281,91 +275,3 @@ def exact_accuracy(net: ImageReader, drawings: list[Drawn] | None = None, head_m
     drawings = held_out_set() if drawings is None else drawings
     texts = greedy_texts(net, drawings, head_mask)
     return sum(t == d.text for t, d in zip(texts, drawings)) / len(drawings)
-
-
-# ---------------------------------------------------------------- training
-@dataclass(frozen=True)
-class ReaderSettings:
-    steps: int = 1500
-    batch_size: int = 48
-    lr: float = 5e-3
-    seed: int = 0
-    d_model: int = 32
-    n_heads: int = 4
-    enc_layers: int = 2
-    dec_layers: int = 2
-    budget_s: float = field(default_factory=lambda: LIMITS.max_train_seconds)
-
-    def config(self) -> ReaderConfig:
-        return reader_config(self.d_model, self.n_heads, self.enc_layers, self.dec_layers)
-
-    def check(self) -> None:
-        self.config()
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError("steps and batch size must be at least 1")
-        if not 0 < self.lr <= 0.1:
-            raise ValueError("learning rate must lie in (0, 0.1]")
-        if self.budget_s > LIMITS.max_train_seconds:
-            raise ValueError(f"the lab trains for at most {LIMITS.max_train_seconds:.0f} s")
-
-
-@dataclass
-class ReaderResult:
-    net: ImageReader
-    settings: ReaderSettings
-    losses: list[float]
-    seconds: float
-    steps_done: int
-    stopped_early: bool          # the time budget ran out, or the job was cancelled
-    exact: float                 # exact-match accuracy on the held-out pictures
-
-
-def _loss(net: ImageReader, drawings: list[Drawn]) -> torch.Tensor:
-    pixels, feed, target = batch(drawings)
-    memory, _ = net.encode(pixels)
-    logits = net.step(feed, net.start(memory)).logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
-
-
-def _step(net, opt, s: ReaderSettings, generator) -> float:
-    """One optimiser step on freshly drawn pictures (what `train` runs and `timed_estimate` times)."""
-    return optimiser_step(net, opt, _loss(net, [random_drawing(generator) for _ in range(s.batch_size)]))
-
-
-def timed_estimate(s: ReaderSettings, steps: int = 3) -> float:
-    """Seconds `s.steps` steps should take HERE: a few steps of a throwaway reader (after one
-    untimed step), timed with the one timer, plus one held-out evaluation."""
-    s.check()
-    with one_thread_here():
-        net = new_reader(s.config(), s.seed).train()
-        opt, generator = optimizer(net), torch.Generator().manual_seed(s.seed)
-        per_step = measure(lambda: _step(net, opt, s, generator), steps, 1).median
-        net.eval()
-        per_eval = measure(lambda: exact_accuracy(net), 1, 0).median
-    return s.steps * per_step + per_eval
-
-
-def train(s: ReaderSettings, progress: Callable[[int, int, float], None] | None = None,
-          should_stop: Callable[[], bool] | None = None, stop_at_budget: bool = True) -> ReaderResult:
-    """Train a fresh reader: `progress(step, steps, loss)` after every step; stops at `s.budget_s`
-    (unless `stop_at_budget` is False) and before any step at which `should_stop()` (a
-    `jobs.Cancel`) is true. Deterministic for a seed when it runs to the end."""
-    s.check()
-    with one_thread_here():
-        net = new_reader(s.config(), s.seed).train()
-        opt, generator = optimizer(net), torch.Generator().manual_seed(s.seed)
-        losses, start, stopped = [], time.perf_counter(), False
-        for step in range(s.steps):
-            if (stop_at_budget and time.perf_counter() - start > s.budget_s) or (
-                    should_stop is not None and should_stop()):
-                stopped = True
-                break
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, s.steps, s.lr)
-            losses.append(_step(net, opt, s, generator))
-            if progress is not None:
-                progress(step + 1, s.steps, losses[-1])
-        seconds = time.perf_counter() - start
-        net.eval()
-        exact = exact_accuracy(net)
-    return ReaderResult(net, s, losses, seconds, len(losses), stopped, exact)

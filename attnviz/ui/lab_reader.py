@@ -14,7 +14,7 @@ import torch
 from attnviz.base import names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import reading_figures
-from attnviz.toys import image_reader
+from attnviz.toys import image_reader, reader_training
 from attnviz.ui import job_controls, kept_inputs
 from attnviz.ui.common import plain
 from attnviz.ui.head_editor import head_editor
@@ -24,6 +24,13 @@ EDITOR = "lab_reader"       # the head editor's own namespace: its mask is this 
 SAMPLES = ("90417", "2026", "385", "7", "11235")
 LABEL = "Trained here in the Lab"
 VIEW = "Text reads an image"   # its name among the Lab's views
+NOW, SHIPPED = "trained now, in this session", "trained here earlier (shipped with the app)"
+
+
+@st.cache_resource(max_entries=1, show_spinner=False)
+def shipped():
+    """The reader trained here earlier by `python -m attnviz.toys.reader_training` (safetensors)."""
+    return reader_training.load()
 
 
 def key(name: str) -> str:
@@ -49,11 +56,11 @@ def train_form():
         seed = c3.number_input("Seed", 0, 999, 0, 1, key=key("seed"), **kept_inputs.kept_for_session())
         go = st.form_submit_button("Train", key=key("train"))
     try:
-        settings = image_reader.ReaderSettings(steps=int(steps), d_model=int(width), seed=int(seed))
+        settings = reader_training.ReaderSettings(steps=int(steps), d_model=int(width), seed=int(seed))
         if go:
             settings.check()
             with st.spinner("Timing a few training steps on this machine…"):
-                guess = image_reader.timed_estimate(settings)
+                guess = reader_training.timed_estimate(settings)
             if guess > settings.budget_s:  # timed here: a busy machine is refused before, not cut after
                 fit = max(1, int(settings.steps * settings.budget_s / guess))
                 raise ValueError(f"timed on this machine now, {settings.steps} steps would take about {guess:.0f} s, "
@@ -70,10 +77,11 @@ def train_form():
 
             try:  # a heavy-job slot (ServerBusy at once if none is free), stopped when the session goes
                 with job_controls.heavy_job("an image-reader training") as cancel:
-                    res = image_reader.train(settings, report, should_stop=cancel)
+                    res = reader_training.train(settings, report, should_stop=cancel)
             finally:
                 live.empty()
             ss[key("trained")] = (res, f"reader:{uuid.uuid4().hex}")
+            ss[key("which")] = NOW         # the radio below is drawn after this: read the new one
     except ValueError as err:
         st.error(plain(str(err)))
     return ss.get(key("trained"), (None, None))
@@ -108,13 +116,16 @@ def reader_view(_model=None):
         "values from the image patches**, each through its own projection. Row t of a map says which "
         "patches the decoder read while choosing token t.")
     res, reader_key = train_form()
-    if res is None:
-        st.info(f"Press Train (about {LIMITS.max_train_seconds:.0f} s at most) to train a reader, then read a "
-                "string with it.")
-        return
-    (st.warning if res.stopped_early else st.success)(
-        f"{LABEL}: {res.steps_done} steps in {res.seconds:.1f} s"
-        + (" — stopped early (time budget or cancelled)." if res.stopped_early else "."))
+    if res is None or st.radio("Reader", [NOW, SHIPPED], key=key("which"), horizontal=True) == SHIPPED:
+        res, reader_key = shipped(), reader_training.KEY
+        st.info(f"{LABEL} earlier, not a pretrained model: this reader was trained by `python -m "
+                f"attnviz.toys.reader_training` ({res.steps_done:,} steps, {res.seconds:.0f} s on this machine) "
+                "and ships with the app as safetensors. Press Train (at most "
+                f"{LIMITS.max_train_seconds:.0f} s) to train your own now.")
+    else:
+        (st.warning if res.stopped_early else st.success)(
+            f"{LABEL}: {res.steps_done} steps in {res.seconds:.1f} s"
+            + (" — stopped early (time budget or cancelled)." if res.stopped_early else "."))
     c1, c2 = st.columns(2)
     c1.metric("Held-out pictures read exactly", f"{res.exact:.1%}")
     c2.metric("Held-out pictures", f"{len(image_reader.held_out_set()):,}",
