@@ -108,8 +108,8 @@ def reader_view(_model=None):
     st.markdown(
         f"**{LABEL}, not a pretrained model.** No package that installs here ships the weights of an "
         "OCR or captioning decoder with cross-attention (they download from a hub at run time), so this "
-        "small encoder-decoder is trained from scratch in this session to read a digit string off a "
-        "picture drawn with Pillow. The image encoder cuts the 16 × 64 picture into "
+        "small encoder-decoder was trained from scratch here to read a digit string off a picture drawn "
+        "with Pillow (left-aligned, its start, spacing and height jittered by a few pixels). The image encoder cuts the 16 × 64 picture into "
         f"{image_reader.GRID[0]} × {image_reader.GRID[1]} patches of {image_reader.PATCH} × "
         f"{image_reader.PATCH} pixels (patch embedding, learned row and column positions, self-attention); "
         "the text decoder's cross-attention takes its **queries from the text tokens** and its **keys and "
