@@ -72,8 +72,8 @@ class CrossBlock(nn.Module):
     causal self-attention, its K/V in the per-call cache; "ssru": an SSRU, its cell in the cache),
     then cross-attention over the encoder's output (its K/V computed once per decoding, in the cache
     as "memory"), then the MLP. Post-norm (residual, then LayerNorm) or pre-norm (Whisper). The head
-    mask, fill, variant and captured weights are the cross-attention's; `self_head_mask` and
-    `self_weights_out` the self-attention's."""
+    mask, fill, variant, captured weights and `patch` (see `Attention.forward`) are the
+    cross-attention's; `self_head_mask` and `self_weights_out` the self-attention's."""
 
     def __init__(self, cfg: Config, mixer: str):
         super().__init__()

@@ -86,7 +86,12 @@ def estimate_seconds(s: TrainSettings) -> float:
 def _step(net, opt, s: TrainSettings, variant, generator) -> float:
     """One optimiser step on a fresh batch (what `train` runs and `timed_estimate` times); its loss."""
     inputs, answers, _ = s.task.sample(s.batch_size, generator)
-    loss = _loss(net, s.task, inputs, answers, variant, s.checkpoint)
+    return optimiser_step(net, opt, _loss(net, s.task, inputs, answers, variant, s.checkpoint))
+
+
+def optimiser_step(net, opt, loss: torch.Tensor) -> float:
+    """THE optimiser step of every toy training (toy transformers, the image reader): gradients of
+    `loss`, clipped to norm 1, one step of `opt`; the loss as a float."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -102,7 +107,7 @@ def timed_estimate(s: TrainSettings, eval_every: int = 0, steps: int = 3) -> flo
     torch.manual_seed(s.seed)
     with one_thread_here():
         net = Transformer(s.config()).train()
-        variant, opt = parse_variant(s.variant), _optimizer(net)
+        variant, opt = parse_variant(s.variant), optimizer(net)
         generator = torch.Generator().manual_seed(s.seed)
 
         per_step = measure(lambda: _step(net, opt, s, variant, generator), steps, 1).median
@@ -199,14 +204,14 @@ def _loss(net: Transformer, task: Task, inputs, answers, variant, use_checkpoint
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), answers.reshape(-1))
 
 
-def _lr(step: int, steps: int, peak: float) -> float:
+def lr_at(step: int, steps: int, peak: float) -> float:
     warm = max(1, steps // 20)
     if step < warm:
         return peak * (step + 1) / warm
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
 
 
-def _optimizer(net):
+def optimizer(net):
     return torch.optim.AdamW(net.parameters(), lr=1e-3, betas=(0.9, 0.98), weight_decay=0.01)
 
 
@@ -229,7 +234,7 @@ def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget
     net = Transformer(s.config()).train()
     variant = parse_variant(s.variant)
     generator = torch.Generator().manual_seed(s.seed)
-    opt = _optimizer(net)
+    opt = optimizer(net)
     losses, history, start, stopped = [], [], time.perf_counter(), False
     for step in range(s.steps):
         if (stop_at_budget and time.perf_counter() - start > s.budget_s) or (
@@ -237,7 +242,7 @@ def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget
             stopped = True
             break
         for group in opt.param_groups:
-            group["lr"] = _lr(step, s.steps, s.lr)
+            group["lr"] = lr_at(step, s.steps, s.lr)
         losses.append(_step(net, opt, s, variant, generator))
         if eval_every and (step + 1) % eval_every == 0:
             net.eval()
@@ -299,7 +304,7 @@ def training_memory(s: TrainSettings, use_checkpoint: bool | None = None, check=
     use_checkpoint = s.checkpoint if use_checkpoint is None else use_checkpoint
     torch.manual_seed(s.seed)
     net = Transformer(s.config()).train()
-    variant, opt = parse_variant(s.variant), _optimizer(net)
+    variant, opt = parse_variant(s.variant), optimizer(net)
     generator = torch.Generator().manual_seed(s.seed)
     with one_thread_here():
         for measured in (False, True):

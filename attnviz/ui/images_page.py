@@ -20,7 +20,7 @@ from attnviz.core import pixels
 from attnviz.figures import image_figures
 from attnviz.figures import render
 from attnviz.figures.attention_figures import distance_figure
-from attnviz.ui import common
+from attnviz.ui import common, lab_reader
 from attnviz.ui.head_editor import head_editor, metric_delta
 from attnviz.ui.heads_corpus import page_tool
 from attnviz.uploads import images
@@ -359,6 +359,9 @@ def settings(model):
 def page():
     """The whole page below its title."""
     model = common.model_picker(tasks=("vision",))
+    if st.button("Text attending to an image: a small reader trained here in the Lab (not a pretrained "
+                 "model) →", key=session_key(PAGE, "to_reader"), type="tertiary"):
+        lab_reader.open_in_lab()
     if model is None:
         st.stop()
     chosen = choose_photo(model.cfg)

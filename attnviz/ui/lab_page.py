@@ -1,5 +1,5 @@
 """The Lab page: attention step by step on a real head, positional encodings, variants inside a
-pretrained model, toy transformers trained here, and why there is no cross-modal view. One view
+pretrained model, toy transformers trained here, and a small text-reads-an-image model trained here. One view
 is drawn and computed at a time (`ui.view_choice`); its heavy work runs on a button."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from attnviz.figures import lab_figures
 from attnviz.ui import common
 from attnviz.ui import job_controls
 from attnviz.ui import kept_inputs
-from attnviz.ui import lab_patterns, lab_positions, lab_steps, lab_toys, lab_translate
+from attnviz.ui import lab_patterns, lab_positions, lab_reader, lab_steps, lab_toys, lab_translate
 
 PAGE = "lab"
 VARIANTS = ["temp:0.5", "temp:2", "local:4", "local:16", "linear", "relu", "topk:4", "topk:16"]
@@ -110,24 +110,11 @@ def speed_caption(rows) -> str:
             "promise is memory and scaling at long lengths (see the Latency page).")
 
 
-# ---------------------------------------------------------------- 5. cross-modal
-def cross_view(model):
-    st.markdown("""
-**Cross-modal attention (text queries over image patches) is not built here, on purpose.**
-Attention from words to patches only means something when text and image features live in one
-space: CLIP-style models learn that from hundreds of millions of captioned images. What installs
-here is MiniLM (text only) and DINOv2 (image only), whose features were never aligned, and no
-captioned image set: a cross-attention layer trained in the lab on the handful of sample photos
-would fit those few pictures and its maps would show what it memorised, not where a word is.
-A page that drew such maps would teach the wrong lesson, so the lab leaves it out; a model that
-aligns text and images (CLIP-style) would make it the natural next step.
-""")
-
-
 VIEWS = {"Step by step": lab_steps.steps_view, "Positional encodings": lab_positions.positions_view,
          "Variants in a pretrained model": variants_view, "Toy transformers": lab_toys.toys_view,
          "Toy translator": lab_translate.toy_translator_view,
-         "Patches, padding, sparse patterns": lab_patterns.patterns_view, "Cross-modal": cross_view}
+         "Patches, padding, sparse patterns": lab_patterns.patterns_view,
+         lab_reader.VIEW: lab_reader.reader_view}
 
 
 def page():
