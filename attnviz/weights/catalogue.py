@@ -27,7 +27,7 @@ from attnviz.core.speech_model import SpeechModel
 from attnviz.core.transformer import Transformer
 from attnviz.core.translator import Seq2SeqModel
 from attnviz.toys.tasks import TOYS, load_toy, toy_infos
-from attnviz.weights.conversion_cache import cache_root, converted, source_key
+from attnviz.weights.conversion_cache import ReadOnlyCache, cache_root, converted, source_key
 from attnviz.weights.families import bergamot, convert, hf_family, whisper
 from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
 from attnviz.weights.folders import load_dir
@@ -208,7 +208,13 @@ def load_model(key_or_dir: str) -> Model | Seq2SeqModel | SpeechModel:
         raise ValueError(f"give a model key ({', '.join(BUNDLED)}) or a local folder")
     key = str(key_or_dir).strip()
     if key in LOADERS:
-        return LOADERS[key]()
+        try:
+            return LOADERS[key]()
+        except ReadOnlyCache as err:
+            raise ValueError(
+                f"the model {key!r} is not in the model cache {err.root}, and this process cannot write "
+                f"there ({err.why}): fill the cache once with `ATTNVIZ_CACHE={err.root} python "
+                f"deploy/warm_cache.py {key}` where it is writable, then share it read-only") from None
     if key in TOYS:
         return load_toy(key)
     if os.sep in key or key.startswith(".") or Path(key).expanduser().exists():

@@ -3,6 +3,7 @@ pickle) under $ATTNVIZ_CACHE (default ~/.cache/attnviz), keyed on the source fil
 and modification time. A damaged entry is rebuilt, never trusted; a new entry appears atomically."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -34,6 +35,17 @@ def source_key(path: Path) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+class ReadOnlyCache(ValueError):
+    """The cache lacks a conversion and this process cannot write it (a cache mounted read-only)."""
+
+    def __init__(self, root: Path, why: str):
+        super().__init__(f"the model cache {root} lacks this model and cannot be written ({why})")
+        self.root, self.why = root, why
+
+
 def converted(key: str, source: Path, make):
     """Return (config dict, state, folder) from the cache, or run `make(folder)` once and store it."""
     from safetensors.torch import load_file, save_file
@@ -46,8 +58,14 @@ def converted(key: str, source: Path, make):
         except Exception as err:  # a damaged cache entry is rebuilt, never trusted
             log.warning("conversion cache %s unreadable (%s); rebuilding", folder, err)
             shutil.rmtree(folder, ignore_errors=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder.parent))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder.parent))
+    except OSError as err:
+        if err.errno not in READ_ONLY:
+            raise
+        # a shared deployment mounts the cache read-only: the loader names the model and what fills it
+        raise ReadOnlyCache(folder.parent, err.strerror) from None
     log.info("converting %s to this app's format", key, extra={"stage": "converting"})
     meta, state = make(tmp)
     log.info("caching the converted %s on disk", key, extra={"stage": "caching"})
