@@ -168,6 +168,11 @@ def attention(model, tr):
     st.plotly_chart(fig, key=key("spectrogram"))
     st.caption("Row t: where in the sound the decoder listened while choosing token t (the first row is "
                "chosen after the prompt <|startoftranscript|><|notimestamps|>). Dotted lines: word starts.")
+    quiet = speech_figures.silent_seconds(speech_figures.mel_db(tr.features[:, :2 * tr.audio_frames]))
+    st.caption("Spectrogram: dB below the clip's loudest moment, down to "
+               f"{speech_figures.FLOOR_DB:g} dB (Whisper's own floor; darkest colour)."
+               .replace("-", "−") + (f" {quiet:.1f} s of silence below {speech_figures.FLOOR_DB:g} dB".replace("-", "−")
+                                      + " is drawn at the floor." if quiet >= 0.05 else ""))
 
 
 def every_head(model, tr):

@@ -1,0 +1,73 @@
+"""A newcomer's second pass, the rest, in a real browser (Debian's Chromium driven by Playwright
+against `streamlit run`): the spectrogram of a clip with silence has an honest dB scale; a layer
+box in Speech's heads-off grid is a pending edit that only Apply transcribes; the Latency sweep's
+estimate, from a timed first point, holds against the time the sweep took.
+
+One server for the module; screenshots go to test-artifacts/ (git-ignored).
+"""
+from __future__ import annotations
+
+import re
+
+from playwright.sync_api import expect
+
+from tests.browser import ARTIFACTS, ROOT, assert_no_errors, browser_fixtures, open_page, wait_idle
+
+TIMEOUT = 120_000
+expect.set_options(timeout=TIMEOUT)
+
+
+server, browser, page = browser_fixtures({"width": 1400, "height": 2400}, TIMEOUT)
+
+
+def wav(path, seconds_of_silence: float):
+    """The bundled clip with digital silence after it."""
+    import numpy as np
+    import soundfile
+    x, rate = soundfile.read(ROOT / "attnviz" / "data" / "audio" / "hello_world.wav", dtype="float32")
+    soundfile.write(path, np.concatenate([x, np.zeros(int(rate * seconds_of_silence), np.float32)]), rate)
+    return str(path)
+
+
+def silent_seconds(path) -> float:
+    import numpy as np
+    import soundfile
+    x, rate = soundfile.read(path, dtype="float32")
+    n = rate // 100
+    chunks = np.abs(x[:len(x) // n * n]).reshape(-1, n).max(1)
+    return float((chunks <= 1e-4 * np.abs(x).max()).sum()) / 100
+
+
+def upload(page, server, path):
+    open_page(page, server, "Speech")
+    page.locator('[data-testid="stSidebar"]').get_by_text("Upload WAV / FLAC").click()
+    wait_idle(page)
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(path)
+    wait_idle(page)
+
+
+def view(page, name: str):
+    page.get_by_role("radiogroup").filter(has_text="Word timestamps").get_by_text(name, exact=True).click()
+    wait_idle(page)
+
+
+def test_spectrogram_of_silence_has_a_dark_floor_below_the_peak_and_a_db_bar(page, server, tmp_path):
+    """Before: silence was a flat pink block at a fixed -60 dB floor, and nothing said so."""
+    upload(page, server, wav(tmp_path / "silence.wav", 1.0))
+    chart = page.locator(".js-plotly-plot").filter(has_text="log-mel spectrogram").first
+    expect(chart).to_be_visible()
+    chart.screenshot(path=str(ARTIFACTS / "33-2-spectrogram.png"))
+    mel = chart.evaluate("g => { const t = g._fullData[0]; return {zmin: t.zmin, zmax: t.zmax, "
+                         "scale: t.colorscale, bar: t.colorbar.title.text}; }")
+    assert mel["zmax"] - mel["zmin"] == 80, mel
+    assert "dB" in mel["bar"], mel
+    floor = mel["scale"][0][1]       # "#rrggbb" or "rgb(r, g, b)": the floor is the dark end
+    rgb = ([int(floor[i:i + 2], 16) for i in (1, 3, 5)] if floor.startswith("#")
+           else [int(v) for v in re.findall(r"\d+", floor)])
+    assert sum(rgb) < 3 * 40, mel
+    caption = page.get_by_text(re.compile(r"\d\.\d s of silence below −80 dB"))
+    expect(caption).to_be_visible()
+    # the clip's own pauses and the second after it: 10 ms stretches of samples below 1e-4 of its peak
+    quiet = float(re.search(r"(\d\.\d) s", caption.inner_text()).group(1))
+    assert abs(quiet - silent_seconds(tmp_path / "silence.wav")) <= 0.25, quiet
+    assert_no_errors(page)
