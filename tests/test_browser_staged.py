@@ -71,3 +71,41 @@ def test_spectrogram_of_silence_has_a_dark_floor_below_the_peak_and_a_db_bar(pag
     quiet = float(re.search(r"(\d\.\d) s", caption.inner_text()).group(1))
     assert abs(quiet - silent_seconds(tmp_path / "silence.wav")) <= 0.25, quiet
     assert_no_errors(page)
+
+
+def transcriptions(page) -> int:
+    note = page.get_by_text(re.compile(r"^Transcriptions run in this session: \d+")).first
+    expect(note).to_be_visible()
+    return int(re.search(r": (\d+)", note.inner_text()).group(1))
+
+
+def test_speech_layer_box_waits_for_apply_and_apply_transcribes_once(page, server):
+    """Before: a layer-box click applied at once and transcribed again (5-14 s a click)."""
+    open_page(page, server, "Speech")
+    view(page, "Switch heads off")
+    before = transcriptions(page)
+    grid = page.locator('[class*="st-key-speech-head-grid"]')
+    grid.get_by_text("layer 0", exact=True).click()
+    wait_idle(page)
+    expect(page.get_by_text("6 pending changes")).to_be_visible()
+    expect(grid.get_by_role("button", name="h0*", exact=True)).to_be_visible()   # marked as pending
+    grid.get_by_text("layer 1", exact=True).click()
+    wait_idle(page)
+    expect(page.get_by_text("12 pending changes")).to_be_visible()
+    assert transcriptions(page) == before                     # two clicks, no transcription
+    assert page.get_by_text("With those heads off:").count() == 0
+    page.screenshot(path=str(ARTIFACTS / "speech-staged-pending.png"))
+    page.get_by_role("button", name="Apply", exact=True).click()
+    wait_idle(page)
+    expect(page.get_by_text("With those heads off:")).to_be_visible()
+    expect(page.get_by_text("No pending changes")).to_be_visible()
+    assert transcriptions(page) == before + 1                  # one Apply, one transcription
+    grid.get_by_text("layer 1", exact=True).click()           # back on: pending again, Discard undoes it
+    wait_idle(page)
+    expect(page.get_by_text("6 pending changes")).to_be_visible()
+    page.get_by_role("button", name="Discard", exact=True).click()
+    wait_idle(page)
+    expect(page.get_by_text("No pending changes")).to_be_visible()
+    assert transcriptions(page) == before + 1
+    assert_no_errors(page)
+    page.screenshot(path=str(ARTIFACTS / "speech-staged-applied.png"))
