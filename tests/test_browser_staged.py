@@ -109,3 +109,21 @@ def test_speech_layer_box_waits_for_apply_and_apply_transcribes_once(page, serve
     assert transcriptions(page) == before + 1
     assert_no_errors(page)
     page.screenshot(path=str(ARTIFACTS / "speech-staged-applied.png"))
+
+
+def test_latency_estimate_from_a_timed_first_point_holds_within_2x(page, server):
+    """Before: the pre-run figure was the cost model's guess ("about 3 s" took 54 s)."""
+    open_page(page, server, "Latency")
+    page.locator('input[aria-label="Sequence lengths"]').fill("16,32,64,128")
+    page.get_by_text("One block to the crossover").click()        # off: its calibration is timed apart
+    page.get_by_role("button", name="Run").click()
+    wait_idle(page)
+    caption = page.get_by_text(re.compile(r"^Estimated before it ran: about [\d,.]+ s in all"))
+    expect(caption).to_be_visible()
+    text = caption.inner_text()
+    estimate = float(re.search(r"about ([\d,.]+) s", text).group(1).replace(",", ""))
+    took = float(re.search(r"it took ([\d,.]+) s", text).group(1).replace(",", ""))
+    assert "first point, minilm · fused · n=16" in text
+    assert took / 2 <= estimate <= took * 2, text
+    assert_no_errors(page)
+    page.screenshot(path=str(ARTIFACTS / "latency-estimate.png"))
