@@ -148,7 +148,7 @@ def main():
         out.writeheader()
         for r in rows:
             out.writerow({k: round(r[k], 2) if isinstance(r[k], float) else r[k] for k in fields})
-    print(f"\n| page | first render (s) | click | click (s) | load (1 min) |\n|---|---|---|---|---|")
+    print("\n| page | first render (s) | click | click (s) | load (1 min) |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['page']} | {r['first_s']:.1f} | {r['action']} | {r['action_s']:.1f} | {r['load1']:.1f} |"
               + (f" {r['note']}" if r["note"] else ""))
