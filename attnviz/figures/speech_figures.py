@@ -62,8 +62,8 @@ def spectrogram_and_attention(features, rows, tokens: list[str], audio_frames: i
     att = _array(rows)[:, :audio_frames]
     n_tok = att.shape[0]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        row_heights=[0.35, 0.65], subplot_titles=(f"log-mel spectrogram (dB below the clip's peak, floor {FLOOR_DB:g} dB)"
-                                        .replace("-", "−"), title))
+                        row_heights=[0.35, 0.65], subplot_titles=("log-mel spectrogram (dB below the clip's peak, floor "
+                                        + f"{FLOOR_DB:g} dB)".replace("-", "−"), title))
     fig.add_trace(go.Heatmap(z=mel, x=np.arange(mel.shape[1]) * MEL_SECONDS, y=np.arange(mel.shape[0]),
                              colorscale=MEL_COLOURS, zmin=FLOOR_DB, zmax=0.0,
                              colorbar=dict(title=dict(text="dB below peak"), len=0.33, y=1.0, yanchor="top",
