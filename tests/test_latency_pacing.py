@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from attnviz.base import jobs
+from attnviz.base.timing import Timing
 from attnviz.figures import latency_figures
 from attnviz.latency import costmodel, decode, measure, pacing, sweep
 
@@ -146,3 +147,34 @@ def test_each_device_keeps_one_colour_and_dash_in_every_chart_and_log_ticks_are_
     assert log.layout.yaxis.type == "log" and log.layout.yaxis.minorloglabels == "complete"
     growth = latency_figures.growth_figure(df)
     assert growth.layout.yaxis.minorloglabels == "complete"
+
+
+def test_the_first_point_estimate_times_the_smallest_point_and_prices_the_rest_by_the_model(monkeypatch):
+    """The pre-run estimate: the smallest measured point timed here (as the sweep runs it), the
+    others priced at the cost model's ratio to it. A clock moved by hand makes it exact."""
+    clock = Clock()
+    monkeypatch.setattr(pacing.time, "perf_counter", clock)
+    timed = []
+
+    def fake_point(model, n, variant, **kw):          # the point "takes" 1.5 s: 4 runs of 0.3 s + 0.3 s fixed
+        timed.append(n)
+        clock.now += 1.5
+        return measure.Point(n, Timing.of([0.3] * kw["repeats"]), 1.0)
+    monkeypatch.setattr(pacing.measure, "measure_point", fake_point)
+    monkeypatch.setattr(pacing.measure, "threads_now", lambda: 1)
+    model = measure.load(TINY)
+    profile = costmodel.HOST_GUESS
+    plan = sweep.SweepPlan(models=[TINY], seq_lens=[32, 8, 16], threads=[1], backends=["cpu", "pi4"], repeats=3,
+                           warmup=1, memory=False, crossover=False).check()
+    first = pacing.first_point_estimate(plan, {TINY: model}, profile)
+    assert timed == [8] and first.label.endswith("n=8") and first.point_s == 1.5
+    priced = {n: costmodel.predict(model.cfg, n, profile, "fused", threads=1).total_ms / 1e3 for n in (8, 16, 32)}
+    speed = 0.3 / priced[8]
+    assert first.speed == pytest.approx(speed)
+    # each point: 4 runs at the model's ratio to n=8, and the 0.3 s timed beside the runs
+    assert first.seconds == pytest.approx(sum(4 * priced[n] * speed + 0.3 for n in (8, 16, 32)))
+    one = sweep.SweepPlan(models=[TINY], seq_lens=[8], threads=[1], backends=["cpu"], repeats=3, warmup=1,
+                          memory=False, crossover=False).check()
+    assert pacing.first_point_estimate(one, {TINY: model}, profile).seconds == pytest.approx(1.5)
+    modelled_only = sweep.SweepPlan(models=[TINY], seq_lens=[8], threads=[1], backends=["pi4"], crossover=False).check()
+    assert pacing.first_point_estimate(modelled_only, {TINY: model}, profile) is None

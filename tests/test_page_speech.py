@@ -106,3 +106,20 @@ def test_a_reused_encoder_output_gives_the_same_transcript():
     import pytest
     with pytest.raises(ValueError, match="reused encoder output"):
         model.transcribe(data, cut=True, memory=memory, variant="local:64")
+
+
+def test_a_layer_box_is_a_pending_edit_and_apply_transcribes_once():
+    """Staged editor: a layer box changes the grid only (nothing is transcribed), Apply runs once."""
+    at = view(run_page(), "Switch heads off")
+    runs = at.session_state["speech.transcriptions"]
+    at.checkbox(key="speech.layer:whisper-tiny-en:4x6:1").uncheck().run()
+    assert not at.exception, at.exception
+    assert at.session_state["speech.transcriptions"] == runs
+    assert at.session_state["speech.applied:whisper-tiny-en:4x6"] == "4x6-ffffff"     # not applied yet
+    assert any(c.value.startswith("**6 pending changes**") for c in at.caption)
+    at.button(key="speech.apply").click().run()
+    assert not at.exception, at.exception
+    assert at.session_state["speech.transcriptions"] == runs + 1
+    assert at.session_state["speech.applied:whisper-tiny-en:4x6"] != "4x6-ffffff"
+    assert any(c.value.startswith("No pending changes") for c in at.caption)
+    assert any(m.value.startswith("**With those heads off:**") for m in at.markdown)

@@ -42,12 +42,21 @@ def test_the_last_word_is_never_moved_earlier_nor_past_the_extra():
     assert speech_model.last_word_to_silence(w, loud)[-1].end == 2.5
 
 
-def test_the_spectrogram_is_floored_db_with_colour_bars():
+def test_the_spectrogram_is_db_below_the_peak_floored_80_db_down_in_a_dark_readable_scale():
     feats = np.full((80, 200), -0.5, np.float32)          # digital silence sits at Whisper's clamp
-    feats[:, 50:100] = 1.5
+    feats[:, 50:100] = 1.5                                 # 2 units = 80 dB above it
+    feats[:10, 60:70] = 1.0                                # 20 dB under the peak
     fig = speech_figures.spectrogram_and_attention(feats, np.random.rand(3, 100), ["a", "b", "c"], 100)
     mel, att = fig.data[0], fig.data[1]
     z = np.asarray(mel.z, dtype=float)
-    assert z.max() == 0.0 and z.min() == speech_figures.FLOOR_DB and (mel.zmin, mel.zmax) == (-60.0, 0.0)
-    assert mel.showscale is not False and mel.colorbar.title.text == "dB"
+    assert z.max() == 0.0 and z.min() == -80.0 and (mel.zmin, mel.zmax) == (-80.0, 0.0)
+    assert z[0, 65] == -20.0 and z[0, 10] == -80.0
+    assert mel.showscale is not False and "dB" in mel.colorbar.title.text
+    assert list(mel.colorbar.tickvals) == [0, -20, -40, -60, -80]
     assert att.showscale is not False and att.colorbar.title.text == "weight"
+    low, high = mel.colorscale[0][1], mel.colorscale[-1][1]
+    # rgb(), never #000001..#000010 (Streamlit's theme swaps those for its palette): dark floor, light peak
+    assert low == "rgb(0, 0, 4)" and sum(map(int, high[4:-1].split(","))) > 600
+    # silence: 150 of the 200 frames (10 ms each) are at the floor
+    assert speech_figures.silent_seconds(speech_figures.mel_db(feats)) == pytest.approx(1.5)
+    assert speech_figures.silent_seconds(speech_figures.mel_db(feats[:, 50:100])) == 0.0

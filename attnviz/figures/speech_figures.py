@@ -5,6 +5,7 @@ encoder frame (what cross-attention reads) 20 ms."""
 from __future__ import annotations
 
 import numpy as np
+import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -12,11 +13,19 @@ from attnviz.base.names import head_name
 
 MEL_SECONDS = 0.01       # one log-mel frame
 FRAME_SECONDS = 0.02     # one encoder frame
-# Whisper's features are (log10(mel), clamped to its max - 8, + 4) / 4: 40 dB per unit. Drawn in dB
-# below the clip's loudest, floored: digital silence (synthetic speech) sat at the clamp and the
-# colour scale stretched over noise-level detail, drawing pink blocks and checkerboards.
+# Whisper's features are (log10(mel), clamped to its max - 8, + 4) / 4: 40 dB per unit, and the
+# clamp sits 80 dB below the window's loudest value. So the spectrogram is drawn in dB below the
+# clip's own peak, floored at peak - 80 dB, where Whisper's own floor is: digital silence sits at
+# the floor, drawn in the scale's dark end, and said so in a caption.
 DB_PER_UNIT = 40.0
-FLOOR_DB = -60.0
+FLOOR_DB = -80.0
+SILENT_MARGIN_DB = 0.5   # a frame whose loudest band is within this of the floor is silence
+# Magma (perceptually ordered, dark = quiet) as rgb() strings: Streamlit's chart theme replaces the
+# hex colours #000001..#000010 in a figure by its own palette, and Magma's darkest is #000004,
+# which the browser drew as Streamlit's pink.
+MEL_COLOURS = [[pos, "rgb({}, {}, {})".format(*plotly.colors.hex_to_rgb(c))]
+               for pos, c in zip(np.linspace(0.0, 1.0, len(plotly.colors.sequential.Magma)).tolist(),
+                                 plotly.colors.sequential.Magma)]
 
 
 def mel_db(features) -> np.ndarray:
@@ -25,6 +34,13 @@ def mel_db(features) -> np.ndarray:
     if not mel.size:
         return mel
     return np.maximum(DB_PER_UNIT * (mel - mel.max()), FLOOR_DB)
+
+
+def silent_seconds(mel: np.ndarray) -> float:
+    """Seconds of a dB spectrogram (`mel_db`, [n_mels, frames]) whose every band is at the floor."""
+    if not mel.size:
+        return 0.0
+    return float((mel.max(axis=0) <= FLOOR_DB + SILENT_MARGIN_DB).sum()) * MEL_SECONDS
 
 
 def _array(values) -> np.ndarray:
@@ -46,10 +62,13 @@ def spectrogram_and_attention(features, rows, tokens: list[str], audio_frames: i
     att = _array(rows)[:, :audio_frames]
     n_tok = att.shape[0]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        row_heights=[0.35, 0.65], subplot_titles=(f"log-mel spectrogram (dB below its loudest, floored at {FLOOR_DB:g})", title))
+                        row_heights=[0.35, 0.65], subplot_titles=("log-mel spectrogram (dB below the clip's peak, floor "
+                                        + f"{FLOOR_DB:g} dB)".replace("-", "−"), title))
     fig.add_trace(go.Heatmap(z=mel, x=np.arange(mel.shape[1]) * MEL_SECONDS, y=np.arange(mel.shape[0]),
-                             colorscale="Magma", zmin=FLOOR_DB, zmax=0.0,
-                             colorbar=dict(title=dict(text="dB"), len=0.33, y=1.0, yanchor="top", thickness=12),
+                             colorscale=MEL_COLOURS, zmin=FLOOR_DB, zmax=0.0,
+                             colorbar=dict(title=dict(text="dB below peak"), len=0.33, y=1.0, yanchor="top",
+                                           thickness=12, tickvals=[0, -20, -40, -60, -80],
+                                           ticktext=["peak", "−20 dB", "−40 dB", "−60 dB", "−80 dB"]),
                              hovertemplate="%{x:.2f} s · mel bin %{y}<br>%{z:.1f} dB<extra></extra>"),
                   row=1, col=1)
     labels = token_labels(tokens)

@@ -8,12 +8,21 @@ numbers). `Pacer.check` runs before every timed run, like a `Deadline.check`, an
 sweep BEFORE a run that would end past the deadline, so the sweep ends inside its budget
 instead of one long run after it. `Pacer.eta` is the time left: the work still to do, priced by
 the model, times how much slower than the model this machine has been so far.
+
+`first_point_estimate` is the same idea before a sweep starts: its smallest measured point is timed
+here as the sweep will run it (warm-up, repeats, memory pass), and every point is priced from it by
+the cost model's ratios, plus the fixed cost per point (inputs, the memory profiler) timed with it.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from attnviz.base.jobs import Deadline, JobTimeout
+from attnviz.core.attention import parse_variant
+from attnviz.latency import costmodel, measure
+from attnviz.latency.crossover import estimate_seconds
+from attnviz.latency.results import with_heads
 
 
 class Pacer:
@@ -73,3 +82,46 @@ class Pacer:
         if speed is None:
             return None
         return max(0.0, self.total_cost - self.done_cost) * speed
+
+
+@dataclass
+class FirstPoint:
+    seconds: float        # the whole sweep's estimate, from the point timed here
+    point_s: float        # the point's own time here, as the sweep runs it
+    label: str            # which point: "minilm · fused · n=16"
+    speed: float          # measured / the cost model's price of one run
+
+
+def first_point_estimate(plan, models: dict, profile, check=None) -> FirstPoint | None:
+    """Time the sweep's smallest measured point here (the first model, variant and thread count
+    measured in this process) and price the whole sweep from it: each point's runs at the model's
+    ratio to this one, and the fixed cost per point (inputs, the memory pass) as timed here; the
+    one-block crossover by the model, at the same speed. None when nothing is measured here."""
+    here = measure.threads_now()
+    points = [p for p in plan.points({k: m.cfg for k, m in models.items()}) if p[3] == here]
+    if "cpu" not in plan.backends or not points:
+        return None
+    key, _, variant, _, n = min(points, key=lambda p: (p[4], plan.models.index(p[0])))
+    model = models[key]
+    runs = plan.warmup + plan.repeats
+    started = time.perf_counter()
+    point = measure.measure_point(model, n, variant, warmup=plan.warmup, repeats=plan.repeats, threads=here,
+                                  clock=plan.clock, memory=plan.memory, quiet=True, check=check)
+    point_s = time.perf_counter() - started
+    run_s = point.timing.median_ms / 1e3
+    priced = costmodel.predict(model.cfg, n, profile, variant, threads=here).total_ms / 1e3
+    speed = run_s / max(priced, 1e-9)
+    # inputs, the memory profiler and Python around the runs; the profiled pass's own run scales as a run
+    fixed = max(0.0, point_s - (runs + plan.memory) * run_s)
+    dtypes = len(plan.measured_dtypes())
+    seconds = 0.0
+    for key_p, k, v, t, n_p in plan.points({kk: m.cfg for kk, m in models.items()}):
+        cfg = models[key_p].cfg
+        shape = cfg if k == cfg.n_heads else with_heads(cfg, k)
+        one = costmodel.predict(shape, n_p, profile, v, threads=t).total_ms / 1e3 * speed
+        seconds += dtypes * (runs * one + fixed + (one if plan.memory else 0.0))
+    if plan.crossover:
+        v0 = parse_variant(plan.variants[0])
+        seconds += speed * sum(estimate_seconds(models[k].cfg, profile, v0, plan.repeats, plan.warmup)
+                               for k in plan.models)
+    return FirstPoint(seconds, point_s, f"{key} · {variant.name} · n={n}", speed)

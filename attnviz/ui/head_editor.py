@@ -16,6 +16,11 @@ Arguments:
   draws (then nothing of the effect is sent to the browser while the model runs); it may also
   just draw and return None.
 - `link`: keep the applied mask in the page's link (`?heads=LxH-hex`, read once per session).
+- `staged`: for pages whose effect is expensive (Speech transcribes again, seconds): every edit
+  waits for Apply. A layer box, a preset and Reset then change only the grid; heads whose state
+  differs from the applied mask are marked `*`, a note under the grid counts the pending changes,
+  Apply commits them all in one run (the page's effect runs once) and "Discard" puts the grid
+  back to the applied mask. Without it (the default) a layer box or a preset applies at once.
 
 Returns the applied mask: a fresh float tensor [L, H], 1 = on, 0 = off. The state is per browser
 session (st.session_state) and per model; the shared model is never touched.
@@ -29,6 +34,7 @@ reruns the page. Without `effect`, Apply sits under the grid and reruns the page
 Keys (for tests and links): row `<page>.row:<model>:<layer>` (the list of heads on), layer box
 `<page>.layer:<model>:<layer>`, `<page>.apply`, `<page>.reset`, `<page>.top`, `<page>.random`,
 `<page>.only_btn`, `<page>.only:<model>` (layer), `<page>.share` (k, % kept), `<page>.seed`,
+`<page>.discard` and `<page>.settled` (staged only),
 applied mask `<page>.applied:<model>` (an `encode_mask` string); also `<page>.saved:<model>`,
 `<page>.link_read`, `<page>.rerun_page`. A view must not use these names for its own widgets.
 """
@@ -60,8 +66,8 @@ _CSS = """<style>
 class Editor:
     """The keys and session state of one page's editor for one model."""
 
-    def __init__(self, cfg, page: str, model_key: str = ""):
-        self.L, self.H, self.page = int(cfg.n_layers), int(cfg.n_heads), page
+    def __init__(self, cfg, page: str, model_key: str = "", staged: bool = False):
+        self.L, self.H, self.page, self.staged = int(cfg.n_layers), int(cfg.n_heads), page, staged
         self.model = f"{model_key}:{self.L}x{self.H}" if model_key else f"{self.L}x{self.H}"
 
     def key(self, name: str) -> str:
@@ -94,17 +100,39 @@ class Editor:
     def apply(self):
         st.session_state[self.applied_key] = encode_mask(self.grid())
 
-    def set_mask(self, keep):
-        """Presets, layer boxes and links: the grid and the applied mask at once."""
+    def set_grid(self, keep):
         keep = torch.as_tensor(keep, dtype=torch.bool)
         for i in range(self.L):
             st.session_state[self.row_key(i)] = [h for h in range(self.H) if keep[i, h]]
-        st.session_state[self.applied_key] = encode_mask(keep)
+
+    def set_mask(self, keep):
+        """Presets, layer boxes and links: the grid and the applied mask at once."""
+        self.set_grid(keep)
+        st.session_state[self.applied_key] = encode_mask(torch.as_tensor(keep, dtype=torch.bool))
+
+    def preset(self, keep):
+        """A preset's mask: applied at once, or (staged) a pending edit of the grid."""
+        (self.set_grid if self.staged else self.set_mask)(keep)
+
+    def settle(self, apply: bool):
+        """Staged Apply (the grid becomes the applied mask) or Discard (the grid goes back to it)."""
+        if apply:
+            self.apply()
+        else:
+            self.set_grid(self.applied())
+        st.session_state[self.key("settled")] = True
+
+    def pending(self) -> torch.Tensor:
+        """BoolTensor [L, H]: heads whose state in the grid is not the applied one."""
+        return self.grid() != self.applied()
 
     def layer_changed(self, layer: int):
-        """A layer box sits in the grid, whose clicks rerun the grid alone: it asks for the page."""
+        """A layer box sits in the grid, whose clicks rerun the grid alone: it asks for the page (the
+        browser keeps a row's old heads when the server sets them in a run of the grid alone).
+        Applied at once, or (staged) one more pending edit: the page's effect is then its cached one."""
         st.session_state[self.row_key(layer)] = list(range(self.H)) if st.session_state[self.layer_key(layer)] else []
-        self.set_mask(self.grid())
+        if not self.staged:
+            self.set_mask(self.grid())
         st.session_state[self.key("rerun_page")] = True
 
     def restore(self, link: bool):
@@ -158,17 +186,18 @@ def presets(ed: Editor, scores, score_label: str, score_hint: str | None):
     """Reset, top k% by score, random k%, one layer only: each changes grid and result at once."""
     ss = st.session_state
     left, right = st.columns(2)
-    right.button("Reset: all heads on", key=ed.key("reset"), on_click=ed.set_mask,
+    right.button("Reset: all heads on", key=ed.key("reset"), on_click=ed.preset,
                  args=(torch.ones(ed.L, ed.H, dtype=torch.bool),))
-    with left.popover("Presets", help="set the whole mask at once (applied at once)"):
+    with left.popover("Presets", help="set the whole mask at once" + (
+            " (waits for Apply)" if ed.staged else " (applied at once)")):
         share = st.slider("k (% of heads kept)", 5, 100, 70, 5, key=ed.key("share"))
         if scores is not None or score_hint:
             st.button(f"Keep top k% by {score_label}", key=ed.key("top"), disabled=scores is None,
-                      help=score_hint if scores is None else None, on_click=lambda: ed.set_mask(
+                      help=score_hint if scores is None else None, on_click=lambda: ed.preset(
                           importance.keep_top(torch.as_tensor(scores, dtype=torch.float32), share / 100)))
         seed = st.number_input("seed", 0, 10_000, 0, key=ed.key("seed"))
         n_keep = max(1, round(share / 100 * ed.L * ed.H))
-        st.button("Keep a random k%", key=ed.key("random"), on_click=lambda: ed.set_mask(
+        st.button("Keep a random k%", key=ed.key("random"), on_click=lambda: ed.preset(
             (torch.randperm(ed.L * ed.H, generator=torch.Generator().manual_seed(int(seed))) < n_keep)
             .view(ed.L, ed.H)))
         only_key = ed.key(f"only:{ed.model}")
@@ -176,7 +205,7 @@ def presets(ed: Editor, scores, score_label: str, score_hint: str | None):
             ss[only_key] = ed.L - 1
         only = st.selectbox("layer", range(ed.L), index=ed.L - 1, key=only_key)
         st.button("Keep this layer only", key=ed.key("only_btn"),
-                  on_click=lambda: ed.set_mask([[i == only] * ed.H for i in range(ed.L)]))
+                  on_click=lambda: ed.preset([[i == only] * ed.H for i in range(ed.L)]))
 
 
 def metric_delta(change: float, text: str, better: str, places: int = 2) -> dict:
@@ -205,18 +234,24 @@ def grid_part(ed: Editor, labels, scores, score_label: str, with_apply: bool):
     if ss.pop(ed.key("rerun_page"), False):  # a layer box changed grid and result: the whole page
         st.rerun()
     st.html(_CSS.format(page=ed.page))
+    pending = ed.pending() if ed.staged else torch.zeros(ed.L, ed.H, dtype=torch.bool)
     with st.container(key=f"{ed.page}-head-grid"):
         current = ed.grid()
         for i in range(ed.L):
             ss[ed.layer_key(i)] = bool(current[i].all())
             row = st.container(horizontal=True, vertical_alignment="center", gap=None)
             row.checkbox(f"layer {i}", key=ed.layer_key(i), on_change=ed.layer_changed, args=(i,), width=LAYER_BOX_PX)
+            # a pill's label is not part of its identity (its key is): marking a pending head keeps its state
             row.pills(f"heads on in layer {i}", range(ed.H), selection_mode="multi", key=ed.row_key(i),
-                      format_func=lambda h, r=labels[i]: r[h], label_visibility="collapsed")
+                      format_func=lambda h, r=labels[i], p=pending[i].tolist(): r[h] + ("\\*" if p[h] else ""),
+                      label_visibility="collapsed")
     grid = ed.grid()
     ss[ed.saved_key] = encode_mask(grid)
     legend = (f" Colour: {plain(score_label)}, lowest to highest quarter: grey, blue, orange, red."
               if scores is not None else "")
+    if ed.staged:
+        staged_controls(ed, grid, legend)
+        return
     # Apply does not rerun this part, so this line must stay true after it: a count, not a "pending" flag.
     st.caption(f"The grid above has {int(grid.sum())} heads on; the result beside it is for the mask "
                f"applied last. Highlighted = on; a layer box switches its whole layer at once.{legend}" + (f" Off: {off_list(grid)}." if not grid.all() else ""))
@@ -225,13 +260,34 @@ def grid_part(ed: Editor, labels, scores, score_label: str, with_apply: bool):
         st.rerun()
 
 
+def staged_controls(ed: Editor, grid: torch.Tensor, legend: str):
+    """Staged: the pending edits counted and listed, Apply (the page runs its effect once) and Discard."""
+    n = int(ed.pending().sum())
+    note = (f"**{n} pending change{'s' if n != 1 else ''}** (marked \\*, not applied yet: press Apply)"
+            if n else "No pending changes: the result beside the grid is for this grid.")
+    st.caption(f"{note} · The grid has {int(grid.sum())} heads on. Highlighted = on; a layer box switches "
+               f"its whole layer; every edit waits for Apply.{legend}"
+               + (f" Off: {off_list(grid)}." if not grid.all() else ""))
+    left, right = st.columns(2)
+    left.button("Apply", key=ed.key("apply"), type="primary", disabled=not n, help="every pending edit in one run",
+                on_click=ed.settle, args=(True,))
+    right.button("Discard", key=ed.key("discard"), disabled=not n, help="put the grid back to the mask applied last",
+                 on_click=ed.settle, args=(False,))
+    # a button drawn disabled (nothing pending once its callback ran) reads False though it was just
+    # clicked: the callback's flag says so. The page reruns: Apply's effect, and the rows Discard set
+    # (the browser keeps a row's old heads when they are set in a run of the grid alone)
+    if st.session_state.pop(ed.key("settled"), False):
+        st.rerun()
+
+
 @st.fragment
 def effect_part(ed: Editor, effect: Callable, link: bool):
     """Apply and the live effect; Apply reruns only this part."""
     keep = ed.applied()  # Apply's callback has run by now
     draw = effect(keep.float())  # heavy work first, before anything of this part is drawn
-    st.button("Apply", key=ed.key("apply"), type="primary", on_click=ed.apply,
-              help="show the effect of the grid: every head edit since the last Apply, in one run")
+    if not ed.staged:  # staged, Apply sits under the grid, by its pending note
+        st.button("Apply", key=ed.key("apply"), type="primary", on_click=ed.apply,
+                  help="show the effect of the grid: every head edit since the last Apply, in one run")
     if link:
         if keep.all():
             st.query_params.pop("heads", None)
@@ -245,10 +301,10 @@ def effect_part(ed: Editor, effect: Callable, link: bool):
 
 def head_editor(cfg, page: str, scores=None, *, model_key: str = "", effect: Callable | None = None,
                 link: bool = False, score_label: str = "score", score_hint: str | None = None,
-                split=(2, 3)) -> torch.Tensor:
+                split=(2, 3), staged: bool = False) -> torch.Tensor:
     """Draw the editor (and `effect` beside it); return the applied mask [L, H] float, 1 = on.
     See the module docstring for the arguments and the keys."""
-    ed = Editor(cfg, page, model_key)
+    ed = Editor(cfg, page, model_key, staged)
     ed.restore(link)
     labels = score_labels(scores, ed.L, ed.H)
     if effect is None:

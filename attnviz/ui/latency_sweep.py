@@ -18,7 +18,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import latency_figures
 from attnviz.latency import calibrate, compare, decode, engines, measure, pi_memory, quantize, results, sweep, tradeoff
-from attnviz.latency import costmodel
+from attnviz.latency import costmodel, pacing
 from attnviz.ui import common, latency_crossover
 from attnviz.ui import job_controls
 from attnviz.weights.catalogue import BUNDLED
@@ -150,12 +150,19 @@ def run_form(form: dict, here: int):
             here_profile = calibrate.host_profile(here, plan.clock)
         est = sweep.estimate(plan, configs, here_profile)
         est.check(max_s, max_mb)
-        bar = st.progress(0.0, text=f"{est.points} points; the cost model's guess is {est.seconds:,.0f} s, timed as it "
-                                    f"runs (stops at {max_s} s)")
         models = pi_memory.models_for(plan, configs, get_model)  # modelled rows only: no model is built
+        with st.spinner("Timing the sweep's first point on this machine…"):
+            # the smallest point, cancellable; its time counts against the budget (from the press of Run)
+            first = pacing.first_point_estimate(plan, models, here_profile, check=cancel.check)
+        # the cost model alone can be several times off on a busy host: a point timed here is not
+        ahead = deadline.elapsed + (first.seconds if first else est.seconds)
+        said = (f"about {ahead:,.1f} s in all (its first point, {first.label}, took {first.point_s:.2f} s here; the "
+                "others scaled from it by the cost model)" if first else f"about {ahead:,.1f} s (the cost model's guess)")
+        bar = st.progress(0.0, text=f"{est.points} points; {said}; stops at {max_s} s")
         df = sweep.run_sweep(plan, models, profiles=st.session_state[PROFILES],
                              deadline=forward, cancel=cancel, progress=lambda i, n, label: bar.progress(
-                                 min(i / max(n, 1), 1.0), text=common.plain(label)))
+                                 min(i / max(n, 1), 1.0), text=common.plain(label) + f" · estimated at the start: "
+                                                                               f"about {ahead:,.0f} s in all"))
         bar.empty()
         if decoding:
             with st.spinner("Decode latency…"):
@@ -175,6 +182,9 @@ def run_form(form: dict, here: int):
                 except ValueError:
                     break  # the views say why
     df.attrs["took"] = (deadline.elapsed, max_s)
+    df.attrs["estimate"] = "Estimated before it ran: " + said + f"; it took {deadline.elapsed:,.1f} s" + (
+        " (decode depths and other thread counts are not in the estimate)." if decoding or set(plan.threads) - {here}
+        else ".")
     return df
 
 
@@ -189,6 +199,8 @@ def results_views():
         return
     if "took" in df.attrs:
         st.caption("The sweep took {:,.0f} s of its {:,.0f} s budget.".format(*df.attrs["took"]))
+    if "estimate" in df.attrs:
+        st.caption(common.plain(df.attrs["estimate"]))
     for note in df.attrs.get("pi_memory", ()):  # modelled Pi rows of a model the board could not hold
         st.warning(common.plain(note))
     st.dataframe(df[TABLE], hide_index=True, key=K("table"))

@@ -73,8 +73,12 @@ def inputs():
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _transcribed(model_key: str, digest: str, mask_id: bytes, _model, _data: bytes, _mask, _fill=None):
-    # cache_resource: one transcript per audio, mask and fill (mask_id holds both), shared, never changed
+def _transcribed(model_key: str, digest: str, mask_id: bytes, _model, _data: bytes, _mask, _fill=None,
+                 _on_run=None):
+    # cache_resource: one transcript per audio, mask and fill (mask_id holds both), shared, never changed;
+    # `_on_run` is told of every transcription that runs (a miss), not of what the cache gives back
+    if _on_run is not None:
+        _on_run()
     c = _model.cfg  # priced before it runs: every decoder position's cross-attention over the 30 s window
     memory.plan_capture("this transcription", layers=c.n_dec_layers, heads=c.n_heads, n=c.n_audio_ctx,
                         rows=c.n_text_ctx, shorten="the audio")
@@ -82,7 +86,7 @@ def _transcribed(model_key: str, digest: str, mask_id: bytes, _model, _data: byt
         return _model.transcribe(_data, cut=True)
     # heads of the decoder switched off: the encoder's output is this audio's unmasked one (kept
     # per audio, bounded in bytes), so Apply runs only the decoder again
-    plain_run = _transcribed(model_key, digest, mask_key(None, None), _model, _data, None)
+    plain_run = _transcribed(model_key, digest, mask_key(None, None), _model, _data, None, None, _on_run)
     encoded = cached_result(shared_cache("speech.encoder", 8, 64), (model_key, digest),
                             lambda: _encoded(_model, plain_run.features))
     return _model.transcribe(_data, head_mask=_mask, head_fill=_fill, cut=True, memory=encoded)
@@ -104,10 +108,20 @@ def transcript(model, data: bytes, mask=None, fill=None):
     digest = hashlib.sha256(data).hexdigest()
     try:
         with st.spinner("Transcribing…"):
-            return _transcribed(model.info.key, digest, mask_key(mask, fill), model, data, mask, fill)
+            return _transcribed(model.info.key, digest, mask_key(mask, fill), model, data, mask, fill, _counted)
     except ValueError as err:
         st.error(plain(str(err)))
         return None
+
+
+def _counted():
+    st.session_state[key("transcriptions")] = st.session_state.get(key("transcriptions"), 0) + 1
+
+
+def transcriptions_note():
+    n = st.session_state.get(key("transcriptions"), 0)
+    st.caption(f"Transcriptions run in this session: {n} (one per clip, then one per Apply of a mask not "
+               "heard before; a layer box or head click waits for Apply).")
 
 
 # ---------------------------------------------------------------- views
@@ -169,6 +183,11 @@ def attention(model, tr):
     st.plotly_chart(fig, key=key("spectrogram"))
     st.caption("Row t: where in the sound the decoder listened while choosing token t (the first row is "
                "chosen after the prompt <|startoftranscript|><|notimestamps|>). Dotted lines: word starts.")
+    quiet = speech_figures.silent_seconds(speech_figures.mel_db(tr.features[:, :2 * tr.audio_frames]))
+    st.caption("Spectrogram: dB below the clip's loudest moment, down to "
+               f"{speech_figures.FLOOR_DB:g} dB (Whisper's own floor; darkest colour)."
+               .replace("-", "−") + (f" {quiet:.1f} s of silence below {speech_figures.FLOOR_DB:g} dB".replace("-", "−")
+                                      + " is drawn at the floor." if quiet >= 0.05 else ""))
 
 
 def every_head(model, tr):
@@ -206,6 +225,7 @@ def heads_off(model, data: bytes, tr):
     def effect(keep):
         if bool(keep.all()):
             st.info("Switch heads off in the grid, then Apply: the clip is transcribed again without them.")
+            transcriptions_note()
             return None
         try:
             means = None if mode == "zero" else _means(model.info.key, hashlib.sha256(data).hexdigest(), model, tr)
@@ -217,6 +237,7 @@ def heads_off(model, data: bytes, tr):
             return None
 
         def draw():
+            transcriptions_note()
             st.markdown("**With those heads off:** " + plain(masked.text or "(nothing)"))
             st.markdown(diff_markdown(tr.text, masked.text).replace("translation", "transcript"))
             st.plotly_chart(speech_figures.heads_grid(masked.cross_attentions, masked.audio_frames, model.alignment_heads,
@@ -224,7 +245,7 @@ def heads_off(model, data: bytes, tr):
         return draw
 
     head_editor(shape, PAGE, marked, model_key=model.info.key, effect=effect,
-                score_label="alignment head")
+                score_label="alignment head", staged=True)   # every Apply transcribes: edits wait for it
 
 
 VIEWS = {
