@@ -119,7 +119,7 @@ def _counted():
 
 
 def transcriptions_note():
-    n = st.session_state.get(key("transcriptions"), 0)
+    n = st.session_state.setdefault(key("transcriptions"), 0)  # 0 when every result came from the cache
     st.caption(f"Transcriptions run in this session: {n} (one per clip, then one per Apply of a mask not "
                "heard before; a layer box or head click waits for Apply).")
 
