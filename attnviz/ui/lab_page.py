@@ -15,6 +15,7 @@ from attnviz.figures import lab_figures
 from attnviz.ui import common
 from attnviz.ui import job_controls
 from attnviz.ui import kept_inputs
+from attnviz.ui import shared_view
 from attnviz.ui import lab_patterns, lab_positions, lab_steps, lab_toys, lab_translate
 
 PAGE = "lab"
@@ -135,3 +136,4 @@ def page():
     st.caption("Check each claim about attention on real weights, and on a model you train in a minute.")
     model = common.model_picker(tasks=("encoder", "lm"))
     VIEWS[common.view_choice(PAGE, list(VIEWS))](model)
+    shared_view.share_bar(PAGE)   # last: the link has every value this run set

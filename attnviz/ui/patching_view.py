@@ -8,7 +8,7 @@ from attnviz.analysis import patching
 from attnviz.base import exports, jobs
 from attnviz.base.limits import LIMITS
 from attnviz.figures import patching_figures
-from attnviz.ui import job_controls
+from attnviz.ui import job_controls, kept_inputs, shared_view
 
 CONVENTIONS = ("TransformerLens's conventions: the metric is logit[target] - logit[minus] at the last "
                "position; each cell is one activation of the corrupted run replaced by the clean run's, "
@@ -24,13 +24,13 @@ def view(model, page: str):
     st.session_state.setdefault(key("corrupted"), patching.SAMPLE_CORRUPTED)
     st.session_state.setdefault(key("target"), " Mary")
     st.session_state.setdefault(key("minus"), " John")
-    clean = st.text_input("Clean prompt", key=key("clean"))
-    corrupted = st.text_input("Corrupted prompt", key=key("corrupted"))
+    clean = st.text_input("Clean prompt", **shared_view.linked(key("clean"), kept_inputs.LINK_CHARS))
+    corrupted = st.text_input("Corrupted prompt", **shared_view.linked(key("corrupted"), kept_inputs.LINK_CHARS))
     left, right = st.columns(2)
-    target = left.text_input("Target token", key=key("target"))
-    minus = right.text_input("Minus token", key=key("minus"))
+    target = left.text_input("Target token", **shared_view.linked(key("target"), 100))
+    minus = right.text_input("Minus token", **shared_view.linked(key("minus"), 100))
     kind = st.radio("Patch", list(patching.KIND_NAMES), format_func=patching.KIND_NAMES.get,
-                    horizontal=True, key=key("kind"))
+                    horizontal=True, **shared_view.linked(key("kind")))
     pair = patching.prepare(model, clean, corrupted, target, minus)
     st.write(f"Clean logit difference {pair.clean_diff:.4f}; corrupted {pair.corrupted_diff:.4f}; "
              f"{patching.count(model, kind, pair)} patched runs.")
