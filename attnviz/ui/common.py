@@ -152,8 +152,8 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
     notice = st.empty()    # the main area's loading status (the sidebar's spinner is easy to miss)
     sidebar_nav()
     with st.sidebar:
-        choice = st.selectbox("Model", keys, **shared_view.linked(page_key),
-                              format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})")
+        choice = st.selectbox("Model", keys, **shared_view.linked(
+            page_key, format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})"))
         st.session_state[SHARED_KEY] = choice
         typed = None
         if choice == LOCAL:

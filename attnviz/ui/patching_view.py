@@ -29,8 +29,8 @@ def view(model, page: str):
     left, right = st.columns(2)
     target = left.text_input("Target token", **shared_view.linked(key("target"), 100))
     minus = right.text_input("Minus token", **shared_view.linked(key("minus"), 100))
-    kind = st.radio("Patch", list(patching.KIND_NAMES), format_func=patching.KIND_NAMES.get,
-                    horizontal=True, **shared_view.linked(key("kind")))
+    kind = st.radio("Patch", list(patching.KIND_NAMES), horizontal=True,
+                    **shared_view.linked(key("kind"), format_func=patching.KIND_NAMES.get))
     pair = patching.prepare(model, clean, corrupted, target, minus)
     st.write(f"Clean logit difference {pair.clean_diff:.4f}; corrupted {pair.corrupted_diff:.4f}; "
              f"{patching.count(model, kind, pair)} patched runs.")

@@ -32,23 +32,28 @@ APP = "attnviz view"
 MASK = "heads"                          # the head editor's link parameter
 MODEL_PREFIX = "model_choice:"          # the sidebar pickers' keys (common.MODEL_KEY + tasks)
 PENDING = "shared_view.pending"         # values from a file whose widget has not been drawn yet
-NOTE = "shared_view.note"               # what the last opened file did: (kind, message)
+NOTE = "shared_view.note"
+FORMATS = "shared_view.formats"         # per session: a linked widget's key -> its option labels               # what the last opened file did: (kind, message)
 FILE_BYTES = 4 * LIMITS.max_text_chars + 2**16   # a file with every text at its longest fits
 # Keys linked since the server started: names the code makes (a page's namespace + a widget),
 # so the set is bounded by the code, not by what users send.
 _LINKED: dict[str, None] = {}
 
 
-def linked(key: str, chars: int | None = None) -> dict:
+def linked(key: str, chars: int | None = None, format_func=None) -> dict:
     """Keyword arguments of a widget whose value is part of the shared view (replaces key=...);
-    `chars`: a text input's longest value (a text in the link is at most kept_inputs.LINK_CHARS).
+    `chars`: a text input's longest value (a text in the link is at most kept_inputs.LINK_CHARS);
+    `format_func`: the widget's own (the link names an option by its label, as Streamlit does).
     A value from an opened file for this widget is set just before it is drawn."""
     _LINKED[key] = None
-    pending = st.session_state.get(PENDING)
+    ss = st.session_state
+    pending = ss.get(PENDING)
     if pending and key in pending:
-        st.session_state[key] = pending.pop(key)
+        ss[key] = pending.pop(key)
+    ss.setdefault(FORMATS, {})[key] = format_func or str
     return dict(key=key, bind="query-params", persist_state="session",
-                **({} if chars is None else dict(max_chars=min(chars, kept_inputs.LINK_CHARS))))
+                **({} if chars is None else dict(max_chars=min(chars, kept_inputs.LINK_CHARS))),
+                **({} if format_func is None else dict(format_func=format_func)))
 
 
 def namespace(key: str) -> str:
@@ -75,13 +80,17 @@ def keep_text(key: str, text: str, default: str = "", chars: int = kept_inputs.L
     `chars` is left out of the link, with a message to share it as a saved view instead.
     Returns whether the link carries it."""
     _LINKED[key] = None
+    # the link is written only when it changes: each write sends the whole query string, which
+    # would undo a linked widget's value that the browser has put in the URL since the run began
     if text == default or len(text) > chars:
-        st.query_params.pop(key, None)
+        if key in st.query_params:
+            del st.query_params[key]
         if len(text) > chars:
             st.caption(f"This text is {len(text):,} characters, too long for a link (at most {chars:,}): "
                        "the link leaves it out. Use **Save view** in the sidebar to share it.")
         return text == default
-    st.query_params[key] = text
+    if st.query_params.get(key) != text:
+        st.query_params[key] = text
     return True
 
 
@@ -93,9 +102,34 @@ def link(base: str | None, params: dict[str, list[str]]) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
 
 
-def current_link() -> str:
+def url_value(value, label=str) -> list[str]:
+    """A widget value as Streamlit reads it from a link: an option's label, true / false, a list
+    as repeated parameters, nothing for None."""
+    if isinstance(value, (list, tuple)):
+        return [label(v) for v in value]
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    return [] if value is None else [label(value)]
+
+
+def link_params(page: str, state, params: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The link's query: what the page wrote in it (the head mask, a text) and, written from the
+    session, every linked widget of the page drawn in this session. The server's copy of the
+    browser's query string can lag a widget change, so the session's values are what count."""
+    labels = state.get(FORMATS, {})
+    out = dict(params)
+    for k, label in labels.items():
+        if (namespace(k) == page or k.startswith(MODEL_PREFIX)) and k in state and is_plain(state[k]):
+            try:
+                out[k] = url_value(state[k], label)
+            except (IndexError, KeyError, TypeError, ValueError):   # labels of another run's options
+                out.pop(k, None)
+    return out
+
+
+def current_link(page: str) -> str:
     params = {k: st.query_params.get_all(k) for k in st.query_params}
-    return link(st.context.url, params)
+    return link(st.context.url, link_params(page, st.session_state, params))
 
 
 # ---------------------------------------------------------------- the saved file
@@ -201,7 +235,7 @@ def share_bar(page: str):
     params = {k: st.query_params[k] for k in st.query_params}
     with st.sidebar.expander("Share this view", icon=":material/share:"):
         st.caption("Copy link (the button at the box's right), or save the view as a file.")
-        st.code(current_link(), language=None, wrap_lines=True)
+        st.code(current_link(page), language=None, wrap_lines=True)
         state = page_state(page, ss, params)
         st.download_button("Save view", view_file(page, state), file_name=f"attnviz-{page}-view.json",
                            mime="application/json", key=f"{page}.share_save", on_click="ignore",

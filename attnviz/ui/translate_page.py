@@ -41,8 +41,8 @@ def inputs():
     keys = directions() + ([LOCAL] if local_folders_allowed() else [])
     sidebar_nav()
     with st.sidebar:
-        direction = st.radio("Direction", keys, **shared_view.linked(key("direction")), horizontal=True,
-                             format_func=lambda k: k.replace("-", " → "))
+        direction = st.radio("Direction", keys, horizontal=True,
+                             **shared_view.linked(key("direction"), format_func=lambda k: k.replace("-", " → ")))
         typed = st.text_input("Marian (opus-mt) or BART folder", key=key("folder"),
                               help="A Hugging Face folder inside this server's allowed model folders") \
             if direction == LOCAL else ""
