@@ -202,6 +202,19 @@ def read_view_file(data: bytes, page: str) -> tuple[dict, list[str]]:
     return kept, ignored
 
 
+def restore(page: str, state: dict, ss, params):
+    """Set a checked saved view's `state` in the session `ss` and the link `params`."""
+    pending = ss.setdefault(PENDING, {})
+    for k, v in state.items():
+        if k == MASK:
+            params[MASK] = v
+            ss.pop(f"{page}.link_read", None)      # the head editor reads the link again
+        elif k in _LINKED or (k in ss and same_kind(ss[k], v)):
+            ss[k] = v       # never a value of another kind: a button's state (a bool) cannot be set
+        else:
+            pending[k] = v  # a widget of another view: set when it is drawn
+
+
 def open_view(page: str, uploader_key: str):
     """The uploader's callback (it runs before the page): check the file, then set the state."""
     ss = st.session_state
@@ -213,15 +226,7 @@ def open_view(page: str, uploader_key: str):
     except ValueError as err:
         ss[NOTE] = ("error", f"{uploaded.name}: {err} Nothing was changed.")
         return
-    pending = ss.setdefault(PENDING, {})
-    for k, v in state.items():
-        if k == MASK:
-            st.query_params[MASK] = v
-            ss.pop(f"{page}.link_read", None)      # the head editor reads the link again
-        elif k in _LINKED or (k in ss and same_kind(ss[k], v)):
-            ss[k] = v       # never a value of another kind: a button's state (a bool) cannot be set
-        else:
-            pending[k] = v  # a widget of another view: set when it is drawn
+    restore(page, state, ss, st.query_params)
     message = f"Opened {uploaded.name}: {len(state)} value(s) restored."
     if ignored:
         message += f" Ignored {len(ignored)} name(s) this page does not have: {', '.join(ignored[:8])}."
