@@ -126,10 +126,8 @@ def test_heads_link_restores_text_mask_and_tool(page, server, fresh):
 
 def test_images_link_restores_view_and_choices(page, server, fresh):
     open_page(page, server, "Images")
-    page.get_by_role("radio", name="Every layer × head", exact=True).click()
-    wait_idle(page)
-    page.get_by_role("radio", name="one scale for all tiles", exact=True).click()
-    wait_idle(page)
+    view(page, "Every layer × head", "Show")
+    view(page, "one scale for all tiles", "Colour scale")
     link = shared_link(page)
     other = fresh(link)
     expect(other.get_by_role("radio", name="Every layer × head", exact=True)).to_be_checked()
@@ -156,8 +154,7 @@ def test_latency_link_restores_the_sweep_form(page, server, fresh):
 
 def test_lab_link_restores_view_mode_and_head(page, server, fresh):
     open_page(page, server, "Lab")
-    page.get_by_role("radio", name="All steps", exact=True).click()
-    wait_idle(page)
+    view(page, "All steps", "Show")
     layer = page.get_by_role("spinbutton", name="Layer", exact=True)
     layer.fill("3")
     layer.press("Enter")

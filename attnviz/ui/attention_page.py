@@ -278,4 +278,5 @@ def page():
     attention_views.VIEWS[choice](s)
     sample = ss.get(key("sample"))
     shared_view.keep_text(key("text"), ss[key("text")], sample if sample not in (None, OWN) else DEFAULT_TEXT)
+    shared_view.saved(key("text_input"))
     shared_view.share_bar(PAGE)

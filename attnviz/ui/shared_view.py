@@ -61,6 +61,12 @@ def namespace(key: str) -> str:
 
 
 # ---------------------------------------------------------------- plain values (not widgets)
+def saved(key: str):
+    """Keep `key` (a widget's or a plain value's) in the saved file, not in the link: a text box
+    in a form, whose committed text the link carries under another key."""
+    _LINKED[key] = None
+
+
 def first_visit(key: str) -> bool:
     """True on the first run of a session that reads `key` from the link (once per session: later
     runs keep what the user made of it)."""
