@@ -244,9 +244,14 @@ def share_bar(page: str):
     Drawn last, so the link has every value this run set."""
     ss = st.session_state
     params = {k: st.query_params[k] for k in st.query_params}
-    with st.sidebar.expander("Share this view", icon=":material/share:"):
+    # Opening the box reruns the page: a part of the page that reruns alone (the head editor's
+    # Apply, the views beside it) does not redraw the sidebar, so the link is made afresh then.
+    with st.sidebar.expander("Share this view", icon=":material/share:", key="shared_view.open",
+                             on_change="rerun"):
         st.caption("Copy link (the button at the box's right), or save the view as a file.")
         st.code(current_link(page), language=None, wrap_lines=True)
+        st.button("Refresh the link", key=f"{page}.share_refresh", icon=":material/refresh:",
+                  help="after a change beside the head editor, which reruns only that part of the page")
         state = page_state(page, ss, params)
         st.download_button("Save view", view_file(page, state), file_name=f"attnviz-{page}-view.json",
                            mime="application/json", key=f"{page}.share_save", on_click="ignore",
