@@ -61,7 +61,7 @@ def test_sample_photo_shows_every_view():
     assert at.button_group(key="images.view_choice").value == VIEWS[0]   # the default view
     captions = image_captions(at)
     assert any("Attention from CLS" in c for c in captions)
-    assert not at.get("plotly_chart") and not at.get("download_button")  # other views: not computed
+    assert not at.get("plotly_chart") and not at.main.get("download_button")  # other views: not computed
     captions = image_captions(show(at, "Patch query"))
     assert any("Where patch (8, 8)" in c for c in captions)          # centre patch by default
     assert not any("Attention from CLS" in c for c in captions)
@@ -71,7 +71,7 @@ def test_sample_photo_shows_every_view():
     assert any("flagged patches outlined" in c for c in captions)
     assert any("patches flagged" in m.value for m in at.markdown)
     assert len(show(at, "Attention distance").get("plotly_chart")) == 1   # distance vs depth
-    assert [b.key for b in show(at, "Export").get("download_button")] == [
+    assert [b.key for b in show(at, "Export").main.get("download_button")] == [
         "images.png_view", "images.png", "images.npz"]
     assert "All heads are on" in show(at, "Head-mask effect").info[0].value
     assert at.button_group(key="images.view_choice").value == "Head-mask effect"   # remembered

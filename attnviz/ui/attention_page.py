@@ -14,6 +14,7 @@ from attnviz.figures import attention_figures
 from attnviz.ui import attention_views
 from attnviz.ui import common
 from attnviz.ui import job_controls
+from attnviz.ui import shared_view
 from attnviz.ui.attention_views import PAGE, Shown, key
 from attnviz.weights import catalogue
 
@@ -85,7 +86,7 @@ def use_sample():
 def text_input(cfg):
     """The sample picker and the text form; a Run with an empty box keeps the previous text."""
     ss = st.session_state
-    st.selectbox("Sample sentences", [OWN] + texts.seed_sentences(), key=key("sample"),
+    st.selectbox("Sample sentences", [OWN] + texts.seed_sentences(), **shared_view.linked(key("sample")),
                  on_change=use_sample)
     with st.form(key("form")):
         st.text_area("Text", key=key("text_input"), height=100,
@@ -234,15 +235,27 @@ def head_selectors(cfg) -> tuple[int, int, bool]:
             ss[state_key] = 0
     st.subheader(f"Every head: {cfg.n_layers} layers × {cfg.n_heads} heads")
     col_l, col_h, col_scale = st.columns(3)
-    layer = col_l.selectbox("Layer", range(cfg.n_layers), key=key("layer"))
-    head = col_h.selectbox("Head", range(cfg.n_heads), key=key("head"))
-    per_head = col_scale.toggle("Scale each head to its own maximum", True, key=key("per_head"))
+    layer = col_l.selectbox("Layer", range(cfg.n_layers), **shared_view.linked(key("layer")))
+    head = col_h.selectbox("Head", range(cfg.n_heads), **shared_view.linked(key("head")))
+    per_head = col_scale.toggle("Scale each head to its own maximum", True, **shared_view.linked(key("per_head")))
     return layer, head, per_head
+
+
+def linked_text():
+    """On a session's first run, the text of the page's link: its own, or a bundled sample's."""
+    if not shared_view.first_visit(key("text")):
+        return
+    text = st.query_params.get(key("text"))
+    if text is None and st.query_params.get(key("sample")) in texts.seed_sentences():
+        text = st.query_params.get(key("sample"))
+    if text is not None:
+        st.session_state[key("text")] = st.session_state[key("text_input")] = text
 
 
 def page():
     """The whole Attention page below its title."""
     ss = st.session_state
+    linked_text()
     ss.setdefault(key("text"), DEFAULT_TEXT)     # the text the results below belong to
     ss.setdefault(key("good"), DEFAULT_TEXT)     # the last text that ran without an error
     ss.setdefault(key("good_start"), 0)          # ... and its window start
@@ -263,3 +276,7 @@ def page():
     st.subheader(f"Layer {layer}, head {head}")
     choice = common.view_choice(PAGE, list(attention_views.VIEWS))
     attention_views.VIEWS[choice](s)
+    sample = ss.get(key("sample"))
+    shared_view.keep_text(key("text"), ss[key("text")], sample if sample not in (None, OWN) else DEFAULT_TEXT)
+    shared_view.saved(key("text_input"))
+    shared_view.share_bar(PAGE)

@@ -22,7 +22,7 @@ from attnviz.toys.tasks import TOYS
 from attnviz.weights import catalogue
 from attnviz.weights import folders
 from attnviz.weights.catalogue import BUNDLED, DEFAULT_MODEL
-from attnviz.ui import loaded_models
+from attnviz.ui import loaded_models, shared_view
 
 if LIMITS.torch_threads > 0:  # once per server process, before any model runs
     import torch
@@ -152,8 +152,8 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
     notice = st.empty()    # the main area's loading status (the sidebar's spinner is easy to miss)
     sidebar_nav()
     with st.sidebar:
-        choice = st.selectbox("Model", keys, key=page_key,
-                              format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})")
+        choice = st.selectbox("Model", keys, **shared_view.linked(
+            page_key, format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})"))
         st.session_state[SHARED_KEY] = choice
         typed = None
         if choice == LOCAL:
@@ -309,8 +309,7 @@ def view_choice(page: str, views: list[str], label: str = "View") -> str:
     key = names.session_key(page, "view")
     if st.session_state.get(key) not in views:
         st.session_state[key] = views[0]
-    return st.radio(label, views, key=key, horizontal=True, label_visibility="collapsed",
-                    persist_state="session")
+    return st.radio(label, views, horizontal=True, label_visibility="collapsed", **shared_view.linked(key))
 
 
 @st.cache_resource(show_spinner=False)

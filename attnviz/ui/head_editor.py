@@ -289,9 +289,10 @@ def effect_part(ed: Editor, effect: Callable, link: bool):
         st.button("Apply", key=ed.key("apply"), type="primary", on_click=ed.apply,
                   help="show the effect of the grid: every head edit since the last Apply, in one run")
     if link:
-        if keep.all():
-            st.query_params.pop("heads", None)
-        else:
+        if keep.all():   # written only on a change: a write resends the whole query string
+            if "heads" in st.query_params:
+                del st.query_params["heads"]
+        elif st.query_params.get("heads") != encode_mask(keep):
             st.query_params["heads"] = encode_mask(keep)
     st.caption(f"{int(keep.sum())} of {ed.L * ed.H} heads on · the mask is yours alone"
                + (" and lives in this page's link" if link else ""))

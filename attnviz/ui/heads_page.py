@@ -13,6 +13,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import head_figures
 from attnviz.ui import common
+from attnviz.ui import shared_view
 from attnviz.weights.catalogue import list_models
 from attnviz.ui.head_editor import ablation_choice, applied_mask, head_editor, metric_delta
 from attnviz.ui.heads_corpus import corpus_tool
@@ -184,12 +185,12 @@ class View:
             # 0.9–1.1 s (bench/toggle_latency.py, SmolLM2 at 64 tokens). Its own row: its four
             # choices did not fit half of this column and the last was cut at the page's edge.
             chart = st.segmented_control("chart", LIVE_CHARTS, default=LIVE_CHARTS[0], required=True,
-                                         key=K("chart"), help="the chart redrawn after each Apply; "
+                                         **shared_view.linked(K("chart")), help="the chart redrawn after each Apply; "
                                          "all three take about 0.3–0.5 s longer to appear")
         c1, c2, c3 = st.columns([1, 1, 2])
         c1.selectbox("layer for the attention change", range(self.L), index=self.L - 1,
-                     key=K(f"diff_layer:{self.shape}"))
-        head = c2.selectbox("head", range(self.H), key=K(f"diff_head:{self.shape}"))
+                     **shared_view.linked(K(f"diff_layer:{self.shape}")))
+        head = c2.selectbox("head", range(self.H), **shared_view.linked(K(f"diff_head:{self.shape}")))
         if not self.lm:
             chart = "attention change"
             c3.text_area("sentences to rank by similarity (one per line)", "\n".join(SENTENCES),
@@ -257,8 +258,10 @@ def page():
     st.query_params["model"] = view.mkey
     default_text = ("The capital of France is Paris. The cat sat on the mat because it was tired, and"
                     if view.lm else "The cat sits on the mat.")
-    view.text = st.text_area("Text", default_text, key=K(f"text:{'lm' if view.lm else 'enc'}"), height=80,
-                             max_chars=LIMITS.max_text_chars)
+    text_key = K(f"text:{'lm' if view.lm else 'enc'}")
+    st.session_state.setdefault(text_key, shared_view.seed_text(text_key) or default_text)
+    view.text = st.text_area("Text", key=text_key, height=80, max_chars=LIMITS.max_text_chars)
+    shared_view.keep_text(text_key, view.text, default_text)
     view.ablation = ablation_choice(K("ablation"), "the evaluation text",
                                     " Used by the live effect, importance and pruning curves.")
     stored = st.session_state.get(K(f"imp:{view.mkey}"))
@@ -267,3 +270,4 @@ def page():
                 score_label="importance", score_hint="compute importance below first")
     # the tools below work on the mask the results above are for
     tools(view, applied_mask(model.cfg, PAGE, view.mkey).bool(), more={"Corpus": corpus_tool})
+    shared_view.share_bar(PAGE)

@@ -17,6 +17,7 @@ from attnviz.figures import attention_figures
 from attnviz.figures import head_figures
 from attnviz.latency import speedup
 from attnviz.ui import common
+from attnviz.ui import shared_view
 from attnviz.ui import job_controls
 from attnviz.ui.head_editor import metric_delta
 
@@ -301,6 +302,6 @@ def tools(view, keep, more=None):
     """One tool at a time: the choice is remembered across buttons and downloads, and only the
     chosen tool's widgets and work run. `more`: further tools, name -> tool(view, keep)."""
     chosen = {"Importance": importance_tool, "Pruning curve": curve_tool, "Real pruning": prune_tool, **(more or {})}
-    choice = st.segmented_control("tool", list(chosen), default=TOOLS[0], required=True, key=K("tool"),
+    choice = st.segmented_control("tool", list(chosen), default=TOOLS[0], required=True, **shared_view.linked(K("tool")),
                                   label_visibility="collapsed")
     chosen[choice](view, keep)

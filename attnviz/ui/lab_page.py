@@ -15,7 +15,7 @@ from attnviz.figures import lab_figures
 from attnviz.ui import common
 from attnviz.ui import job_controls
 from attnviz.ui import kept_inputs
-from attnviz.ui import lab_patterns, lab_positions, lab_reader, lab_steps, lab_toys, lab_translate
+from attnviz.ui import lab_patterns, lab_positions, lab_reader, lab_steps, lab_toys, lab_translate, shared_view
 
 PAGE = "lab"
 VARIANTS = ["temp:0.5", "temp:2", "local:4", "local:16", "linear", "relu", "topk:4", "topk:16"]
@@ -122,3 +122,4 @@ def page():
     st.caption("Check each claim about attention on real weights, and on a model you train in a minute.")
     model = common.model_picker(tasks=("encoder", "lm"))
     VIEWS[common.view_choice(PAGE, list(VIEWS))](model)
+    shared_view.share_bar(PAGE)   # last: the link has every value this run set

@@ -2,6 +2,7 @@
 section that prices one kind of model or checks the Pi model (each computes only when opened)."""
 from __future__ import annotations
 
+from attnviz.ui import shared_view
 from attnviz.ui import latency_import, latency_sweep, latency_published, latency_sensitivity, latency_speech, latency_translate
 
 
@@ -15,3 +16,4 @@ def page():
     latency_translate.translation_section()
     latency_speech.speech_section()
     latency_import.device_import()
+    shared_view.share_bar("latency")   # last: the link has every value this run set

@@ -12,7 +12,7 @@ from attnviz.analysis import patching, patching_paths, patching_translate, reado
 from attnviz.base import exports, jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import patching_figures
-from attnviz.ui import job_controls
+from attnviz.ui import job_controls, kept_inputs, shared_view
 from attnviz.ui.common import plain
 
 CONVENTIONS = ("TransformerLens's conventions: the metric is logit[target] - logit[minus] at the last "
@@ -58,20 +58,20 @@ def view(model, page: str):
     st.session_state.setdefault(key("corrupted"), patching.SAMPLE_CORRUPTED)
     st.session_state.setdefault(key("target"), " Mary")
     st.session_state.setdefault(key("minus"), " John")
-    clean = st.text_input("Clean prompt", key=key("clean"))
-    corrupted = st.text_input("Corrupted prompt", key=key("corrupted"))
+    clean = st.text_input("Clean prompt", **shared_view.linked(key("clean"), kept_inputs.LINK_CHARS))
+    corrupted = st.text_input("Corrupted prompt", **shared_view.linked(key("corrupted"), kept_inputs.LINK_CHARS))
     if encoder:
-        metric = st.radio("Metric", patching.ENCODER_METRICS, format_func=patching.METRICS.get, horizontal=True,
-                          key=key("metric"))
+        metric = st.radio("Metric", patching.ENCODER_METRICS, horizontal=True,
+                          **shared_view.linked(key("metric"), format_func=patching.METRICS.get))
         target = minus = None
     else:
         metric = None
         left, right = st.columns(2)
-        target = left.text_input("Target token", key=key("target"))
-        minus = right.text_input("Minus token", key=key("minus"))
+        target = left.text_input("Target token", **shared_view.linked(key("target"), 100))
+        minus = right.text_input("Minus token", **shared_view.linked(key("minus"), 100))
     kinds = list(patching.KIND_NAMES) + [PATH]
-    kind = st.radio("Patch", kinds, format_func=lambda k: patching.KIND_NAMES.get(k, "path to a head's Q / K / V"),
-                    horizontal=True, key=key("kind"))
+    kind = st.radio("Patch", kinds, horizontal=True,
+                    **shared_view.linked(key("kind"), format_func=lambda k: patching.KIND_NAMES.get(k, "path to a head's Q / K / V")))
     pair = patching.prepare(model, clean, corrupted, target, minus, metric=metric)
     receiver = receiver_picker(model, key) if kind == PATH else None
     runs = patching_paths.count(model, receiver[0]) if receiver else patching.count(model, kind, pair)

@@ -11,7 +11,7 @@ from attnviz.base import exports, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import readout_figures
-from attnviz.ui import common, generation_view, head_editor, job_controls, kept_inputs, patching_view
+from attnviz.ui import common, generation_view, head_editor, job_controls, kept_inputs, patching_view, shared_view
 from attnviz.ui.common import plain
 
 PAGE = "readouts"
@@ -89,6 +89,8 @@ def page():
             generation_view.view(model, text, PAGE, head_means)
     except ValueError as err:
         st.error(plain(err))
+    finally:
+        shared_view.share_bar(PAGE)   # last: the link has every value this run set
 
 
 def prompt(model) -> str:
@@ -97,8 +99,8 @@ def prompt(model) -> str:
     # a toy reads its own symbols: its example prompt replaces the text when it is picked
     common.follow_owner(key("text_for"), model.info.key, {key("text"): default_text(model)})
     with st.form(key("prompt_form"), border=False):
-        text = st.text_area("Prompt", key=key("text"), height=80, help=kept_inputs.LINK_HELP,
-                            **kept_inputs.kept())
+        text = st.text_area("Prompt", height=80, help=kept_inputs.LINK_HELP,
+                            **shared_view.linked(key("text"), kept_inputs.LINK_CHARS))
         st.form_submit_button("Run", key=key("run"), type="primary")
     return text
 
@@ -128,8 +130,8 @@ def lens_view(model, text: str):
                               final_labels)
     st.plotly_chart(figure, key=chart_key, on_select="rerun", selection_mode="points", width="stretch")
     left, right = st.columns(2)
-    row = left.selectbox("Layer", range(n_rows), key=row_key, format_func=lambda r: lens.rows[r])
-    pos = right.selectbox("Position", range(n), key=pos_key, format_func=lambda j: f"{j}: {lens.tokens[j]}")
+    row = left.selectbox("Layer", range(n_rows), **shared_view.linked(row_key, format_func=lambda r: lens.rows[r]))
+    pos = right.selectbox("Position", range(n), **shared_view.linked(pos_key, format_func=lambda j: f"{j}: {lens.tokens[j]}"))
     cell = readouts.cell_top(lens, row, pos, tok)
     st.plotly_chart(attention_figures.bar_topk(list(cell["token"]), cell["probability"].to_numpy(),
                                  f"Top-10 after {lens.rows[row]} at position {pos} ({lens.tokens[pos]})"),
@@ -156,9 +158,9 @@ def tokens_asked(model, text: str) -> tuple[int, int | None]:
     common.follow_owner(key("targets_for"), (model_id(model), text),
                         dict(zip((key("target"), key("minus")), fitting_targets(model, text))))
     left, right = st.columns(2)
-    target_text = left.text_input("Target token", key=key("target"), help="one token, with its leading space",
-                                  **kept_inputs.kept(TOKEN_CHARS))
-    minus_text = right.text_input("Minus token (optional)", key=key("minus"), **kept_inputs.kept(TOKEN_CHARS))
+    target_text = left.text_input("Target token", help="one token, with its leading space",
+                                  **shared_view.linked(key("target"), TOKEN_CHARS))
+    minus_text = right.text_input("Minus token (optional)", **shared_view.linked(key("minus"), TOKEN_CHARS))
     st.caption("The tokens follow the prompt: for the sample, its two names; for a prompt of yours, "
                "the model's two most likely next tokens. Type others to attribute those.")
     target, note = single_token(model.tokenizer, target_text)
@@ -195,9 +197,9 @@ def switch_off(model, text: str, att, target: int, minus: int | None):
     cfg, mkey = model.cfg, model.info.key
     st.subheader("Switch the top contributors off")
     left, mid, right = st.columns([1, 2, 2], vertical_alignment="bottom")
-    k = left.number_input("k", 1, cfg.n_layers * cfg.n_heads, 5, key=key("top_k"))
-    mode = mid.radio("Ablation", head_ablation.MODES, key=key("ablation"), horizontal=True,
-                     format_func=lambda m: f"{m} ablation")
+    k = left.number_input("k", 1, cfg.n_layers * cfg.n_heads, 5, **shared_view.linked(key("top_k")))
+    mode = mid.radio("Ablation", head_ablation.MODES, horizontal=True,
+                     **shared_view.linked(key("ablation"), format_func=lambda m: f"{m} ablation"))
     right.button(f"Switch the top {int(k)} heads off", key=key("top_off"), type="primary",
                  on_click=lambda: head_editor.set_applied(cfg, PAGE, readouts.top_off_mask(att, int(k)), mkey))
     full = common.cached_result(results(), ("logits", model_id(model), text),
@@ -221,7 +223,8 @@ def switch_off(model, text: str, att, target: int, minus: int | None):
                        f"{plain(top[1])} with this mask.")
         return draw
 
-    head_editor.head_editor(cfg, PAGE, att.heads, model_key=mkey, effect=effect, score_label="logit attribution")
+    head_editor.head_editor(cfg, PAGE, att.heads, model_key=mkey, effect=effect, score_label="logit attribution",
+                            link=True)
     st.button("Use this mask on the Heads page", key=key("to_heads"),
               on_click=lambda: head_editor.set_applied(cfg, "heads", head_editor.applied_mask(cfg, PAGE, mkey), mkey))
 
@@ -233,8 +236,8 @@ def pair_view(model):
             st.session_state.setdefault(key(name), default)
     with st.form(key("pair_form"), border=False):
         left, right = st.columns(2)
-        text_a = left.text_area("First prompt", key=key("pair_a"), height=80, **kept_inputs.kept())
-        text_b = right.text_area("Second prompt", key=key("pair_b"), height=80, **kept_inputs.kept())
+        text_a = left.text_area("First prompt", height=80, **shared_view.linked(key("pair_a"), kept_inputs.LINK_CHARS))
+        text_b = right.text_area("Second prompt", height=80, **shared_view.linked(key("pair_b"), kept_inputs.LINK_CHARS))
         st.form_submit_button("Compare", key=key("pair_go"), type="primary")
     if not text_a.strip() or not text_b.strip():
         st.info("Type two prompts.")
@@ -253,8 +256,8 @@ def pair_view(model):
                         {key("pair_layer"): layer0, key("pair_head"): head0})
     common.keep_in_options({key("pair_layer"): (range(L), layer0), key("pair_head"): (range(H), head0)})
     one, two = st.columns(2)
-    layer = one.selectbox("Layer", range(L), key=key("pair_layer"))
-    head = two.selectbox("Head", range(H), key=key("pair_head"),
+    layer = one.selectbox("Layer", range(L), **shared_view.linked(key("pair_layer")))
+    head = two.selectbox("Head", range(H), **shared_view.linked(key("pair_head")),
                          help="opens on the head whose pattern differs most")
     name = names.head_name(layer, head)
     cols = st.columns(2)

@@ -18,6 +18,7 @@ from attnviz.base.limits import LIMITS, sizes
 from attnviz.figures import speech_figures
 from attnviz.ui.common import cached_result, plain, shared_cache, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
+from attnviz.ui import shared_view
 from attnviz.ui.heads_corpus import page_tool
 from attnviz.ui.translate_page import diff_markdown
 
@@ -38,7 +39,7 @@ def inputs():
     """Sidebar source and the audio -> (model, audio bytes), or None after showing why."""
     sidebar_nav()
     with st.sidebar:
-        source = st.radio("Audio", SOURCES, key=key("source"))
+        source = st.radio("Audio", SOURCES, **shared_view.linked(key("source")))
         st.caption(f"Limits: {LIMITS.max_audio_bytes / 1e6:.0f} MB per file, {LIMITS.max_audio_seconds:.0f} s "
                    "(Whisper hears 30 s at a time: a longer file is cut to its first 30 s), "
                    f"{LIMITS.max_transcribe_seconds:g} s per transcription.")
@@ -176,7 +177,7 @@ def rows_of(model, tr, choice: str):
 
 
 def attention(model, tr):
-    choice = st.selectbox("Cross-attention of", head_options(model), key=key("head"),
+    choice = st.selectbox("Cross-attention of", head_options(model), **shared_view.linked(key("head")),
                           help="★ marks the alignment heads (config.json) that time the words.")
     fig = speech_figures.spectrogram_and_attention(tr.features, rows_of(model, tr, choice), tr.tokens, tr.audio_frames,
                                          tr.words, title=f"cross-attention · {choice} · tokens × time")
@@ -245,7 +246,7 @@ def heads_off(model, data: bytes, tr):
         return draw
 
     head_editor(shape, PAGE, marked, model_key=model.info.key, effect=effect,
-                score_label="alignment head", staged=True)   # every Apply transcribes: edits wait for it
+                score_label="alignment head", staged=True, link=True)   # every Apply transcribes: edits wait for it
 
 
 VIEWS = {
@@ -271,6 +272,11 @@ def views(model, data: bytes, tr, drawn_before: bool):
 
 
 def page():
+    body()
+    shared_view.share_bar(PAGE)   # last: the link has every value this run set
+
+
+def body():
     """The page in reading order: the audio, what the model is, the transcript, then the chosen view."""
     drawn_before = st.session_state.pop(key("view_drawn"), False)  # did the last run draw the view radio?
     picked = inputs()

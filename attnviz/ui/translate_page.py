@@ -16,7 +16,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
 from attnviz.core.translator import Seq2SeqModel
-from attnviz.ui import kept_inputs, patching_view
+from attnviz.ui import kept_inputs, patching_view, shared_view
 from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
 from attnviz.ui.heads_corpus import page_tool
@@ -41,12 +41,12 @@ def inputs():
     keys = directions() + ([LOCAL] if local_folders_allowed() else [])
     sidebar_nav()
     with st.sidebar:
-        direction = st.radio("Direction", keys, key=key("direction"), horizontal=True,
-                             format_func=lambda k: k.replace("-", " → "))
+        direction = st.radio("Direction", keys, horizontal=True,
+                             **shared_view.linked(key("direction"), format_func=lambda k: k.replace("-", " → ")))
         typed = st.text_input("Marian (opus-mt) or BART folder", key=key("folder"),
                               help="A Hugging Face folder inside this server's allowed model folders") \
             if direction == LOCAL else ""
-        beam = st.select_slider("Beam size", options=[1, 2, 3, 4, 5], value=1, key=key("beam"),
+        beam = st.select_slider("Beam size", options=[1, 2, 3, 4, 5], value=1, **shared_view.linked(key("beam")),
                                 help="1 is greedy decoding. Beams are ranked by log-probability per "
                                      "token (Marian's length normalisation).")
         st.caption(f"Limits: {LIMITS.max_source_tokens} source tokens (longer text is cut), at most "
@@ -162,8 +162,8 @@ def _same_words(tr) -> bool:
 # ---------------------------------------------------------------- views
 def _layer_head(tr, name: str, n_layers: int, n_heads: int, default_layer: int):
     c1, c2 = st.columns(2)
-    layer = c1.selectbox("Layer", list(range(n_layers)), index=default_layer, key=key(f"{name}_layer"))
-    head = c2.selectbox("Head", [AVERAGE] + list(range(n_heads)), key=key(f"{name}_head"))
+    layer = c1.selectbox("Layer", list(range(n_layers)), index=default_layer, **shared_view.linked(key(f"{name}_layer")))
+    head = c2.selectbox("Head", [AVERAGE] + list(range(n_heads)), **shared_view.linked(key(f"{name}_head")))
     return layer, head
 
 
@@ -182,7 +182,7 @@ def cross_attention(model, tr):
 
 def alignment_lines(model, tr):
     c = model.cfg
-    layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, key=key("align_layer"))
+    layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, **shared_view.linked(key("align_layer")))
     tgt_words, src_words, m = alignment.word_alignment(tr.cross_attentions[layer].mean(0),
                                                        tr.source_tokens, tr.target_tokens)
     st.caption("Source words on top, target words below; a line per head-averaged weight ≥ "
@@ -195,10 +195,10 @@ def alignment_lines(model, tr):
 def steps(model, tr):
     c = model.cfg
     if tr.n_tgt > 1:
-        step = st.slider("Step", 0, tr.n_tgt - 1, 0, key=key("step"))
+        step = st.slider("Step", 0, tr.n_tgt - 1, 0, **shared_view.linked(key("step")))
     else:
         step = 0
-    layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, key=key("step_layer"))
+    layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, **shared_view.linked(key("step_layer")))
     written = "".join(tr.target_tokens[:step]).replace("▁", " ").strip() or "(nothing yet)"
     st.markdown(f"Written so far: **{plain(written)}** — now choosing **{plain(tr.target_tokens[step])}** "
                 f"(log-probability {float(tr.logprobs[step]):.3f})")
@@ -218,8 +218,8 @@ def encoder(model, tr):
     st.caption("The encoder's self-attention over the source, with the Attention page's views.")
     st.plotly_chart(attention_figures.overview_figure(tr.encoder_attentions), key=key("enc_overview"))
     c1, c2 = st.columns(2)
-    layer = c1.selectbox("Layer", list(range(c.n_enc_layers)), index=c.n_enc_layers - 1, key=key("enc_layer"))
-    head = c2.selectbox("Head", list(range(c.n_heads)), key=key("enc_head"))
+    layer = c1.selectbox("Layer", list(range(c.n_enc_layers)), index=c.n_enc_layers - 1, **shared_view.linked(key("enc_layer")))
+    head = c2.selectbox("Head", list(range(c.n_heads)), **shared_view.linked(key("enc_head")))
     st.plotly_chart(attention_figures.head_heatmap(tr.encoder_attentions[layer, head], tr.source_tokens,
                                      title=names.head_name(layer, head)), key=key("enc_heatmap"))
     st.plotly_chart(attention_figures.lines_figure(tr.encoder_attentions[layer], tr.source_tokens, [head],
@@ -241,7 +241,7 @@ def heads_off(model, text: str, beam: int, tr):
     mode = ablation_choice(key("ablation"), "this sentence's translation",
                            " Mean keeps the head's average signal and removes only what depends on the position.")
     head_editor(CrossShape(c.n_dec_layers, c.n_heads), PAGE, model_key=model.info.key,
-                effect=lambda keep: masked_effect(model, text, beam, tr, keep, mode))
+                effect=lambda keep: masked_effect(model, text, beam, tr, keep, mode), link=True)
 
 
 def masked_effect(model, text: str, beam: int, tr, keep: torch.Tensor, mode: str = "zero"):
@@ -300,6 +300,11 @@ def views(model, text: str, beam: int, tr):
 
 
 def page():
+    body()
+    shared_view.share_bar(PAGE)   # last: the link has every value this run set
+
+
+def body():
     """The page in reading order: the input, what the model is, the translation, then the chosen view."""
     picked = inputs()
     if picked is None:

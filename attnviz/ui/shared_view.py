@@ -1,0 +1,264 @@
+"""Views you can share: a page's whole state in its link, a "Copy link" box and a saved-view file.
+
+    st.selectbox("Layer", range(L), **shared_view.linked(key("layer")))   # a choice in the link
+    shared_view.keep_text(key("text"), text, DEFAULT_TEXT)                # a plain text value
+    shared_view.share_bar(PAGE)                                            # last, on every page
+
+A linked widget is bound to the URL by Streamlit itself (bind="query-params": its key is the
+parameter's name, a value at its default is left out, a value that does not fit the widget's
+options is dropped) and kept for the session (persist_state="session"). The head mask travels
+as `?heads=` (the head editor's `link`). So the page's link, read on the server at the end of a
+run, is the view: opening it in a fresh browser seeds every widget from it.
+
+A text too long for a link (over kept_inputs.LINK_CHARS characters) is left out of it, with a
+message; the saved file holds everything, the full text too. The file is JSON (schema version,
+page, state); opening one checks it and sets the page's session state, so the widgets show it on
+the next run. A value whose widget is not drawn yet (another view of the page) waits until the
+widget is drawn. Nothing in a file is ever executed or unpickled.
+"""
+from __future__ import annotations
+
+import json
+import math
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import streamlit as st
+
+from attnviz.base.limits import LIMITS
+from attnviz.ui import kept_inputs
+
+SCHEMA = 1
+APP = "attnviz view"
+MASK = "heads"                          # the head editor's link parameter
+MODEL_PREFIX = "model_choice:"          # the sidebar pickers' keys (common.MODEL_KEY + tasks)
+PENDING = "shared_view.pending"         # values from a file whose widget has not been drawn yet
+NOTE = "shared_view.note"
+FORMATS = "shared_view.formats"         # per session: a linked widget's key -> its option labels               # what the last opened file did: (kind, message)
+FILE_BYTES = 4 * LIMITS.max_text_chars + 2**16   # a file with every text at its longest fits
+# Keys linked since the server started: names the code makes (a page's namespace + a widget),
+# so the set is bounded by the code, not by what users send.
+_LINKED: dict[str, None] = {}
+
+
+def linked(key: str, chars: int | None = None, format_func=None) -> dict:
+    """Keyword arguments of a widget whose value is part of the shared view (replaces key=...);
+    `chars`: a text input's longest value (a text in the link is at most kept_inputs.LINK_CHARS);
+    `format_func`: the widget's own (the link names an option by its label, as Streamlit does).
+    A value from an opened file for this widget is set just before it is drawn."""
+    _LINKED[key] = None
+    ss = st.session_state
+    pending = ss.get(PENDING)
+    if pending and key in pending:
+        ss[key] = pending.pop(key)
+    ss.setdefault(FORMATS, {})[key] = format_func or str
+    return dict(key=key, bind="query-params", persist_state="session",
+                **({} if chars is None else dict(max_chars=min(chars, kept_inputs.LINK_CHARS))),
+                **({} if format_func is None else dict(format_func=format_func)))
+
+
+def namespace(key: str) -> str:
+    return key.split(".", 1)[0] if "." in key else ""
+
+
+# ---------------------------------------------------------------- plain values (not widgets)
+def saved(key: str):
+    """Keep `key` (a widget's or a plain value's) in the saved file, not in the link: a text box
+    in a form, whose committed text the link carries under another key."""
+    _LINKED[key] = None
+
+
+def first_visit(key: str) -> bool:
+    """True on the first run of a session that reads `key` from the link (once per session: later
+    runs keep what the user made of it)."""
+    read = f"{key}:link_read"
+    first = not st.session_state.get(read)
+    st.session_state[read] = True
+    return first
+
+
+def seed_text(key: str) -> str | None:
+    """A text kept in the link under `key`, read on the session's first visit; else None."""
+    return st.query_params.get(key) if first_visit(key) else None
+
+
+def keep_text(key: str, text: str, default: str = "", chars: int = kept_inputs.LINK_CHARS) -> bool:
+    """Put `text` in the page's link under `key` (left out at its default). A text longer than
+    `chars` is left out of the link, with a message to share it as a saved view instead.
+    Returns whether the link carries it."""
+    _LINKED[key] = None
+    # the link is written only when it changes: each write sends the whole query string, which
+    # would undo a linked widget's value that the browser has put in the URL since the run began
+    if text == default or len(text) > chars:
+        if key in st.query_params:
+            del st.query_params[key]
+        if len(text) > chars:
+            st.caption(f"This text is {len(text):,} characters, too long for a link (at most {chars:,}): "
+                       "the link leaves it out. Use **Save view** in the sidebar to share it.")
+        return text == default
+    if st.query_params.get(key) != text:
+        st.query_params[key] = text
+    return True
+
+
+# ---------------------------------------------------------------- the link
+def link(base: str | None, params: dict[str, list[str]]) -> str:
+    """The page's address (`base`, its query string dropped) with `params` as its query."""
+    parts = urlsplit(base or "")
+    query = urlencode({k: v for k, v in params.items() if v not in ([], "")}, doseq=True)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+
+
+def url_value(value, label=str) -> list[str]:
+    """A widget value as Streamlit reads it from a link: an option's label, true / false, a list
+    as repeated parameters, nothing for None."""
+    if isinstance(value, (list, tuple)):
+        return [label(v) for v in value]
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    return [] if value is None else [label(value)]
+
+
+def link_params(page: str, state, params: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The link's query: what the page wrote in it (the head mask, a text) and, written from the
+    session, every linked widget of the page drawn in this session. The server's copy of the
+    browser's query string can lag a widget change, so the session's values are what count."""
+    labels = state.get(FORMATS, {})
+    out = dict(params)
+    for k, label in labels.items():
+        if (namespace(k) == page or k.startswith(MODEL_PREFIX)) and k in state and is_plain(state[k]):
+            try:
+                out[k] = url_value(state[k], label)
+            except (IndexError, KeyError, TypeError, ValueError):   # labels of another run's options
+                out.pop(k, None)
+    return out
+
+
+def current_link(page: str) -> str:
+    params = {k: st.query_params.get_all(k) for k in st.query_params}
+    return link(st.context.url, link_params(page, st.session_state, params))
+
+
+# ---------------------------------------------------------------- the saved file
+def is_plain(value) -> bool:
+    """A value a file may carry: a string, a finite number, a bool, None, or a list of those."""
+    if isinstance(value, list):
+        return all(is_plain(v) and not isinstance(v, list) for v in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, (str, int, bool))
+
+
+def same_kind(old, new) -> bool:
+    """A value may replace another of its kind (a number another number), never a bool."""
+    if isinstance(old, bool) or isinstance(new, bool):
+        return False
+    number = (int, float)
+    return (isinstance(old, number) and isinstance(new, number)) or type(old) is type(new)
+
+
+def page_state(page: str, state, params: dict[str, str]) -> dict:
+    """The page's shareable state: its linked keys (widgets and texts) in `state` whose values
+    are plain, the sidebar's model choice, and the head mask from the link."""
+    keys = [k for k in list(_LINKED) + [k for k in params if namespace(k) == page]
+            if (namespace(k) == page or k.startswith(MODEL_PREFIX)) and k in state]
+    out = {k: state[k] for k in dict.fromkeys(keys) if is_plain(state[k])}
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+    if params.get(MASK):
+        out[MASK] = params[MASK]
+    return dict(sorted(out.items()))
+
+
+def view_file(page: str, state: dict) -> bytes:
+    return json.dumps(dict(app=APP, schema=SCHEMA, page=page, state=state), ensure_ascii=False,
+                      indent=1).encode("utf-8")
+
+
+def read_view_file(data: bytes, page: str) -> tuple[dict, list[str]]:
+    """(state, ignored keys) of a saved view of `page`; a ValueError that says what is wrong for
+    anything that is not one (not JSON, another page, a newer schema, wrong types)."""
+    if len(data) > FILE_BYTES:
+        raise ValueError(f"This file is {len(data):,} bytes; a saved view is at most {FILE_BYTES:,}.")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"This is not a saved view: it is not JSON text ({err}).") from None
+    if not isinstance(doc, dict) or doc.get("app") != APP:
+        raise ValueError("This is not a saved view of attnviz (it has no \"app\": \"attnviz view\").")
+    schema = doc.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool) or not 1 <= schema <= SCHEMA:
+        raise ValueError(f"This saved view has schema {schema!r}; this app reads schema 1 to {SCHEMA}.")
+    if doc.get("page") != page:
+        raise ValueError(f"This is a saved view of the {str(doc.get('page')).title()!r} page; "
+                         f"open it there (this is the {page.title()} page).")
+    state = doc.get("state")
+    if not isinstance(state, dict):
+        raise ValueError("This saved view's \"state\" is not a table of names and values.")
+    kept, ignored = {}, []
+    for k, v in state.items():
+        if not (namespace(k) == page or k.startswith(MODEL_PREFIX) or k == MASK):
+            ignored.append(k)
+        elif not is_plain(v) or (k == MASK and not isinstance(v, str)):
+            raise ValueError(f"This saved view's {k!r} is {type(v).__name__} {str(v)[:60]!r}: "
+                             "a saved value is text, a number, true/false or a list of those.")
+        elif isinstance(v, str) and len(v) > LIMITS.max_text_chars:
+            raise ValueError(f"This saved view's {k!r} is {len(v):,} characters; at most "
+                             f"{LIMITS.max_text_chars:,}.")
+        else:
+            kept[k] = v
+    return kept, ignored
+
+
+def restore(page: str, state: dict, ss, params):
+    """Set a checked saved view's `state` in the session `ss` and the link `params`."""
+    pending = ss.setdefault(PENDING, {})
+    for k, v in state.items():
+        if k == MASK:
+            params[MASK] = v
+            ss.pop(f"{page}.link_read", None)      # the head editor reads the link again
+        elif k in _LINKED or (k in ss and same_kind(ss[k], v)):
+            ss[k] = v       # never a value of another kind: a button's state (a bool) cannot be set
+        else:
+            pending[k] = v  # a widget of another view: set when it is drawn
+
+
+def open_view(page: str, uploader_key: str):
+    """The uploader's callback (it runs before the page): check the file, then set the state."""
+    ss = st.session_state
+    uploaded = ss.get(uploader_key)
+    if uploaded is None:
+        return
+    try:
+        state, ignored = read_view_file(uploaded.getvalue(), page)
+    except ValueError as err:
+        ss[NOTE] = ("error", f"{uploaded.name}: {err} Nothing was changed.")
+        return
+    restore(page, state, ss, st.query_params)
+    message = f"Opened {uploaded.name}: {len(state)} value(s) restored."
+    if ignored:
+        message += f" Ignored {len(ignored)} name(s) this page does not have: {', '.join(ignored[:8])}."
+    ss[NOTE] = ("warning" if ignored else "success", message)
+
+
+def share_bar(page: str):
+    """The sidebar's "Share this view": the link (with a copy button), Save view, Open a view.
+    Drawn last, so the link has every value this run set."""
+    ss = st.session_state
+    params = {k: st.query_params[k] for k in st.query_params}
+    # Opening the box reruns the page: a part of the page that reruns alone (the head editor's
+    # Apply, the views beside it) does not redraw the sidebar, so the link is made afresh then.
+    with st.sidebar.expander("Share this view", icon=":material/share:", key="shared_view.open",
+                             on_change="rerun"):
+        st.caption("Copy link (the button at the box's right), or save the view as a file.")
+        st.code(current_link(page), language=None, wrap_lines=True)
+        st.button("Refresh the link", key=f"{page}.share_refresh", icon=":material/refresh:",
+                  help="after a change beside the head editor, which reruns only that part of the page")
+        state = page_state(page, ss, params)
+        st.download_button("Save view", view_file(page, state), file_name=f"attnviz-{page}-view.json",
+                           mime="application/json", key=f"{page}.share_save", on_click="ignore",
+                           icon=":material/download:")
+        uploader = f"{page}.share_open"
+        st.file_uploader("Open a saved view", type=["json"], key=uploader, on_change=open_view,
+                         args=(page, uploader), help="a file saved with Save view on this page")
+        if NOTE in ss:
+            kind, message = ss.pop(NOTE)
+            getattr(st, kind)(message)
