@@ -36,3 +36,26 @@ def bytelevel():
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(["the cat sat on the mat", "hello world"] * 20, trainer)
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+@pytest.fixture
+def deadline_after_checks(monkeypatch):
+    """`deadline_after_checks(n)`: every job's Deadline reads as expired after n checks in all, so a
+    run stops between items at a known place, however fast this machine is."""
+    from attnviz.base import jobs
+    checks = [0]
+
+    class StopsAfter:
+        def __init__(self, seconds, what="this job"):
+            pass
+
+        def expired(self):
+            checks[0] += 1
+            return checks[0] > limit[0]
+
+    limit = [0]
+
+    def install(n: int):
+        limit[0] = n
+        monkeypatch.setattr(jobs, "Deadline", StopsAfter)
+    return install

@@ -115,23 +115,8 @@ def test_images_page_runs_the_tool_on_photos_bundled_and_uploaded():
     assert (summary_of(at)["n"] == 2).all()
 
 
-class StopsAfter:
-    """A Deadline stand-in that reads as expired after `limit` checks: the run stops between items
-    at a known place, without depending on how fast this machine is."""
-    checks = 0
-    limit = 3
-
-    def __init__(self, seconds, what="this job"):
-        pass
-
-    def expired(self):
-        StopsAfter.checks += 1
-        return StopsAfter.checks > StopsAfter.limit
-
-
-def test_a_stopped_run_shows_its_summary_over_the_items_done(monkeypatch, results_dir):
-    from attnviz.base import jobs
-    monkeypatch.setattr(jobs, "Deadline", StopsAfter)
+def test_a_stopped_run_shows_its_summary_over_the_items_done(monkeypatch, results_dir, deadline_after_checks):
+    deadline_after_checks(3)
     at = AppTest.from_file(str(PAGES / "6_Translate.py"), default_timeout=300).run()
     at.radio(key="translate.view").set_value("Corpus run").run()
     t = summary_of(run_mask(at, "translate", 5))

@@ -54,27 +54,12 @@ def test_bad_upload_is_explained_and_the_last_corpus_stays():
     assert at.session_state["heads.corpus_upload"][1].key == "good.csv"
 
 
-class StopsAfter:
-    """A Deadline stand-in that reads as expired after `limit` checks: the run stops between texts
-    at a known place, without depending on how fast this machine is."""
-    checks = 0
-    limit = 3
-
-    def __init__(self, seconds, what="this job"):
-        pass
-
-    def expired(self):
-        StopsAfter.checks += 1
-        return StopsAfter.checks > StopsAfter.limit
-
-
-def test_a_stopped_run_keeps_its_partial_result_and_resumes_from_its_file(monkeypatch, tmp_path):
+def test_a_stopped_run_keeps_its_partial_result_and_resumes_from_its_file(monkeypatch, tmp_path, deadline_after_checks):
     from attnviz.analysis import corpus_runs
-    from attnviz.base import jobs
     from attnviz.ui import heads_corpus
     monkeypatch.delenv("ATTNVIZ_SCHEDULER", raising=False)
     monkeypatch.setattr(heads_corpus, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(jobs, "Deadline", StopsAfter)
+    deadline_after_checks(3)
     at = corpus_tool()
     at.selectbox(key="heads.corpus_n").set_value(5).run()
     at.button(key="heads.corpus_go").click().run()

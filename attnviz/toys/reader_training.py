@@ -6,7 +6,6 @@ shipped as safetensors + JSON (`python -m attnviz.toys.reader_training` retrains
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, field
 from importlib.resources import files
 from typing import Callable
@@ -18,7 +17,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.base.timing import measure
 from attnviz.toys.image_reader import (Drawn, ImageReader, ReaderConfig, batch, exact_accuracy, new_reader,
                                        random_drawing, reader_config)
-from attnviz.toys.training import lr_at, one_thread_here, optimiser_step, optimizer
+from attnviz.toys.training import one_thread_here, optimiser_step, optimizer, run_steps
 
 KEY = "image-reader"
 FOLDER = files("attnviz") / "data" / "toys" / "reader"
@@ -94,18 +93,8 @@ def train(s: ReaderSettings, progress: Callable[[int, int, float], None] | None 
     with one_thread_here():
         net = new_reader(s.config(), s.seed).train()
         opt, generator = optimizer(net), torch.Generator().manual_seed(s.seed)
-        losses, start, stopped = [], time.perf_counter(), False
-        for step in range(s.steps):
-            if (stop_at_budget and time.perf_counter() - start > s.budget_s) or (
-                    should_stop is not None and should_stop()):
-                stopped = True
-                break
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, s.steps, s.lr)
-            losses.append(_step(net, opt, s, generator))
-            if progress is not None:
-                progress(step + 1, s.steps, losses[-1])
-        seconds = time.perf_counter() - start
+        losses, seconds, stopped = run_steps(opt, s, lambda: _step(net, opt, s, generator), progress,
+                                             stop_at_budget, should_stop)
         net.eval()
         exact = exact_accuracy(net)
     return ReaderResult(net, s, losses, seconds, len(losses), stopped, exact)

@@ -228,14 +228,13 @@ def train(s: TrainSettings, progress: Callable[[int, int, float], None] | None =
         return _train(s, progress, key, eval_every, stop_at_budget, should_stop)
 
 
-def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget: bool,
-           should_stop=None) -> TrainResult:
-    torch.manual_seed(s.seed)
-    net = Transformer(s.config()).train()
-    variant = parse_variant(s.variant)
-    generator = torch.Generator().manual_seed(s.seed)
-    opt = optimizer(net)
-    losses, history, start, stopped = [], [], time.perf_counter(), False
+def run_steps(opt, s, one_step: Callable[[], float], progress, stop_at_budget: bool, should_stop=None,
+              after: Callable[[int], None] | None = None):
+    """The loop every toy training runs: `s.steps` optimiser steps at the warm-up / decay rate
+    `lr_at`, stopping at `s.budget_s` (unless `stop_at_budget` is False) or before any step at which
+    `should_stop()` is true; `after(step)` then `progress(step, steps, loss)` after each step.
+    Returns (losses, seconds, stopped)."""
+    losses, start, stopped = [], time.perf_counter(), False
     for step in range(s.steps):
         if (stop_at_budget and time.perf_counter() - start > s.budget_s) or (
                 should_stop is not None and should_stop()):
@@ -243,14 +242,30 @@ def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget
             break
         for group in opt.param_groups:
             group["lr"] = lr_at(step, s.steps, s.lr)
-        losses.append(_step(net, opt, s, variant, generator))
-        if eval_every and (step + 1) % eval_every == 0:
-            net.eval()
-            history.append((step + 1, score(net, s.task, variant, n=500).exact))
-            net.train()
+        losses.append(one_step())
+        if after is not None:
+            after(step + 1)
         if progress is not None:
             progress(step + 1, s.steps, losses[-1])
-    seconds = time.perf_counter() - start
+    return losses, time.perf_counter() - start, stopped
+
+
+def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget: bool,
+           should_stop=None) -> TrainResult:
+    torch.manual_seed(s.seed)
+    net = Transformer(s.config()).train()
+    variant = parse_variant(s.variant)
+    generator = torch.Generator().manual_seed(s.seed)
+    opt, history = optimizer(net), []
+
+    def evaluated(step: int):
+        if eval_every and step % eval_every == 0:
+            net.eval()
+            history.append((step, score(net, s.task, variant, n=500).exact))
+            net.train()
+
+    losses, seconds, stopped = run_steps(opt, s, lambda: _step(net, opt, s, variant, generator), progress,
+                                         stop_at_budget, should_stop, evaluated)
     model = wrap(net, s, key)
     return TrainResult(model, s, losses, seconds, len(losses), stopped, evaluate(model), history)
 
