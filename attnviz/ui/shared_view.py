@@ -246,8 +246,11 @@ def share_bar(page: str):
     params = {k: st.query_params[k] for k in st.query_params}
     # Opening the box reruns the page: a part of the page that reruns alone (the head editor's
     # Apply, the views beside it) does not redraw the sidebar, so the link is made afresh then.
-    with st.sidebar.expander("Share this view", icon=":material/share:", key="shared_view.open",
-                             on_change="rerun"):
+    box = st.sidebar.expander("Share this view", icon=":material/share:", key="shared_view.open",
+                              on_change="rerun")
+    if not box.open:        # closed: nothing is built, and no second uploader waits in the sidebar
+        return
+    with box:
         st.caption("Copy link (the button at the box's right), or save the view as a file.")
         st.code(current_link(page), language=None, wrap_lines=True)
         st.button("Refresh the link", key=f"{page}.share_refresh", icon=":material/refresh:",
