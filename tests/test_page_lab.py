@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
+from attnviz.ui import shared_view
+
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "5_Lab.py")
 PICKER = "model_choice:encoder/lm"
 SENTENCE = "The animal didn't cross the street because it was too tired."
@@ -471,3 +473,22 @@ def test_sub_views_keep_their_inputs_and_the_toy_says_what_it_was_trained_with()
     assert "The form has changed since the toy below was trained" in shown(at.info)
     at = view(at, "Step by step")
     assert at.text_input(key="lab.text").value == "The cat sat on the mat because it was warm."
+
+
+def test_a_lab_link_restores_the_toy_form_and_the_link_made_from_it_carries_it():
+    """Every Lab choice travels in the link, not only the view: a link with the toy form's
+    choices opens the form with them, and the link the page offers writes them back."""
+    query = {"lab.view": "Toy transformers", "lab.toy_source": "train one now", "lab.toy_task": "sort",
+             "lab.toy_heads": "8", "lab.toy_len": "6", "lab.toy_pos": "rotary", "lab.toy_steps": "150"}
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="lab.toy_task").value == "sort"
+    assert at.select_slider(key="lab.toy_heads").value == 8
+    assert at.slider(key="lab.toy_len").value == 6
+    assert at.selectbox(key="lab.toy_pos").value == "rotary"
+    assert at.number_input(key="lab.toy_steps").value == 150
+    params = shared_view.link_params("lab", at.session_state, {})
+    assert {k: params[k] for k in query} == {k: [v] for k, v in query.items()}

@@ -22,8 +22,3 @@ def kept(chars: int = LINK_CHARS) -> dict:
     most `chars` characters."""
     return dict(persist_state="session", bind="query-params", max_chars=chars)
 
-
-def kept_for_session() -> dict:
-    """Keyword arguments of a keyed input (a choice, a slider, a text whose key is not a tidy
-    link name) kept for the session across views and pages, not in the link."""
-    return dict(persist_state="session")

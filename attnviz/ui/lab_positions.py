@@ -17,6 +17,7 @@ from attnviz.figures import lab_figures
 from attnviz.ui import common
 from attnviz.ui import job_controls
 from attnviz.ui import kept_inputs
+from attnviz.ui import shared_view
 
 PAGE = "lab"
 SHUFFLE_TEXT = "The cat chased the small mouse across the garden."
@@ -86,8 +87,8 @@ def permutation_view(model):
         perm_text = st.text_input("Sentence to shuffle", SHUFFLE_TEXT, key=key("perm_text"),
                                   help=f"the first {LIMITS.lab_max_tokens} tokens are used", **kept_inputs.kept())
         c1, c2 = st.columns(2)
-        seed = c1.number_input("Shuffle seed", 0, 999, 0, key=key("perm_seed"), **kept_inputs.kept_for_session())
-        layer = c2.number_input("Layer shown", 0, L - 1, 0, key=key("perm_layer"), **kept_inputs.kept_for_session())
+        seed = c1.number_input("Shuffle seed", 0, 999, 0, **shared_view.linked(key("perm_seed")))
+        layer = c2.number_input("Layer shown", 0, L - 1, 0, **shared_view.linked(key("perm_layer")))
         go = st.form_submit_button("Shuffle and compare", key=key("perm_go"))
     wanted = (f"{model.info.key}@{id(model)}", perm_text, int(seed), int(layer))
     if go:
@@ -134,9 +135,8 @@ def draw_permutation(model, result: Shuffled):
 
 
 def positions_view(model):
-    n_pos = st.slider("Positions shown", 8, 256, 64, 8, key=key("npos"), **kept_inputs.kept_for_session())
-    d_sin = st.select_slider("Sinusoidal width d", [16, 32, 64, 128, 256, 384], 128, key=key("dsin"),
-                             **kept_inputs.kept_for_session())
+    n_pos = st.slider("Positions shown", 8, 256, 64, 8, **shared_view.linked(key("npos")))
+    d_sin = st.select_slider("Sinusoidal width d", [16, 32, 64, 128, 256, 384], 128, **shared_view.linked(key("dsin")))
     sin = position_tables.sinusoidal_table(n_pos, d_sin)
     sim_sin = position_tables.cosine_similarity(sin)
     curves = {"sinusoidal": position_tables.by_distance(sim_sin)}

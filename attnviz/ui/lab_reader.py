@@ -15,9 +15,10 @@ from attnviz.base import names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import reading_figures
 from attnviz.toys import image_reader, reader_training
-from attnviz.ui import job_controls, kept_inputs
+from attnviz.ui import job_controls
 from attnviz.ui.common import plain
 from attnviz.ui.head_editor import head_editor
+from attnviz.ui import shared_view
 
 PAGE = "lab"
 EDITOR = "lab_reader"       # the head editor's own namespace: its mask is this view's only
@@ -51,9 +52,9 @@ def train_form():
     ss = st.session_state
     with st.form(key("form")):
         c1, c2, c3 = st.columns(3)
-        steps = c1.number_input("Steps", 20, 3000, 1500, 100, key=key("steps"), **kept_inputs.kept_for_session())
-        width = c2.select_slider("Width d_model", [16, 32, 48], 32, key=key("width"), **kept_inputs.kept_for_session())
-        seed = c3.number_input("Seed", 0, 999, 0, 1, key=key("seed"), **kept_inputs.kept_for_session())
+        steps = c1.number_input("Steps", 20, 3000, 1500, 100, **shared_view.linked(key("steps")))
+        width = c2.select_slider("Width d_model", [16, 32, 48], 32, **shared_view.linked(key("width")))
+        seed = c3.number_input("Seed", 0, 999, 0, 1, **shared_view.linked(key("seed")))
         go = st.form_submit_button("Train", key=key("train"))
     try:
         settings = reader_training.ReaderSettings(steps=int(steps), d_model=int(width), seed=int(seed))
@@ -131,9 +132,9 @@ def reader_view(_model=None):
     c2.metric("Held-out pictures", f"{len(image_reader.held_out_set()):,}",
               help="strings never drawn for training (CRC-32 a multiple of 5), every digit and the end right")
     c1, c2 = st.columns([2, 1])
-    sample = c2.selectbox("Sample", SAMPLES, key=key("sample"), **kept_inputs.kept_for_session())
+    sample = c2.selectbox("Sample", SAMPLES, **shared_view.linked(key("sample")))
     text = c1.text_input(f"Digits to draw ({image_reader.MIN_DIGITS}-{image_reader.MAX_DIGITS})", sample,
-                         key=key(f"text_{sample}"), **kept_inputs.kept_for_session())
+                         **shared_view.linked(key(f"text_{sample}")))
     try:
         drawn = image_reader.draw(text)
     except ValueError as err:

@@ -112,7 +112,7 @@ def steps_view(model):
     c1, c2, c3, c4 = st.columns(4)
     layer = c1.number_input("Layer", 0, cfg.n_layers - 1, **shared_view.linked(key("layer")), on_change=chose_head)
     head = c2.number_input("Head", 0, cfg.n_heads - 1, **shared_view.linked(key("head")), on_change=chose_head)
-    temperature = c3.slider("Temperature", 0.1, 5.0, 1.0, 0.1, key=key("temp"), **kept_inputs.kept_for_session(),
+    temperature = c3.slider("Temperature", 0.1, 5.0, 1.0, 0.1, **shared_view.linked(key("temp")),
                             help="divides the scaled scores: < 1 sharpens, > 1 flattens")
     causal = c4.toggle("Causal mask", cfg.causal, key=key(f"causal_{cfg.causal}"),
                        help="queries see only earlier tokens")

@@ -19,8 +19,8 @@ from attnviz.toys import tasks
 from attnviz.toys import training
 from attnviz.ui import common
 from attnviz.ui import job_controls
-from attnviz.ui import kept_inputs
 from attnviz.ui.head_editor import head_editor, metric_delta
+from attnviz.ui import shared_view
 
 PAGE = "lab"
 EDITOR = "toys"   # the head editor's namespace: "toys.row:<toy>:<layer>", "toys.apply", ...
@@ -73,17 +73,17 @@ def train_form():
     settings = None
     with st.form(key("toy_form")):
         c1, c2, c3, c4 = st.columns(4)
-        task_name = c1.selectbox("Task", list(tasks.TASKS), key=key("toy_task"), **kept_inputs.kept_for_session())
-        length = c1.slider("Length", 2, 16, 8, key=key("toy_len"), **kept_inputs.kept_for_session())
-        heads = c2.select_slider("Heads", [2, 4, 8], 4, key=key("toy_heads"), **kept_inputs.kept_for_session())
-        n_layers = c2.slider("Layers", 1, 4, 2, key=key("toy_layers"), **kept_inputs.kept_for_session())
-        d_model = c3.select_slider("Width d_model", [32, 64, 128], 64, key=key("toy_width"), **kept_inputs.kept_for_session())
-        positional = c3.selectbox("Positions", list(tasks.POSITIONALS), 0, key=key("toy_pos"), **kept_inputs.kept_for_session())
+        task_name = c1.selectbox("Task", list(tasks.TASKS), **shared_view.linked(key("toy_task")))
+        length = c1.slider("Length", 2, 16, 8, **shared_view.linked(key("toy_len")))
+        heads = c2.select_slider("Heads", [2, 4, 8], 4, **shared_view.linked(key("toy_heads")))
+        n_layers = c2.slider("Layers", 1, 4, 2, **shared_view.linked(key("toy_layers")))
+        d_model = c3.select_slider("Width d_model", [32, 64, 128], 64, **shared_view.linked(key("toy_width")))
+        positional = c3.selectbox("Positions", list(tasks.POSITIONALS), 0, **shared_view.linked(key("toy_pos")))
         variant = c4.selectbox("Attention", ["softmax", "linear", "relu", "local:4", "topk:4"],
-                               key=key("toy_var"), **kept_inputs.kept_for_session())
-        steps = c4.number_input("Steps", 50, 5000, 600, 50, key=key("toy_steps"), **kept_inputs.kept_for_session())
+                               **shared_view.linked(key("toy_var")))
+        steps = c4.number_input("Steps", 50, 5000, 600, 50, **shared_view.linked(key("toy_steps")))
         ckpt = st.toggle("Gradient checkpointing (recompute block activations in backward)",
-                         key=key("toy_ckpt"), **kept_inputs.kept_for_session())
+                         **shared_view.linked(key("toy_ckpt")))
         train_go = st.form_submit_button("Train", key=key("toy_train"))
     try:
         settings = training.TrainSettings(
@@ -177,8 +177,7 @@ def toy_details(toy, toy_key: str):
     c1.metric("Exact accuracy (2,000 held-out prompts)", f"{score.exact:.1%}")
     c2.metric("Token accuracy", f"{score.token:.1%}")
     c3.metric("Parameters", f"{toy.num_params():,}")
-    prompt = st.text_input("Try it: a prompt", toy.task.example_prompt(), key=key(f"toy_prompt_{toy.task}"),
-                           **kept_inputs.kept_for_session())
+    prompt = st.text_input("Try it: a prompt", toy.task.example_prompt(), **shared_view.linked(key(f"toy_prompt_{toy.task}")))
     try:
         answer, truth = toy_answer(toy, toy_key, prompt)
         (st.success if answer == truth else st.error)(
@@ -255,16 +254,16 @@ def toys_view(model):
     st.markdown("Synthetic tasks with exact answers, learnt by our own modules: "
                 + "; ".join(f"**{k}**: {v}" for k, v in tasks.TASKS.items()) + ".")
     source = st.radio("Model", ["shipped checkpoint", "train one now"], horizontal=True,
-                      key=key("toy_source"), **kept_inputs.kept_for_session())
+                      **shared_view.linked(key("toy_source")))
     toy, toy_key = None, None
     if source == "shipped checkpoint":
         if not tasks.TOYS:
             st.error("No toy checkpoints are installed (attnviz/data/toys is empty); run "
                      "scripts/train_toys.py.")
         else:
-            toy_key = st.selectbox("Checkpoint", list(tasks.TOYS), key=key("toy_key"), **kept_inputs.kept_for_session(),
-                                   format_func=lambda k: f"{k} — stated exact accuracy "
-                                                         f"{tasks.TOYS[k]['accuracy']['exact']:.1%}")
+            toy_key = st.selectbox("Checkpoint", list(tasks.TOYS), **shared_view.linked(
+                key("toy_key"), format_func=lambda k: f"{k} — stated exact accuracy "
+                                                      f"{tasks.TOYS[k]['accuracy']['exact']:.1%}"))
             toy = shipped_toy(toy_key)
     else:
         toy, toy_key = train_form()

@@ -9,8 +9,8 @@ import streamlit as st
 from attnviz.base import names
 from attnviz.figures import translation_figures
 from attnviz.toys import toy_translator
-from attnviz.ui import kept_inputs
 from attnviz.ui.common import plain
+from attnviz.ui import shared_view
 
 PAGE = "lab"
 
@@ -50,10 +50,10 @@ def toy_translator_view(_model=None):
     st.caption("Trained by `python -m attnviz.toys.toy_translator` (about a minute on one core); "
                f"{toy_translator.HELD_OUT:.0%} of the {len(toy_translator.sentences()):,} possible sentences were never trained on.")
     cols = st.columns(4)
-    words = [cols[0].selectbox("Subject", toy_translator.SUBJECTS, key=key("s"), **kept_inputs.kept_for_session()),
-             cols[1].selectbox("Verb", toy_translator.VERBS, index=2, key=key("v"), **kept_inputs.kept_for_session()),
-             cols[2].selectbox("Adjective", toy_translator.ADJECTIVES, key=key("a"), **kept_inputs.kept_for_session()),
-             cols[3].selectbox("Object", toy_translator.OBJECTS, index=1, key=key("o"), **kept_inputs.kept_for_session())]
+    words = [cols[0].selectbox("Subject", toy_translator.SUBJECTS, **shared_view.linked(key("s"))),
+             cols[1].selectbox("Verb", toy_translator.VERBS, index=2, **shared_view.linked(key("v"))),
+             cols[2].selectbox("Adjective", toy_translator.ADJECTIVES, **shared_view.linked(key("a"))),
+             cols[3].selectbox("Object", toy_translator.OBJECTS, index=1, **shared_view.linked(key("o")))]
     source = " ".join(words)
     try:
         tr = model.translate(source)
