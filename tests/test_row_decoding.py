@@ -115,3 +115,12 @@ def test_the_scoring_equals_a_full_log_softmax(width):
     assert torch.equal(top_i, ref.indices)
     torch.testing.assert_close(top_v, ref.values, atol=1e-5, rtol=0)
     torch.testing.assert_close(chosen, logp.gather(1, cols[:, None])[:, 0], atol=1e-5, rtol=0)
+
+
+def test_the_blockwise_argmax_is_argmax():
+    torch.manual_seed(2)
+    logits = torch.randn(9, 32000)
+    logits[3, 5000] = logits[3, 70] = 50.0      # equal maxima: the first, as argmax gives it
+    assert torch.equal(decoding.row_argmax(logits), logits.argmax(-1))
+    assert int(decoding.row_argmax(logits)[3]) == 70
+    assert torch.equal(decoding.row_argmax(logits[:, :250]), logits[:, :250].argmax(-1))

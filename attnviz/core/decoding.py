@@ -119,7 +119,7 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
         # the steps not yet checked, in one product over the whole vocabulary: (n - done, vocab)
         new = net.lm_head(torch.cat(hidden[done:])).float()
         full = new if done == 0 else torch.cat([full[:done], new])
-        picks = full.argmax(-1).tolist()
+        picks = row_argmax(full).tolist()
         k = next((i for i in range(done, len(ids)) if picks[i] != ids[i]), None)
         if k is None:
             logits, cols = full, torch.tensor(picks)
@@ -135,6 +135,18 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
             break
     cross = None if buf is None else buf[:, :, :len(ids)].contiguous()   # [L, H, n_tgt, S]
     return self._scored(ids, logits, cols, vocab, cross, None, stopped)
+
+
+def row_argmax(logits) -> torch.Tensor:
+    """logits.argmax(-1), the same columns (the first of equal maxima): over a wide row, the
+    first block of BLOCK columns holding the row's maximum, then the first maximum in it (one
+    vectorised pass of block maxima is several times cheaper than argmax over 32,000)."""
+    n, V = logits.shape
+    if V % BLOCK or V < 8 * BLOCK:
+        return logits.argmax(-1)
+    blocks = logits.view(n, V // BLOCK, BLOCK)
+    b = blocks.amax(-1).argmax(-1)
+    return b * BLOCK + blocks[torch.arange(n), b].argmax(-1)
 
 
 def summarise(logits, cols, k: int):
