@@ -8,12 +8,15 @@ whole vocabulary after the loop checks every step, resuming where it differs; so
 float32 output matrix is read once per sentence, not once per token) and for `shortlist=True` (the
 shortlist only, as the native engine scores it). Goal: <= 1.5x (whole vocabulary) and <= 1.2x
 (shortlist). The native engine is a compiled Marian reimplementation with int8 GEMMs; our steps are
-float32 one-row products (two decoder layers, ~8 MB of weights read per token) with cross-attention
-written into the result, and the encoder is the project's generic post-norm block: per sentence we
-read ~25 MB of encoder weights, ~8 MB a token, and for the whole vocabulary's check the 32 MB output
-matrix once, about four times the bytes of the int8 engine; on one core that reading is most of our
-time. `--parts` also prints our encoder / decoder split. Timings on a
-shared machine are noisy (and torch's thread pool suffers most when the cores are oversubscribed:
+float32 one-row products (two decoder layers, ~8 MB of weights read per token, laid out once per
+model as contiguous (in, out) matrices; the encoder's K/V once per sentence as (heads, d, src) and
+(heads, src, d), so a step's cross-attention is two batched products) with cross-attention
+written into the result; after the loop the whole vocabulary's argmax and top 10 are found block by
+block (128 pieces a block) rather than over every column; the encoder is the project's generic
+post-norm block. Per sentence we read ~25 MB of encoder weights, ~8 MB a token, and for the whole
+vocabulary's check the 32 MB output matrix once, about four times the bytes of the int8 engine; on
+one core that reading is most of our time. `--parts` also prints our encoder / decoder split.
+Timings on a shared machine are noisy (and torch's thread pool suffers most when the cores are oversubscribed:
 try --threads 1); the ratio is what counts.
 """
 from __future__ import annotations

@@ -180,6 +180,21 @@ class Seq2Seq(nn.Module):
             x = (self.enc_emb_norm if side == "enc" else self.dec_emb_norm)(x)
         return x
 
+    def embed_row(self, token: int, t: int):
+        """`embed` of one decoder token at position t -> (1, d): the same operations on one row
+        (greedy decoding's one-row path), without the generic call's index tensors."""
+        cfg = self.cfg
+        x = self.tok.weight[token:token + 1] * cfg.embed_scale
+        if cfg.zero_start and t == 0:
+            x.zero_()  # Bergamot starts from a zero vector, not a token's embedding
+        if cfg.positional == "learned":
+            x = x.add_(self.dec_pos.weight[t + cfg.position_offset:t + cfg.position_offset + 1])
+        else:
+            pos = self.sinusoid[t:t + 1] if t < self.sinusoid.shape[0] else \
+                sinusoid_halves(1, cfg.d_model, t, cfg.positional == "marian")
+            x = x.add_(pos.to(x.dtype))
+        return self.dec_emb_norm(x) if cfg.embedding_norm else x
+
     # ---------------------------------------------------------------- running the blocks
     def encode(self, ids, *, allowed=None, head_mask=None, need_weights=False, weights_out=None,
                variants=None, head_fill=None, check=None, heads_out=None, patch=None, resume=None,
