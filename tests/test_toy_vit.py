@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnviz.core.positional import sinusoidal, sinusoidal_2d
+from attnviz.figures import vit_figures
 from attnviz.toys import toy_vit
 
 TINY = dict(steps=4, batch_size=8, d_model=16, n_heads=2)
@@ -122,3 +123,17 @@ def test_the_sentence_is_read_from_the_counts():
     assert text.endswith("Chance is 33.3 % (3 classes, drawn uniformly).")
     one = toy_vit.summary([result("learned", "axial", 200)])
     assert one.startswith("learned, axial: 50.00 % (200/400) of the held-out images right.")
+
+
+def test_the_figures_show_exact_counts_and_every_layer():
+    acc = vit_figures.accuracy_figure(["learned, full", "learned, axial"], [228, 391], [400, 400], 1 / 3)
+    assert list(acc.data[0].text) == ["57.00 % (228/400)", "97.75 % (391/400)"]
+    flops = vit_figures.flops_figure(["a", "b"], [1_048_576, 131_072], [1_048_576, 1_048_576])
+    assert [list(bar.y) for bar in flops.data] == [[1_048_576, 131_072], [1_048_576, 1_048_576]]
+    maps = {"full": [np.full((8, 8), 1 / 64)] * 2, "axial": [np.eye(8)[2:3].repeat(8, 0).T / 8] * 2}
+    fig = vit_figures.patch_attention_figure(np.zeros((32, 32)), maps, (2, 5))
+    assert len(fig.data) == 1 + 2 * 2                                  # the image, then two layers each
+    with pytest.raises(ValueError):
+        vit_figures.accuracy_figure(["a"], [1, 2], [4, 4], 0.5)
+    with pytest.raises(ValueError):
+        vit_figures.patch_attention_figure(np.zeros((32, 32)), {}, (0, 0))
