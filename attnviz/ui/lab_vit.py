@@ -129,7 +129,7 @@ def vit_view(_model=None):
     results = ss.get(key("results")) or []
     if not results:
         st.caption(f"Train runs each chosen configuration in turn (at most {LIMITS.max_lab_seconds:g} s in all, "
-                   "one of the server's heavy jobs); about ten seconds each at 150 steps.")
+                   "one of the server's heavy jobs); 5 to 10 s each at 150 steps when measured here.")
         return
     if any(r.stopped_early for r in results):
         st.warning("Some configurations stopped at the training time budget before their last step "
