@@ -1,4 +1,4 @@
-"""Positional encodings: sinusoidal, learned (a table the model owns), rotary (RoPE), ALiBi."""
+"""Positional encodings: sinusoidal (1-D and 2-D), learned (a table the model owns), rotary (RoPE), ALiBi."""
 from __future__ import annotations
 
 import math
@@ -15,6 +15,21 @@ def sinusoidal(n: int, d: int, base: float = 10000.0) -> torch.Tensor:
     pe[:, 0::2] = torch.sin(pos * freq)
     pe[:, 1::2] = torch.cos(pos * freq[: d // 2])
     return pe
+
+
+def sinusoidal_2d(rows: int, cols: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """(rows * cols, dim) positions of a grid of patches, row by row (patch p = row p // cols,
+    column p % cols): channels [0, dim/2) are `sinusoidal` of the row, [dim/2, dim) of the column,
+    each with the standard frequencies of a dim/2-wide table, so no patch shares another's code."""
+    if rows < 1 or cols < 1:
+        raise ValueError(f"a grid needs at least one row and one column; got {rows} x {cols}")
+    if dim < 4 or dim % 4:
+        raise ValueError(f"2-D sinusoidal positions need a width that is a multiple of 4 (sin and cos "
+                         f"for the row and for the column); got {dim}")
+    half = dim // 2
+    row = sinusoidal(rows, half, base)[:, None, :].expand(rows, cols, half)
+    col = sinusoidal(cols, half, base)[None, :, :].expand(rows, cols, half)
+    return torch.cat([row, col], dim=-1).reshape(rows * cols, dim)
 
 
 def rope_cos_sin(n: int, d_head: int, theta: float = 10000.0, offset: int = 0):
