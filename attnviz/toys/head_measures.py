@@ -128,10 +128,13 @@ def toy_collapse(model: ToyModel, n: int = 256, seed: int = EVAL_SEED) -> Collap
 
 
 # ---------------------------------------------------------------- sentences from the numbers
-def concentration_sentence(what: str, c: Concentration) -> str:
+GRADIENT = "|∂loss/∂head mask|"
+
+
+def concentration_sentence(what: str, c: Concentration, measure: str = GRADIENT) -> str:
     verdict = "holds" if c.claim_holds else "does not hold"
     return (f"{what}: {c.needed} of {c.heads} heads ({c.share:.1%}) carry {c.carried:.0%} of "
-            f"|∂loss/∂head mask|, so “{CLAIM:.0%} of heads carry {CARRIED:.0%} of the gradient” "
+            f"{measure}, so “{CLAIM:.0%} of heads carry {CARRIED:.0%} of the gradient” "
             f"{verdict} here.")
 
 

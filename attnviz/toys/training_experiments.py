@@ -7,9 +7,10 @@ exact held-out accuracy.
 - the head-variance regulariser: loss + 0.01 · the variance of the attention weights across the
   heads of a layer (per batch element, query and key; mean over layers);
 - dynamic head pruning: every few steps each head's share of |dloss/dhead mask| on a fixed probe
-  batch is measured; a head whose share stays under a quarter of an equal share for three checks
-  in a row is switched off through the head mask, for the rest of training and for evaluation
-  (the last head of a layer stays);
+  batch is measured (|gradient| of 8 chunks of 32 prompts, summed: one batch's signed gradient
+  cancels and swings from check to check); a head whose share, averaged over the last three checks,
+  is under half an equal share is switched off through the head mask, for the rest of training and for
+  evaluation (the last head of a layer stays);
 - one key projection shared by every head of a layer (queries and values stay per head): a
   parametrization of the fused QKV weight, so the optimizer holds fewer parameters.
 
@@ -45,6 +46,7 @@ EXPERIMENTS = {
 }
 NO_EFFECT = 0.005         # accuracy changes under half a point read as no effect
 PROBE_SEED = EVAL_SEED + 1  # the pruning probe batch: neither a training batch nor the held-out set
+PROBE_SIZE, PROBE_CHUNK = 256, 32
 
 
 @dataclass
@@ -124,35 +126,41 @@ def variance_regulariser(s: TrainSettings, progress=None, should_stop=None,
     return _run("variance", s, Hooks(penalty=penalty), progress, should_stop, penalties=terms)
 
 
-def dynamic_pruning(s: TrainSettings, progress=None, should_stop=None, threshold: float = 0.25,
+def dynamic_pruning(s: TrainSettings, progress=None, should_stop=None, threshold: float = 0.5,
                     patience: int = 3, every: int | None = None, start: int | None = None) -> ExperimentResult:
-    """A head goes off once its share of |dloss/dmask| has stayed under `threshold` / (heads on)
-    for `patience` checks in a row; checks every `every` steps from step `start` (defaults: a
+    """A head goes off once its share of |dloss/dmask|, averaged over the last `patience` checks,
+    is under `threshold` / (heads on); checks every `every` steps from step `start` (defaults: a
     twentieth of the steps, from a fifth of them: heads have to learn something first)."""
     if not 0 < threshold <= 1 or patience < 1:
         raise ValueError("the pruning threshold must lie in (0, 1] and the patience be at least 1 check")
     L, H = s.n_layers, s.n_heads
-    mask, below, pruned = torch.ones(L, H), torch.zeros(L, H, dtype=torch.long), {}
+    mask, recent, pruned = torch.ones(L, H), [], {}
     every = every or max(1, s.steps // 20)
     start = s.steps // 5 if start is None else start
-    inputs, answers, _ = s.task.sample(256, torch.Generator().manual_seed(PROBE_SEED))
+    inputs, answers, _ = s.task.sample(PROBE_SIZE, torch.Generator().manual_seed(PROBE_SEED))
 
     def after(step: int, net):
         if step < start or step % every:
             return
-        probe = mask.clone().requires_grad_(True)
-        with torch.enable_grad():
-            loss, _ = answer_loss(net, s.task, inputs, answers, s.variant, probe)
-            (grad,) = torch.autograd.grad(loss, probe)
+        grad = torch.zeros(L, H)
+        for i in range(0, len(inputs), PROBE_CHUNK):
+            probe = mask.clone().requires_grad_(True)
+            with torch.enable_grad():
+                loss, _ = answer_loss(net, s.task, inputs[i:i + PROBE_CHUNK], answers[i:i + PROBE_CHUNK],
+                                      s.variant, probe)
+                grad += torch.autograd.grad(loss, probe)[0].abs()
         alive = mask > 0
-        share = grad.abs() / grad.abs()[alive].sum().clamp_min(1e-20)
-        idle = alive & (share < threshold / int(alive.sum()))
-        below.copy_(torch.where(idle, below + 1, 0))
-        for layer, head in (below >= patience).nonzero().tolist():
+        share = grad / grad[alive].sum().clamp_min(1e-20)
+        recent[:] = recent[-(patience - 1):] + [share] if patience > 1 else [share]
+        if len(recent) < patience:
+            return
+        idle = alive & (torch.stack(recent).mean(0) < threshold / int(alive.sum()))
+        for layer, head in idle.nonzero().tolist():
             if mask[layer].sum() > 1:   # the last head of a layer stays
                 mask[layer, head] = 0
                 pruned[names.head_name(layer, head)] = step
-        below.masked_fill_(mask == 0, 0)
+        if idle.any():
+            recent.clear()   # shares among the heads left on from here
 
     return _run("pruning", s, Hooks(head_mask=mask, after=after), progress, should_stop, pruned=pruned)
 
