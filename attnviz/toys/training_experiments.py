@@ -28,7 +28,7 @@ from torch.nn.utils import parametrize
 
 from attnviz.base import names
 from attnviz.toys import head_measures
-from attnviz.toys.tasks import EVAL_SEED, Task
+from attnviz.toys.tasks import EVAL_SEED, Task, ToyModel
 from attnviz.toys.training import Hooks, TrainSettings, answer_loss, train
 
 # The experiments' toy: sort 8 digits, 2 layers x 4 heads of width 8 (d_model 32): small enough to
@@ -65,6 +65,7 @@ class ExperimentResult:
     penalties: list[float] = field(default_factory=list)   # the regulariser's term per step
     pruned: dict[str, int] = field(default_factory=dict)   # head -> the step it went off
     head_mask: torch.Tensor | None = None
+    model: ToyModel | None = None           # the trained toy (evaluated under `head_mask`)
 
     @property
     def label(self) -> str:
@@ -90,7 +91,7 @@ def _run(name: str, s: TrainSettings, hooks: Hooks, progress, should_stop, penal
     return ExperimentResult(name, s.seed, res.steps_done, losses, res.history, res.score.exact, res.score.token,
                             params if params is not None else model.num_params(),
                             head_measures.toy_concentration(model, mask), head_measures.toy_collapse(model),
-                            res.stopped_early, penalties, pruned or {}, mask)
+                            res.stopped_early, penalties, pruned or {}, mask, model)
 
 
 def baseline(s: TrainSettings, progress=None, should_stop=None) -> ExperimentResult:

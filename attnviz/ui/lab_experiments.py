@@ -62,7 +62,7 @@ def run_choice(choice: str, steps: int, seed: int, model) -> None:
                 bar.progress(len(todo) / (len(todo) + 1), f"measuring {pretrained.info.key} on the evaluation text…")
                 seconds = min(max(deadline.remaining, 0.001), LIMITS.max_importance_seconds)
                 measured[pretrained.info.key] = gradient_heads.pretrained_heads(
-                    pretrained, max_seconds=seconds, should_stop=cancel)
+                    pretrained, gradient_heads.MAX_TOKENS, seconds, should_stop=cancel)
         ss[key("shown")] = (choice, steps, seed)
     except jobs.JobTimeout as err:
         st.error(common.plain(f"{err}. Choose fewer steps."))
