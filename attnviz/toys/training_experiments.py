@@ -53,7 +53,7 @@ PROBE_SIZE, PROBE_CHUNK = 256, 32
 class ExperimentResult:
     name: str                       # a key of EXPERIMENTS
     seed: int
-    steps: int                      # steps run
+    steps: int                      # steps asked for (`steps_done` fewer when stopped early)
     losses: list[float]             # the task's cross-entropy per step (any added term is in `penalties`)
     history: list[tuple[int, float]]  # (step, exact accuracy on 500 held-out prompts)
     exact: float                    # exact accuracy on the 2,000 held-out prompts, after training
@@ -62,6 +62,7 @@ class ExperimentResult:
     concentration: head_measures.Concentration
     collapse: head_measures.Collapse
     stopped_early: bool = False
+    steps_done: int = 0
     penalties: list[float] = field(default_factory=list)   # the regulariser's term per step
     pruned: dict[str, int] = field(default_factory=dict)   # head -> the step it went off
     head_mask: torch.Tensor | None = None
@@ -81,17 +82,17 @@ def settings_for(steps: int = SETTINGS.steps, seed: int = 0, variant: str = "sof
 
 
 def _run(name: str, s: TrainSettings, hooks: Hooks, progress, should_stop, penalties=None,
-         pruned=None, params: int | None = None) -> ExperimentResult:
+         pruned=None) -> ExperimentResult:
     every = max(10, s.steps // 10)
     res = train(s, progress, key=f"experiment:{name}:{s.seed}", eval_every=every, should_stop=should_stop,
                 hooks=hooks)
     penalties = penalties or []
     losses = [loss - (penalties[i] if i < len(penalties) else 0.0) for i, loss in enumerate(res.losses)]
     model, mask = res.model, hooks.head_mask
-    return ExperimentResult(name, s.seed, res.steps_done, losses, res.history, res.score.exact, res.score.token,
-                            params if params is not None else model.num_params(),
-                            head_measures.toy_concentration(model, mask), head_measures.toy_collapse(model),
-                            res.stopped_early, penalties, pruned or {}, mask, model)
+    return ExperimentResult(name, s.seed, s.steps, losses, res.history, res.score.exact, res.score.token,
+                            model.num_params(), head_measures.toy_concentration(model, mask),
+                            head_measures.toy_collapse(model), res.stopped_early, res.steps_done, penalties,
+                            pruned or {}, mask, model)
 
 
 def baseline(s: TrainSettings, progress=None, should_stop=None) -> ExperimentResult:
@@ -263,5 +264,6 @@ def verdict(result: ExperimentResult, base: ExperimentResult) -> str:
         text += (f" Shared keys train {result.params:,} parameters instead of {base.params:,} "
                  f"({result.params / base.params - 1:+.1%}).")
     if result.stopped_early or base.stopped_early:
-        text += " A run stopped before its last step (time budget or cancel): the comparison is of shorter trainings."
+        text += (f" Stopped early (time budget or cancel): {result.steps_done} and {base.steps_done} steps were "
+                 "run, so this compares shorter trainings.")
     return text

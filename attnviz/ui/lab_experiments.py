@@ -92,6 +92,8 @@ def show_training(result, base) -> None:
     runs = {base.label: (base.losses, base.history), result.label: (result.losses, result.history)}
     st.plotly_chart(experiment_figures.curves_figure(runs), key=key("curves"))
     st.info(common.plain(training_experiments.verdict(result, base)))
+    st.caption("One seed is one draw of the initialisation and the batches: change the seed to see how "
+               "far the baseline itself moves before trusting a difference of a few points.")
 
 
 def show_measure(choice: str, base, model, measured: dict) -> None:
