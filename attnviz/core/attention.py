@@ -3,8 +3,10 @@
 Two paths side by side, as in nanoGPT: `attend` with `need_weights=True` runs the five steps
 (scores, scale, mask, softmax, weighted sum) and returns the weights; without weights the
 softmax variant goes through the fused `F.scaled_dot_product_attention`. Variants (local window,
-chunked exact, linear elu+1, ReLU, top-k, temperature) share one entry point so the model, the lab
-and the latency bench all swap them the same way. Without weights, each variant takes its cheap
+chunked exact, linear elu+1, ReLU, top-k, temperature, dropout) share one entry point so the model,
+the lab and the latency bench all swap them the same way. Attention dropout acts only in training
+(`attend(training=True)`, which `Attention` passes from its module's mode): a trained model's
+evaluation and every trace see the same weights as without it. Without weights, each variant takes its cheap
 path: chunked holds (chunk, S) scores at a time, local scores only its band (O(T * window)), linear
 never forms (T, S) (causal in blocks). 'eager' forces the written-out path, to measure it.
 
@@ -30,6 +32,7 @@ class Variant:
     top_k: int = 0             # topk: keys kept per query
     temperature: float = 1.0   # divides the scaled scores (softmax, local, topk)
     fused: bool = True         # softmax: False runs the written-out five steps ('eager') even without weights
+    dropout: float = 0.0       # training only: each weight zeroed with this probability, the rest scaled up
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -42,21 +45,24 @@ class Variant:
             raise ValueError("top-k attention needs k of at least 1, e.g. 'topk:8'")
         if not self.temperature > 0:
             raise ValueError("temperature must be positive")
+        if not 0 <= self.dropout < 1:
+            raise ValueError("attention dropout must lie in [0, 1), e.g. 'dropout:0.1'")
 
     @property
     def name(self) -> str:
         """The one name of this variant in the UI, CSVs and the cost model: 'fused' (the softmax
         kernel), 'eager' (the written-out softmax), 'local:64', 'chunked:256', 'topk:8', 'linear',
-        'relu', with '@T=2' for a temperature. `parse_variant(v.name) == v`."""
+        'relu', with '@T=2' for a temperature and '@drop=0.1' for dropout. `parse_variant(v.name) == v`."""
         if self.kind == "softmax":
             text = "fused" if self.fused else "eager"
         else:
             extra = {"local": self.window, "chunked": self.chunk, "topk": self.top_k}.get(self.kind)
             text = self.kind if extra is None else f"{self.kind}:{extra}"
-        if self.temperature == 1.0:
-            return text
-        t = f"{self.temperature:g}"
-        return f"{text}@T={t if float(t) == self.temperature else repr(self.temperature)}"
+        for tag, value, plain in (("T", self.temperature, 1.0), ("drop", self.dropout, 0.0)):
+            if value != plain:
+                t = f"{value:g}"
+                text += f"@{tag}={t if float(t) == value else repr(value)}"
+        return text
 
     label = name  # the same name under its older spelling
 
@@ -66,21 +72,29 @@ EAGER = Variant(fused=False)
 
 
 def parse_variant(spec: "str | Variant | None") -> Variant:
-    """'softmax' / 'eager' / 'fused', 'local:64', 'chunked:128', 'linear', 'relu', 'topk:8', 'temp:2'."""
+    """'softmax' / 'eager' / 'fused', 'local:64', 'chunked:128', 'linear', 'relu', 'topk:8', 'temp:2',
+    'dropout:0.1'; a name's suffixes '@T=2' (temperature) and '@drop=0.1' (dropout) as well."""
     if spec is None:
         return SOFTMAX
     if isinstance(spec, Variant):
         return spec
-    text, _, temp = str(spec).strip().lower().partition("@t=")  # a name's temperature suffix
-    if temp:
-        try:
-            temperature = float(temp)
-        except ValueError:
-            raise ValueError(f"attention variant {spec!r}: {temp!r} is not a number") from None
-        from_name = parse_variant(text)
-        if from_name.temperature != 1.0:
-            raise ValueError(f"attention variant {spec!r} gives its temperature twice")
-        return replace(from_name, temperature=temperature)
+    text, *suffixes = str(spec).strip().lower().split("@")
+    if suffixes:  # a name's temperature / dropout suffixes
+        variant, given = parse_variant(text), set()
+        for suffix in suffixes:
+            tag, _, value = suffix.partition("=")
+            field = {"t": "temperature", "drop": "dropout"}.get(tag.strip())
+            if field is None:
+                raise ValueError(f"attention variant {spec!r}: unknown suffix @{suffix}; use @T=2 or @drop=0.1")
+            try:
+                number = float(value)
+            except ValueError:
+                raise ValueError(f"attention variant {spec!r}: {value!r} is not a number") from None
+            if field in given or getattr(variant, field) != getattr(SOFTMAX, field):
+                raise ValueError(f"attention variant {spec!r} gives its {field} twice")
+            given.add(field)
+            variant = replace(variant, **{field: number})
+        return variant
     name, _, arg = text.partition(":")
     try:
         if name == "eager":  # the explicit path: materialises the (T, S) weights, then drops them
@@ -95,6 +109,8 @@ def parse_variant(spec: "str | Variant | None") -> Variant:
             return Variant("topk", top_k=int(arg or 8))
         if name in ("temp", "temperature"):
             return Variant("softmax", temperature=float(arg or 1.0))
+        if name == "dropout":
+            return Variant("softmax", dropout=float(arg or 0.1))
         if name in ("linear", "relu"):
             return Variant(name)
     except ValueError as err:
@@ -102,7 +118,7 @@ def parse_variant(spec: "str | Variant | None") -> Variant:
             raise ValueError(f"attention variant {spec!r}: {arg!r} is not a number") from None
         raise
     raise ValueError(f"unknown attention variant {spec!r}; choose one of "
-                     "softmax (= fused), eager, local:W, chunked:C, linear, relu, topk:K, temp:T")
+                     "softmax (= fused), eager, local:W, chunked:C, linear, relu, topk:K, temp:T, dropout:P")
 
 
 # ---------------------------------------------------------------- masks
@@ -281,11 +297,14 @@ def _fast(q, k, v, causal, allowed, variant: Variant, scale):
 
 
 def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
-           need_weights=False, scale=None):
+           need_weights=False, scale=None, training: bool = False):
     """Attention for one layer. Returns (out (B, h, T, dv), weights (B, h, T, S) or None).
-    `need_weights` may be a (B, h, T, S) tensor: the weights are then written into it."""
+    `need_weights` may be a (B, h, T, S) tensor: the weights are then written into it.
+    `training`: the variant's dropout applies (on the written-out weights; the weights returned
+    are those before dropout, rows summing to 1)."""
     into = need_weights if isinstance(need_weights, torch.Tensor) else None
-    if into is None and not need_weights:
+    drop = variant.dropout if training else 0.0
+    if into is None and not need_weights and not drop:
         out = _fast(q, k, v, causal, allowed, variant, scale)
         if out is not None:
             return out, None
@@ -305,4 +324,5 @@ def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
         att = softmax_weights(q, k, allowed, scale, variant.temperature, variant.top_k, out=into)
     if into is not None and att is not into:
         att = into.copy_(att)
-    return torch.matmul(att, v), (att if into is not None or need_weights else None)
+    used = F.dropout(att, drop, training=True) if drop else att
+    return torch.matmul(used, v), (att if into is not None or need_weights else None)

@@ -150,7 +150,8 @@ class Attention(nn.Module):
             past["k"], past["v"] = k, v
         if not self.uniform_groups:
             k, v = k[:, self.kv_of_head], v[:, self.kv_of_head]
-        y, att = attend(q, k, v, causal=causal, allowed=allowed, variant=variant, need_weights=need_weights)
+        y, att = attend(q, k, v, causal=causal, allowed=allowed, variant=variant, need_weights=need_weights,
+                        training=self.training)
         if head_mask is not None:  # multiplies each head's output before the output projection
             y = y * head_mask[self.heads].to(y.dtype)[None, :, None, None]
         if head_fill is not None:

@@ -3,6 +3,8 @@ measured peak of training memory.
 
 Gradient checkpointing wraps each block from outside (`checkpointed`) so `Transformer.forward`
 stays the one forward pass; the network is private to the training run, never a shared model.
+Training-time experiments change the one loop through `Hooks` (a head mask, a term added to the
+loss, a change to the fresh network, a call after each step), never through a loop of their own.
 Peak memory is measured, not estimated: `TensorMeter` watches every tensor storage created
 during one training step and when it is freed (CPU has no allocator statistics to ask).
 """
@@ -73,6 +75,16 @@ class TrainResult:
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, exact) checkpoints
 
 
+@dataclass
+class Hooks:
+    """What a training-time experiment changes in `train` (all optional)."""
+    head_mask: torch.Tensor | None = None   # [L, H] used in every step and evaluation; `after` may zero heads
+    penalty: Callable[[dict], torch.Tensor] | None = None   # {layer: weights (B, h, T, T)} -> added to the loss
+    prepare: Callable[[Transformer], None] | None = None    # the fresh network, before its optimizer exists
+    after: Callable[[int, Transformer], None] | None = None  # after each step (its number), before evaluation
+    finish: Callable[[Transformer], None] | None = None     # after the last step, before the model is wrapped
+
+
 def estimate_seconds(s: TrainSettings) -> float:
     """Expected training time on two cores (rounded up; see the constants above)."""
     cfg = s.config()
@@ -83,10 +95,10 @@ def estimate_seconds(s: TrainSettings) -> float:
     return s.steps * per_step * (CHECKPOINT_FACTOR if s.checkpoint else 1.0)
 
 
-def _step(net, opt, s: TrainSettings, variant, generator) -> float:
+def _step(net, opt, s: TrainSettings, variant, generator, hooks: Hooks | None = None) -> float:
     """One optimiser step on a fresh batch (what `train` runs and `timed_estimate` times); its loss."""
     inputs, answers, _ = s.task.sample(s.batch_size, generator)
-    return optimiser_step(net, opt, _loss(net, s.task, inputs, answers, variant, s.checkpoint))
+    return optimiser_step(net, opt, _loss(net, s.task, inputs, answers, variant, s.checkpoint, hooks=hooks))
 
 
 def optimiser_step(net, opt, loss: torch.Tensor) -> float:
@@ -194,14 +206,21 @@ def checkpointed(net: Transformer):
             del block.forward  # back to the class's forward
 
 
-def _loss(net: Transformer, task: Task, inputs, answers, variant, use_checkpoint: bool, check=None):
-    if use_checkpoint:
-        with checkpointed(net):
-            logits = net(input_ids=inputs, variants=variant, check=check).logits
-    else:
-        logits = net(input_ids=inputs, variants=variant, check=check).logits
-    logits = logits[:, task.answer_positions]                       # (B, A, vocab)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), answers.reshape(-1))
+def answer_loss(net: Transformer, task: Task, inputs, answers, variant, head_mask=None, need_weights=False,
+                check=None):
+    """Cross-entropy of the answer tokens (the one training loss), and the network's Output."""
+    out = net(input_ids=inputs, variants=variant, check=check, head_mask=head_mask, need_weights=need_weights)
+    logits = out.logits[:, task.answer_positions]                   # (B, A, vocab)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), answers.reshape(-1)), out
+
+
+def _loss(net: Transformer, task: Task, inputs, answers, variant, use_checkpoint: bool, check=None,
+          hooks: Hooks | None = None):
+    hooks = hooks or Hooks()
+    with checkpointed(net) if use_checkpoint else _nothing():
+        loss, out = answer_loss(net, task, inputs, answers, variant, hooks.head_mask,
+                                hooks.penalty is not None, check)
+    return loss if hooks.penalty is None else loss + hooks.penalty(out.attentions)
 
 
 def lr_at(step: int, steps: int, peak: float) -> float:
@@ -217,15 +236,16 @@ def optimizer(net):
 
 def train(s: TrainSettings, progress: Callable[[int, int, float], None] | None = None,
           key: str = "trained toy", eval_every: int = 0, stop_at_budget: bool = True,
-          should_stop: Callable[[], bool] | None = None) -> TrainResult:
+          should_stop: Callable[[], bool] | None = None, hooks: Hooks | None = None) -> TrainResult:
     """Train a fresh toy model; `progress(step, steps, loss)` after every step; every
     `eval_every` steps the exact accuracy on 500 held-out examples goes into `history`.
     Training stops when `s.budget_s` has passed (a busy machine) unless `stop_at_budget` is
     False, as when reproducing the shipped checkpoints, and before any step at which
-    `should_stop()` (e.g. a `jobs.Cancel`: the user has gone) is true; `stopped_early` says so."""
+    `should_stop()` (e.g. a `jobs.Cancel`: the user has gone) is true; `stopped_early` says so.
+    `hooks`: a training-time experiment's changes (see `Hooks`)."""
     check_settings(s)
     with one_thread_here():
-        return _train(s, progress, key, eval_every, stop_at_budget, should_stop)
+        return _train(s, progress, key, eval_every, stop_at_budget, should_stop, hooks or Hooks())
 
 
 def run_steps(opt, s, one_step: Callable[[], float], progress, stop_at_budget: bool, should_stop=None,
@@ -251,23 +271,29 @@ def run_steps(opt, s, one_step: Callable[[], float], progress, stop_at_budget: b
 
 
 def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget: bool,
-           should_stop=None) -> TrainResult:
+           should_stop=None, hooks: Hooks = Hooks()) -> TrainResult:
     torch.manual_seed(s.seed)
     net = Transformer(s.config()).train()
+    if hooks.prepare is not None:
+        hooks.prepare(net)
     variant = parse_variant(s.variant)
     generator = torch.Generator().manual_seed(s.seed)
     opt, history = optimizer(net), []
 
     def evaluated(step: int):
+        if hooks.after is not None:
+            hooks.after(step, net)
         if eval_every and step % eval_every == 0:
             net.eval()
-            history.append((step, score(net, s.task, variant, n=500).exact))
+            history.append((step, score(net, s.task, variant, hooks.head_mask, n=500).exact))
             net.train()
 
-    losses, seconds, stopped = run_steps(opt, s, lambda: _step(net, opt, s, variant, generator), progress,
+    losses, seconds, stopped = run_steps(opt, s, lambda: _step(net, opt, s, variant, generator, hooks), progress,
                                          stop_at_budget, should_stop, evaluated)
+    if hooks.finish is not None:
+        hooks.finish(net)
     model = wrap(net, s, key)
-    return TrainResult(model, s, losses, seconds, len(losses), stopped, evaluate(model), history)
+    return TrainResult(model, s, losses, seconds, len(losses), stopped, evaluate(model, hooks.head_mask), history)
 
 
 def wrap(net: Transformer, s: TrainSettings, key: str) -> ToyModel:

@@ -15,7 +15,8 @@ from attnviz.figures import lab_figures
 from attnviz.ui import common
 from attnviz.ui import job_controls
 from attnviz.ui import kept_inputs
-from attnviz.ui import lab_patterns, lab_positions, lab_reader, lab_steps, lab_toys, lab_translate, lab_vit, shared_view
+from attnviz.ui import lab_experiments, lab_patterns, lab_positions, lab_reader, lab_steps, lab_toys, lab_translate
+from attnviz.ui import lab_vit, shared_view
 
 PAGE = "lab"
 VARIANTS = ["temp:0.5", "temp:2", "local:4", "local:16", "linear", "relu", "topk:4", "topk:16"]
@@ -114,7 +115,8 @@ VIEWS = {"Step by step": lab_steps.steps_view, "Positional encodings": lab_posit
          "Variants in a pretrained model": variants_view, "Toy transformers": lab_toys.toys_view,
          "Toy translator": lab_translate.toy_translator_view,
          "Patches, padding, sparse patterns": lab_patterns.patterns_view,
-         lab_reader.VIEW: lab_reader.reader_view, lab_vit.VIEW: lab_vit.vit_view}
+         lab_reader.VIEW: lab_reader.reader_view, lab_vit.VIEW: lab_vit.vit_view,
+         lab_experiments.VIEW: lab_experiments.experiments_view}
 
 
 def page():

@@ -13,8 +13,9 @@ from attnviz.base import exports, jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import vit_figures
 from attnviz.toys import toy_vit
-from attnviz.ui import job_controls, kept_inputs
+from attnviz.ui import job_controls
 from attnviz.ui.common import plain
+from attnviz.ui import shared_view
 
 PAGE = "lab"
 VIEW = "Toy ViT: 2-D positions, axial attention"   # its name among the Lab's views
@@ -81,10 +82,8 @@ def attention_maps(results):
     """One held-out image's chosen patch, what it attends to in every trained configuration."""
     held = toy_vit.held_out_set()
     c1, c2 = st.columns(2)
-    index = int(c1.number_input("Held-out image", 0, len(held.labels) - 1, 0, 1, key=key("image"),
-                                **kept_inputs.kept_for_session()))
-    mark = c2.radio("Query patch", ["first mark", "second mark"], horizontal=True, key=key("mark"),
-                    **kept_inputs.kept_for_session())
+    index = int(c1.number_input("Held-out image", 0, len(held.labels) - 1, 0, 1, **shared_view.linked(key("image"))))
+    mark = c2.radio("Query patch", ["first mark", "second mark"], horizontal=True, **shared_view.linked(key("mark")))
     row, col = (int(v) for v in held.marks[index, 0 if mark == "first mark" else 1])
     maps = {r.settings.label: toy_vit.patch_maps(r.net, held.pixels[index], row * toy_vit.GRID + col)
             for r in results}
@@ -113,10 +112,9 @@ def vit_view(_model=None):
     ss = st.session_state
     with st.form(key("form")):
         c1, c2 = st.columns(2)
-        steps = c1.number_input("Steps", 10, 600, 150, 10, key=key("steps"), **kept_inputs.kept_for_session())
-        seed = c2.number_input("Seed", 0, 999, 0, 1, key=key("seed"), **kept_inputs.kept_for_session())
-        chosen = st.multiselect("Configurations", list(LABELS), list(LABELS), key=key("configs"),
-                                **kept_inputs.kept_for_session())
+        steps = c1.number_input("Steps", 10, 600, 150, 10, **shared_view.linked(key("steps")))
+        seed = c2.number_input("Seed", 0, 999, 0, 1, **shared_view.linked(key("seed")))
+        chosen = st.multiselect("Configurations", list(LABELS), list(LABELS), **shared_view.linked(key("configs")))
         go = st.form_submit_button("Train", key=key("train"))
     if go:
         if not chosen:
