@@ -162,10 +162,12 @@ class CrossBlock(nn.Module):
         weights `step_row` reads (`row_weights`) as one tuple in the per-call `past` (no module
         attribute look-ups per step; the shared model is not touched)."""
         k, v = past["memory"]
-        past["kT"], past["vr"] = k[0].transpose(-2, -1).contiguous(), v[0].contiguous()
         cross = self.cross
-        past["row"] = (*self.row_weights(), (cross.n_heads, 1, cross.d_head), 1.0 / math.sqrt(cross.d_head),
-                       self.norm_ssru.eps)
+        # the 1/sqrt(d_head) scale is folded into K^T once per decoding (one multiply less per step;
+        # the scores differ from scaling after the product by float rounding only)
+        past["kT"] = k[0].transpose(-2, -1).mul(1.0 / math.sqrt(cross.d_head)).contiguous()
+        past["vr"] = v[0].contiguous()
+        past["row"] = (*self.row_weights(), (cross.n_heads, 1, cross.d_head), self.norm_ssru.eps)
 
     def step_row(self, x, past: dict, into=None, head_mask=None, head_fill=None):
         """`forward` for one row without module dispatch (greedy decoding's fast path): x (1, d),
@@ -173,15 +175,15 @@ class CrossBlock(nn.Module):
         the weights (`lay_out`); the cross-attention weights (h, 1, S) are written into `into` when
         given. -> x (1, d). The same operations as `forward`, in place where nothing else reads."""
         (w_ssru, b_ssru, g_ssru, n_ssru, w_q, b_q, w_out, b_out, g_cross, n_cross, w_in, b_in,
-         w_fc, b_fc, g_ffn, n_ffn, heads, scale, eps) = past["row"]
+         w_fc, b_fc, g_ffn, n_ffn, heads, eps) = past["row"]
         mm, norm, d = torch.addmm, F.layer_norm, (x.shape[-1],)
         wx, f = mm(b_ssru, x, w_ssru).chunk(2, dim=-1)                         # (1, d) each
         f = f.sigmoid_()
-        z = torch.rsub(f, 1).mul_(wx)                                          # (1 - f) * wx
         c = past.get("c")
-        c = past["c"] = z if c is None else z.addcmul_(f, c)
+        # f * c + (1 - f) * wx as one lerp (wx + f * (c - wx)): the same cell up to float rounding
+        c = past["c"] = torch.rsub(f, 1).mul_(wx) if c is None else torch.lerp(wx, c, f)
         x = norm(torch.relu(c).add_(x), d, g_ssru, n_ssru, eps)
-        att = torch.bmm(mm(b_q, x, w_q).view(heads), past["kT"]).mul_(scale)   # (h, 1, S)
+        att = torch.bmm(mm(b_q, x, w_q).view(heads), past["kT"])               # (h, 1, S), scaled K^T
         att = torch.softmax(att, dim=-1) if into is None else torch.softmax(att, dim=-1, out=into)
         y = torch.bmm(att, past["vr"])                                           # (h, 1, dh)
         if head_mask is not None:
