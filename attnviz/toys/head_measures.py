@@ -60,16 +60,21 @@ def concentration(gradient, alive=None, carried: float = CARRIED) -> Concentrati
     return Concentration(torch.where(alive, g, 0.0).float(), needed, int(values.numel()), carried)
 
 
+def batch_mask_gradient(net, task, inputs, answers, variant, head_mask: torch.Tensor) -> torch.Tensor:
+    """[L, H] |d answer loss / d head mask| of a toy network on one batch, at `head_mask`."""
+    mask = head_mask.clone().requires_grad_(True)
+    with torch.enable_grad():
+        loss, _ = answer_loss(net, task, inputs, answers, variant, mask)
+        (grad,) = torch.autograd.grad(loss, mask)
+    return grad.abs()
+
+
 def mask_gradient(model: ToyModel, head_mask=None, n: int = 500, seed: int = EVAL_SEED) -> torch.Tensor:
     """[L, H] |d loss / d head mask| of a toy on `n` held-out prompts, at `head_mask` (default all on)."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     start = torch.ones(L, H) if head_mask is None else model.check_head_mask(head_mask).float()
     inputs, answers, _ = model.task.sample(n, torch.Generator().manual_seed(seed))
-    mask = start.clone().requires_grad_(True)
-    with torch.enable_grad():
-        loss, _ = answer_loss(model.net, model.task, inputs, answers, model.variant, mask)
-        (grad,) = torch.autograd.grad(loss, mask)
-    return grad.abs()
+    return batch_mask_gradient(model.net, model.task, inputs, answers, model.variant, start)
 
 
 def toy_concentration(model: ToyModel, head_mask=None, n: int = 500) -> Concentration:

@@ -271,7 +271,7 @@ def run_steps(opt, s, one_step: Callable[[], float], progress, stop_at_budget: b
 
 
 def _train(s: TrainSettings, progress, key: str, eval_every: int, stop_at_budget: bool,
-           should_stop=None, hooks: Hooks = Hooks()) -> TrainResult:
+           should_stop, hooks: Hooks) -> TrainResult:
     torch.manual_seed(s.seed)
     net = Transformer(s.config()).train()
     if hooks.prepare is not None:

@@ -29,7 +29,7 @@ from torch.nn.utils import parametrize
 from attnviz.base import names
 from attnviz.toys import head_measures
 from attnviz.toys.tasks import EVAL_SEED, Task, ToyModel
-from attnviz.toys.training import Hooks, TrainSettings, answer_loss, train
+from attnviz.toys.training import Hooks, TrainSettings, train
 
 # The experiments' toy: sort 8 digits, 2 layers x 4 heads of width 8 (d_model 32): small enough to
 # train an experiment and its baseline within the Lab's budget, far enough from 100 % that a change
@@ -146,11 +146,8 @@ def dynamic_pruning(s: TrainSettings, progress=None, should_stop=None, threshold
             return
         grad = torch.zeros(L, H)
         for i in range(0, len(inputs), PROBE_CHUNK):
-            probe = mask.clone().requires_grad_(True)
-            with torch.enable_grad():
-                loss, _ = answer_loss(net, s.task, inputs[i:i + PROBE_CHUNK], answers[i:i + PROBE_CHUNK],
-                                      s.variant, probe)
-                grad += torch.autograd.grad(loss, probe)[0].abs()
+            grad += head_measures.batch_mask_gradient(net, s.task, inputs[i:i + PROBE_CHUNK],
+                                                      answers[i:i + PROBE_CHUNK], s.variant, mask)
         alive = mask > 0
         share = grad / grad[alive].sum().clamp_min(1e-20)
         recent[:] = recent[-(patience - 1):] + [share] if patience > 1 else [share]

@@ -14,8 +14,7 @@ from attnviz.base import exports, jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import experiment_figures
 from attnviz.toys import head_measures, training_experiments
-from attnviz.ui import common, job_controls
-from attnviz.ui import shared_view
+from attnviz.ui import common, job_controls, shared_view
 
 PAGE = "lab"
 VIEW = "Training-time experiments"   # its name among the Lab's views

@@ -13,9 +13,8 @@ from attnviz.base import exports, jobs, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import vit_figures
 from attnviz.toys import toy_vit
-from attnviz.ui import job_controls
+from attnviz.ui import job_controls, shared_view
 from attnviz.ui.common import plain
-from attnviz.ui import shared_view
 
 PAGE = "lab"
 VIEW = "Toy ViT: 2-D positions, axial attention"   # its name among the Lab's views
