@@ -85,12 +85,13 @@ def test_the_row_layout_is_built_once_and_rebuilt_when_a_weight_changes():
     block = net.decoder[0]
     first = block.row_weights()
     assert block.row_weights() is first                               # cached: built once
-    assert torch.equal(first[4], block.cross.q.weight.t())            # the query weights, transposed
-    assert first[4].is_contiguous() and first[4].data_ptr() != block.cross.q.weight.data_ptr()
+    query = first[4]                                                  # random weights: no int8 grid, float32
+    assert not query.on_grid and torch.equal(query.weight, block.cross.q.weight.t())   # transposed
+    assert query.weight.is_contiguous() and query.weight.data_ptr() != block.cross.q.weight.data_ptr()
     with torch.no_grad():
         block.cross.q.weight.mul_(2)                                   # training, a loaded state
     again = block.row_weights()
-    assert again is not first and torch.equal(again[4], block.cross.q.weight.t())
+    assert again is not first and torch.equal(again[4].weight, block.cross.q.weight.t())
 
 
 def test_the_row_path_on_a_small_model_past_the_position_table():

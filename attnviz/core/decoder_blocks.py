@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from attnviz.core.attention import SOFTMAX, Variant
 from attnviz.core.blocks import MLP, Attention, Linear, make_norm
 from attnviz.core.config import Config
+from attnviz.core.row_products import RowProduct
 
 _ROW_LOCK = threading.Lock()   # one thread builds a shared model's row layout; the others wait for it
 
@@ -127,11 +128,10 @@ class CrossBlock(nn.Module):
                 not any(hasattr(m, "in_features") and not isinstance(m, nn.Linear) for m in self.modules()))
 
     def row_weights(self) -> tuple:
-        """The weights `step_row` reads, laid out for one-row products: the SSRU's fused [W; W_f], the
-        query, output and first MLP projections transposed to contiguous (in, out) matrices (for one
-        row, x @ W^T read row by row is faster than the (out, in) product on x86; the second MLP
-        projection, 1,536 wide in, is faster as it is). A derived read-only copy (~2.5 MB a block),
-        built once per model under a lock and rebuilt only when a weight changes (training, a loaded
+        """The weights `step_row` reads, as one-row products (`RowProduct`: over each weight's
+        int8 grid where it has one -- the Bergamot students' every decoder weight -- else float32)
+        and the LayerNorms' parameters. A derived read-only copy (~1 MB a block on the grid), built
+        once per model under a lock and rebuilt only when a weight changes (training, a loaded
         state); the parameters themselves are never touched."""
         cross, mlp, ssru = self.cross, self.mlp, self.ssru
         sources = (ssru.W.weight, ssru.Wf.weight, ssru.Wf.bias, cross.q.weight, cross.q.bias,
@@ -144,14 +144,13 @@ class CrossBlock(nn.Module):
             with _ROW_LOCK:
                 cached = self.__dict__.get("_row_cache")
                 if cached is None or cached[0] != version:
-                    def rows(w):
-                        return w.detach().t().contiguous()
-                    w_ssru, b_ssru = ssru.fused()
-                    weights = (rows(w_ssru), b_ssru, *(t.detach() for t in sources[11:13]), rows(cross.q.weight),
-                               cross.q.bias.detach(), rows(cross.out.weight), cross.out.bias.detach(),
-                               *(t.detach() for t in sources[13:15]), rows(mlp.fc_in.weight),
-                               mlp.fc_in.bias.detach(), mlp.fc_out.weight.detach(), mlp.fc_out.bias.detach(),
-                               *(t.detach() for t in sources[15:17]))
+                    with torch.no_grad():
+                        weights = (RowProduct(ssru.W.weight), RowProduct(ssru.Wf.weight, ssru.Wf.bias),
+                                   *(t.detach() for t in sources[11:13]),
+                                   RowProduct(cross.q.weight, cross.q.bias), RowProduct(cross.out.weight, cross.out.bias),
+                                   *(t.detach() for t in sources[13:15]),
+                                   RowProduct(mlp.fc_in.weight, mlp.fc_in.bias), RowProduct(mlp.fc_out.weight, mlp.fc_out.bias),
+                                   *(t.detach() for t in sources[15:17]))
                     cached = (version, weights)
                     self.__dict__["_row_cache"] = cached
         return cached[1]
@@ -174,22 +173,21 @@ class CrossBlock(nn.Module):
         past["c"] the SSRU cell (advanced), past["kT"] / past["vr"] the encoder K/V and past["row"]
         the weights (`lay_out`); the cross-attention weights (h, 1, S) are written into `into` when
         given. -> x (1, d). The same operations as `forward`, in place where nothing else reads."""
-        (w_ssru, b_ssru, g_ssru, n_ssru, w_q, b_q, w_out, b_out, g_cross, n_cross, w_in, b_in,
-         w_fc, b_fc, g_ffn, n_ffn, heads, eps) = past["row"]
-        mm, norm, d = torch.addmm, F.layer_norm, (x.shape[-1],)
-        wx, f = mm(b_ssru, x, w_ssru).chunk(2, dim=-1)                         # (1, d) each
-        f = f.sigmoid_()
+        (ssru_w, ssru_f, g_ssru, n_ssru, q, out, g_cross, n_cross, fc_in, fc_out, g_ffn, n_ffn,
+         heads, eps) = past["row"]
+        norm, d = F.layer_norm, (x.shape[-1],)
+        wx, f = ssru_w(x), ssru_f(x).sigmoid_()                                    # (1, d) each
         c = past.get("c")
         # f * c + (1 - f) * wx as one lerp (wx + f * (c - wx)): the same cell up to float rounding
         c = past["c"] = torch.rsub(f, 1).mul_(wx) if c is None else torch.lerp(wx, c, f)
         x = norm(torch.relu(c).add_(x), d, g_ssru, n_ssru, eps)
-        att = torch.bmm(mm(b_q, x, w_q).view(heads), past["kT"])               # (h, 1, S), scaled K^T
+        att = torch.bmm(q(x).view(heads), past["kT"])                            # (h, 1, S), scaled K^T
         att = torch.softmax(att, dim=-1) if into is None else torch.softmax(att, dim=-1, out=into)
         y = torch.bmm(att, past["vr"])                                           # (h, 1, dh)
         if head_mask is not None:
             y = y * head_mask.to(y.dtype)[:, None, None]
         if head_fill is not None:
             y = y + head_fill.to(y.dtype)[:, None, :]
-        x = norm(mm(b_out, y.view(1, -1), w_out).add_(x), d, g_cross, n_cross, eps)
-        h = F.linear(mm(b_in, x, w_in).relu_(), w_fc, b_fc)
+        x = norm(out(y.view(1, -1)).add_(x), d, g_cross, n_cross, eps)
+        h = fc_out(fc_in(x).relu_())
         return norm(h.add_(x), d, g_ffn, n_ffn, eps)

@@ -92,8 +92,8 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
     scored = masks["shortlist"] if check else vocab
     buf = torch.empty(len(net.decoder), self.cfg.n_heads, n_max, S) if attentions else None
     pieces = None if scored is None else scored[0].tolist()   # column -> token id, once per sentence
-    # the shortlist's output weights as a contiguous (d, n) matrix: a one-row product reads it row by row
-    rows_w = None if scored is None else scored[1].t().contiguous()
+    # the shortlist's one-row product, laid out once per sentence (on the output matrix's int8 grid)
+    product = None if scored is None else net.output_rows(scored[1], scored[2])
     start_id = int(self._start_ids()[0, 0])
     ids, cols, hidden, logit_rows, carries = [], [], [], [], []
     t, done, stopped, full = 0, 0, "max_tokens", None   # done: steps checked against the whole vocabulary
@@ -104,7 +104,7 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
                              into=None if buf is None else buf[:, :, t:t + 1])     # x (1, d)
             hidden.append(x)
             carries.append([layer["c"] for layer in state.layers])  # the state after step t: where a check resumes
-            logits = (net.lm_head(x) if scored is None else torch.addmm(scored[2], x, rows_w))[0].float()
+            logits = (net.lm_head(x) if product is None else product(x))[0].float()
             logit_rows.append(logits)
             best = logits.argmax()
             cols.append(best)

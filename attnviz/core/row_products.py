@@ -1,0 +1,109 @@
+"""One-row products x @ W^T + b for greedy decoding's one-row path, read from a weight's int8 grid
+when the weight lies on one.
+
+The Bergamot students ship int8 matrices with one float scale each (weight = int8 / scale), so
+every weight of their decoders is a whole multiple, -127..127, of one step. Stored as those bytes
+(one per weight rather than four), a one-row product reads a quarter of the memory; decoding one
+token at a time is bound by reading the weights, so it runs at about half the time. The product
+is torch's own 8-bit row-wise embedding-bag kernel (fbgemm): a sum of the byte rows weighted by
+x, each row dequantized as step * (q + 128) - 128 * step, accumulated in float32 -- the same
+numbers as the float32 product up to float rounding (the rows are summed in another order). A
+weight that is not on such a grid, or a build of torch whose kernel is missing or does not give
+the float32 product on a probe, gets the float32 product.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+GRID_LEVELS = 127        # |q| <= 127: int8 values, stored offset by 128 as unsigned bytes
+GRID_TOLERANCE = 1e-6    # |w - q * step| <= this x max|w|: float rounding of int8 / scale
+PROBE_TOLERANCE = 1e-5   # the probe's product within this x its size of the float32 product
+
+
+def grid_step(weight: torch.Tensor) -> float | None:
+    """The step s with weight == q * s for whole q in -127..127 (up to float rounding), or None.
+    The smallest nonzero magnitude is the step when some weight is +-1 step (every int8 matrix
+    of a trained model has one); any other grid is not detected, and falls back to float32."""
+    w = weight.detach().float()
+    mags = w.abs()
+    top = float(mags.max()) if w.numel() else 0.0
+    nonzero = mags[mags > 0]
+    if top == 0.0 or nonzero.numel() == 0:
+        return None
+    step = float(nonzero.min())
+    q = torch.round(w / step)
+    if float(q.abs().max()) > GRID_LEVELS or float((w - q * step).abs().max()) > GRID_TOLERANCE * top:
+        return None
+    return step
+
+
+def _byte_rows(weight: torch.Tensor, step: float) -> torch.Tensor:
+    """(out, in) weight -> the kernel's row-wise layout of W^T: (in, out + 8) bytes, each row the
+    offset int8 values then its float32 scale (step) and bias (-128 step)."""
+    q = torch.round(weight.detach().float() / step).t()
+    rows = (q + 128).to(torch.uint8).contiguous()
+    n = rows.shape[0]
+    scale_bias = torch.tensor([step, -128.0 * step], dtype=torch.float32).repeat(n, 1)
+    return torch.cat([rows, scale_bias.view(torch.uint8)], dim=1).contiguous()
+
+
+@functools.cache
+def kernel_works() -> bool:
+    """Whether this build of torch has the byte kernel and it gives the float32 product (probed
+    once per process on a small grid matrix; a machine without it gets the float32 products)."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randint(-GRID_LEVELS, GRID_LEVELS + 1, (24, 40), generator=g).float() * 0.01
+    x = torch.randn(1, 40, generator=g)
+    try:
+        got = _byte_product(x, _byte_rows(weight, 0.01), torch.arange(40), torch.zeros(1, dtype=torch.long))
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+    want = x @ weight.t()
+    return got.shape == want.shape and float((got - want).abs().max()) <= PROBE_TOLERANCE * float(want.abs().max())
+
+
+def _byte_product(x, rows, indices, offsets):
+    return torch.ops.quantized.embedding_bag_byte_rowwise_offsets(rows, indices, offsets, False, 0, False,
+                                                                  x[0], None, False)
+
+
+class RowProduct:
+    """x (1, in) -> x @ W^T + b (1, out), for one weight (out, in) and bias (out,) or None: over
+    the weight's int8 grid when it has one (`on_grid`), else float32. `grid`: True to look for the
+    grid; the step itself when the caller knows it (rows of a matrix already found on a grid); False
+    for float32 without looking. A derived, read-only copy: the weight itself is never touched."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, grid: bool | float = True):
+        self.bias = None if bias is None else bias.detach()
+        self.rows = None
+        if grid is not False and kernel_works():
+            step = grid_step(weight) if grid is True else float(grid)
+            if step is not None:
+                self.rows = _byte_rows(weight, step)
+                self.indices = torch.arange(self.rows.shape[0])
+                self.offsets = torch.zeros(1, dtype=torch.long)
+        if self.rows is None:
+            w = weight.detach()
+            # for one row, x @ W read row by row from (in, out) is the faster float32 product on x86,
+            # except for a matrix much wider in than out (the MLP's second projection), faster as (out, in)
+            self.wide_in = w.shape[1] > 2 * w.shape[0]
+            self.weight = w.contiguous() if self.wide_in else w.t().contiguous()
+
+    @property
+    def on_grid(self) -> bool:
+        return self.rows is not None
+
+    def nbytes(self) -> int:
+        held = self.rows if self.rows is not None else self.weight
+        return held.numel() * held.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None:
+            out = _byte_product(x, self.rows, self.indices, self.offsets)
+            return out if self.bias is None else out.add_(self.bias)
+        if self.wide_in:
+            return F.linear(x, self.weight, self.bias)
+        return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
