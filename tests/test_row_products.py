@@ -57,18 +57,9 @@ def test_off_the_grid_the_product_is_float32():
     assert not RowProduct(on_grid(16, 8, 0.01), grid=False).on_grid   # float32 without looking
 
 
-def test_a_known_step_skips_the_search_and_gives_the_same_product():
-    w = on_grid(300, 64, step=0.02)
-    rows = w[torch.tensor([0, 5, 17, 299])]             # some rows of a matrix found on its grid
-    assert RowProduct(rows, grid=0.02).on_grid
-    x = torch.randn(1, 64)
-    torch.testing.assert_close(RowProduct(rows, grid=0.02)(x), x @ rows.t(), atol=1e-4, rtol=1e-6)
-
-
 @pytest.mark.parametrize("key", ["en-pt", "pt-en"])
 def test_every_decoder_weight_of_the_bundled_translators_is_on_its_grid(key):
     net = attnviz.load_model(key).net
     for block in net.decoder:
         products = [p for p in block.row_weights() if isinstance(p, RowProduct)]
         assert len(products) == 6 and all(p.on_grid for p in products)
-    assert grid_step(net.tok.weight) is not None         # the shortlist's output rows too

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnviz.core.row_products import RowProduct
 from attnviz.core.seq2seq import DecoderState
 from attnviz.core.translation_parts import self_matrix
 
@@ -92,8 +93,9 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
     scored = masks["shortlist"] if check else vocab
     buf = torch.empty(len(net.decoder), self.cfg.n_heads, n_max, S) if attentions else None
     pieces = None if scored is None else scored[0].tolist()   # column -> token id, once per sentence
-    # the shortlist's one-row product, laid out once per sentence (on the output matrix's int8 grid)
-    product = None if scored is None else net.output_rows(scored[1], scored[2])
+    # the shortlist's output weights laid out once per sentence for one-row products (float32: on
+    # the int8 grid, the bytes' layout costs more per sentence than its products save)
+    product = None if scored is None else RowProduct(scored[1], scored[2], grid=False)
     start_id = int(self._start_ids()[0, 0])
     ids, cols, hidden, logit_rows, carries = [], [], [], [], []
     t, done, stopped, full = 0, 0, "max_tokens", None   # done: steps checked against the whole vocabulary

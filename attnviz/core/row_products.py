@@ -72,15 +72,14 @@ def _byte_product(x, rows, indices, offsets):
 
 class RowProduct:
     """x (1, in) -> x @ W^T + b (1, out), for one weight (out, in) and bias (out,) or None: over
-    the weight's int8 grid when it has one (`on_grid`), else float32. `grid`: True to look for the
-    grid; the step itself when the caller knows it (rows of a matrix already found on a grid); False
-    for float32 without looking. A derived, read-only copy: the weight itself is never touched."""
+    the weight's int8 grid when it has one (`on_grid`), else float32; `grid=False`: float32 without
+    looking. A derived, read-only copy: the weight itself is never touched."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, grid: bool | float = True):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, grid: bool = True):
         self.bias = None if bias is None else bias.detach()
         self.rows = None
-        if grid is not False and kernel_works():
-            step = grid_step(weight) if grid is True else float(grid)
+        if grid and kernel_works():
+            step = grid_step(weight)
             if step is not None:
                 self.rows = _byte_rows(weight, step)
                 self.indices = torch.arange(self.rows.shape[0])

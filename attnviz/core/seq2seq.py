@@ -20,7 +20,6 @@ from attnviz.core.base_model import adopt_state
 from attnviz.core.blocks import Block, Linear, iter_layers
 from attnviz.core.config import Config
 from attnviz.core.decoder_blocks import CrossBlock
-from attnviz.core.row_products import RowProduct, grid_step, kernel_works
 
 DECODERS = ("ssru", "attention")
 POSITIONALS = ("marian", "hf_marian", "learned")
@@ -162,19 +161,6 @@ class Seq2Seq(nn.Module):
         translation than the prepacked one (measured on bench/translate_speed.py's sentences)."""
         linears = [m for part in (self.encoder, self.lm_head) for m in part.modules() if isinstance(m, Linear)]
         return sum(m.pack() for m in linears)
-
-    def output_rows(self, weight_rows: torch.Tensor, bias_rows: torch.Tensor) -> RowProduct:
-        """The one-row product over some rows (n, d) of the output matrix, a shortlist's, and their
-        biases (n,): on the output matrix's int8 grid when it has one (looked for once per version
-        of the weight, not per sentence)."""
-        w = self.tok.weight
-        version = (None if w.is_inference() else w._version, w.data_ptr())
-        found = self.__dict__.get("_output_grid")
-        if found is None or found[0] != version:
-            with torch.no_grad():
-                found = (version, grid_step(w) if kernel_works() else None)
-            self.__dict__["_output_grid"] = found   # a derived value: rebuilt, never shared state
-        return RowProduct(weight_rows, bias_rows, grid=False if found[1] is None else found[1])
 
     # ---------------------------------------------------------------- embeddings
     def embed(self, ids, start: int, side: str):
