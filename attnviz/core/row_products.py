@@ -50,6 +50,18 @@ def _byte_rows(weight: torch.Tensor, step: float) -> torch.Tensor:
     return torch.cat([rows, scale_bias.view(torch.uint8)], dim=1).contiguous()
 
 
+def _byte_bag():
+    try:
+        return torch.ops.quantized.embedding_bag_byte_rowwise_offsets.default
+    except (AttributeError, RuntimeError):
+        return None
+
+
+# its arguments: rows, indices, offsets, scale_grad_by_freq, mode (0: sum), pruned, per-row weights,
+# compressed indices, include_last_offset
+_BYTE_BAG = _byte_bag()
+
+
 @functools.cache
 def kernel_works() -> bool:
     """Whether this build of torch has the byte kernel and it gives the float32 product (probed
@@ -58,16 +70,14 @@ def kernel_works() -> bool:
     weight = torch.randint(-GRID_LEVELS, GRID_LEVELS + 1, (24, 40), generator=g).float() * 0.01
     x = torch.randn(1, 40, generator=g)
     try:
-        got = _byte_product(x, _byte_rows(weight, 0.01), torch.arange(40), torch.zeros(1, dtype=torch.long))
-    except (RuntimeError, NotImplementedError, AttributeError):
+        got = _BYTE_BAG(_byte_rows(weight, 0.01), torch.arange(40), torch.zeros(1, dtype=torch.long), False, 0,
+                        False, x[0], None, False)
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
         return False
     want = x @ weight.t()
     return got.shape == want.shape and float((got - want).abs().max()) <= PROBE_TOLERANCE * float(want.abs().max())
 
 
-def _byte_product(x, rows, indices, offsets):
-    return torch.ops.quantized.embedding_bag_byte_rowwise_offsets(rows, indices, offsets, False, 0, False,
-                                                                  x[0], None, False)
 
 
 class RowProduct:
@@ -101,7 +111,7 @@ class RowProduct:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.rows is not None:
-            out = _byte_product(x, self.rows, self.indices, self.offsets)
+            out = _BYTE_BAG(self.rows, self.indices, self.offsets, False, 0, False, x[0], None, False)
             return out if self.bias is None else out.add_(self.bias)
         if self.wide_in:
             return F.linear(x, self.weight, self.bias)
