@@ -675,15 +675,16 @@ def test_quantized_translator_translates_through_its_quantized_layers():
     text = model.translate("The weather is nice today.").text
     src = model.source("The weather is nice today.")[0][None]
     with torch.inference_mode():
-        state = model.net.start(model.net.encode(src)[0])
-    assert model.net.row_layout(state) is not None and model.net.decoder[0].ssru.plain()
+        memory = model.net.encode(src)[0]
+    assert model.net.row_state(memory) is not None and model.net.decoder[0].ssru.plain()
     for mode in quantize.MODES:
         twin = quantize.quantized_copy(model, mode)
         assert twin.translate("The weather is nice today.").text == text
         head = twin.net.lm_head
         assert head.weight.shape == model.net.lm_head.weight.shape and head.bias.shape == model.net.lm_head.bias.shape
         with torch.inference_mode():
-            assert twin.net.row_layout(twin.net.start(twin.net.encode(src)[0])) is None
+            memory = twin.net.encode(src)[0]
+            assert twin.net.row_state(memory) is None and twin.net.row_state(memory, twin.net.start(memory)) is None
         assert not twin.net.decoder[0].ssru.plain()
     assert model.translate("The weather is nice today.").text == text
 

@@ -32,8 +32,8 @@ def checksum(net: torch.nn.Module) -> str:
 
 def steps_both_ways(net, memory, tokens, head_mask=None):
     """Each token fed through the one-row path and through the generic step: both outputs per step."""
-    rows, generic = net.start(memory), net.start(memory)
-    assert net.row_layout(rows) is not None
+    rows, generic = net.row_state(memory), net.start(memory)
+    assert rows is not None
     out = []
     for t, token in enumerate(tokens):
         fed = torch.tensor([[token]])
@@ -62,6 +62,23 @@ def test_the_row_path_is_the_generic_step_on_the_bundled_models(bundled):
     assert torch.equal(tr.target_ids, full.target_ids) and torch.equal(tr.top_ids, full.top_ids)
     torch.testing.assert_close(tr.cross_attentions, full.cross_attentions, atol=1e-5, rtol=0)
     torch.testing.assert_close(tr.logprobs, full.logprobs, atol=1e-4, rtol=0)
+
+
+def test_the_encoder_keys_and_values_laid_out_two_ways_agree(bundled):
+    """Projected straight into the row layout, or computed by `start` and laid out again (a state
+    shared by several decodings): the same K^T and V up to float rounding, the same weights."""
+    key, model = bundled
+    net = model.net
+    with torch.inference_mode():
+        memory, _ = net.encode(model.source(SENTENCES[key])[0][None])
+        direct, again = net.row_state(memory), net.row_state(memory, net.start(memory))
+    for a, b in zip(direct.layers, again.layers):
+        assert a["kT"].shape == b["kT"].shape and a["vr"].shape == b["vr"].shape
+        torch.testing.assert_close(a["kT"], b["kT"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a["vr"], b["vr"], atol=1e-5, rtol=1e-5)
+        assert all(x is y for x, y in zip(a["row"][:-2], b["row"][:-2]))   # one weight layout per model
+    padded = net.start(memory, allowed=torch.ones(1, 1, 1, memory.shape[1], dtype=torch.bool))
+    assert net.row_state(memory, padded) is None and net.row_state(torch.cat([memory, memory])) is None
 
 
 def test_decoding_leaves_the_shared_model_unchanged(bundled):

@@ -156,22 +156,40 @@ class CrossBlock(nn.Module):
         return cached[1]
 
     def lay_out(self, past: dict):
-        """Lays this block out once per decoding for `step_row`: the encoder K/V as K^T (h, dh, S)
-        and V (h, S, dh), so that a step's cross-attention is two batched products, and the
-        weights `step_row` reads (`row_weights`) as one tuple in the per-call `past` (no module
-        attribute look-ups per step; the shared model is not touched)."""
+        """Lays this block out once per decoding for `step_row` from the encoder K/V (B = 1) in
+        `past["memory"]`: K^T (h, dh, S), scaled by 1/sqrt(d_head), and V (h, S, dh), so that a
+        step's cross-attention is two batched products, and the weights `step_row` reads
+        (`row_weights`) as one tuple in the per-call `past` (no module attribute look-ups per step;
+        the shared model is not touched)."""
         k, v = past["memory"]
-        cross = self.cross
-        # the 1/sqrt(d_head) scale is folded into K^T once per decoding (one multiply less per step;
-        # the scores differ from scaling after the product by float rounding only)
-        past["kT"] = k[0].transpose(-2, -1).mul(1.0 / math.sqrt(cross.d_head)).contiguous()
+        # the scale folded into K^T once per decoding (one multiply less per step; the scores
+        # differ from scaling after the product by float rounding only)
+        past["kT"] = k[0].transpose(-2, -1).mul(1.0 / math.sqrt(self.cross.d_head)).contiguous()
         past["vr"] = v[0].contiguous()
-        past["row"] = (*self.row_weights(), (cross.n_heads, 1, cross.d_head), self.norm_ssru.eps)
+        past["row"] = self._row_tuple()
+
+    def row_past(self, memory) -> dict:
+        """`lay_out`'s per-call state projected straight from the encoder output `memory` (1, S, d):
+        K^T as one product W_k memory^T and V as one batched product per head, no relayout."""
+        cross = self.cross
+        h, dh, S = cross.n_kv, cross.d_head, memory.shape[1]
+        w, b = cross.kv.weight, cross.kv.bias
+        w_k, w_v, src = w[:h * dh], w[h * dh:], memory[0]
+        b_k = None if b is None else b[:h * dh, None]
+        k_t = torch.mm(w_k, src.t()) if b_k is None else torch.addmm(b_k, w_k, src.t())    # (h dh, S)
+        w_heads = w_v.view(h, dh, -1).transpose(1, 2)                                      # (h, d, dh)
+        v = torch.bmm(src.expand(h, S, -1), w_heads) if b is None else \
+            torch.baddbmm(b[h * dh:].view(h, 1, dh), src.expand(h, S, -1), w_heads)        # (h, S, dh)
+        return {"kT": k_t.mul_(1.0 / math.sqrt(dh)).view(h, dh, S), "vr": v, "row": self._row_tuple()}
+
+    def _row_tuple(self) -> tuple:
+        cross = self.cross
+        return (*self.row_weights(), (cross.n_heads, 1, cross.d_head), self.norm_ssru.eps)
 
     def step_row(self, x, past: dict, into=None, head_mask=None, head_fill=None):
         """`forward` for one row without module dispatch (greedy decoding's fast path): x (1, d),
         past["c"] the SSRU cell (advanced), past["kT"] / past["vr"] the encoder K/V and past["row"]
-        the weights (`lay_out`); the cross-attention weights (h, 1, S) are written into `into` when
+        the weights (`lay_out`, `row_past`); the cross-attention weights (h, 1, S) are written into `into` when
         given. -> x (1, d). The same operations as `forward`, in place where nothing else reads."""
         (ssru_w, ssru_f, g_ssru, n_ssru, q, out, g_cross, n_cross, fc_in, fc_out, g_ffn, n_ffn,
          heads, eps) = past["row"]

@@ -41,9 +41,10 @@ def greedy(self, memory, masks, n_max, deadline, attentions, cache, start=None):
     candidates come from every step's logits at once after the loop. `start`: a `net.start(memory)`
     whose encoder K/V to reuse."""
     net, eos, vocab = self.net, self.cfg.eos_id, masks["vocab"]
+    rows = net.row_state(memory, start) if cache and self._start_ids().shape[1] == 1 else None
+    if rows is not None:
+        return self._greedy_rows(masks, n_max, deadline, attentions, rows, memory.shape[1])
     state = opened(net, memory, start)
-    if cache and self._start_ids().shape[1] == 1 and net.row_layout(state) is not None:
-        return self._greedy_rows(masks, n_max, deadline, attentions, state, memory.shape[1])
     L, feed = len(net.decoder), self._start_ids()
     ids, cols, logit_rows, rows, self_rows = [], [], [], [], []
     stopped = "max_tokens"

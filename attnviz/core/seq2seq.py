@@ -227,19 +227,23 @@ class Seq2Seq(nn.Module):
         return DecoderState([{"memory": tuple(t.contiguous() for t in block.cross.keys_values(memory))}
                              for block in self.decoder], allowed)
 
-    def row_layout(self, state: DecoderState):
-        """Lays the encoder K/V out for the one-row path (`step_row`) and returns the state's layers;
-        None where that path does not apply (not a post-norm ReLU SSRU decoder of plain linear
-        layers over one sentence)."""
-        if state.allowed is not None or state.layers[0]["memory"][0].shape[0] != 1 or \
+    def row_state(self, memory, start: DecoderState | None = None) -> DecoderState | None:
+        """A decoding over `memory` (1, S, d) laid out for the one-row path (`step_row`): each layer's
+        encoder K/V as the path reads them, projected straight into that layout, or `start`'s
+        (a `start(memory)`) laid out again. None where the path does not apply (not a post-norm
+        ReLU SSRU decoder of plain linear layers over one unpadded sentence)."""
+        if memory.shape[0] != 1 or (start is not None and start.allowed is not None) or \
                 not all(block.row_ready() for block in self.decoder):
             return None
+        if start is None:
+            return DecoderState([block.row_past(memory) for block in self.decoder], None)
+        state = start.fresh()
         for block, layer in zip(self.decoder, state.layers):
             block.lay_out(layer)
-        return state.layers
+        return state
 
     def step_row(self, x, state: DecoderState, *, head_mask=None, head_fill=None, into=None):
-        """`step` for one embedded row x (1, d) of an SSRU decoder laid out by `row_layout`: the
+        """`step` for one embedded row x (1, d) of an SSRU decoder laid out by `row_state`: the
         runner's `row` path; `into` [L, h, 1, S] receives the cross-attention weights. -> the last
         layer's (1, d)."""
         for step in iter_layers(self.decoder, x, head_mask=head_mask, head_fill=head_fill, weights_out=into,
