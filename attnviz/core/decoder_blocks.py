@@ -124,8 +124,11 @@ class CrossBlock(nn.Module):
     def row_ready(self) -> bool:
         """Whether `step_row` applies: a post-norm ReLU SSRU block of plain linear layers (it reads
         every weight directly, so a quantized copy's replaced layers take `forward`)."""
-        return (self.has_ssru and not self.pre_norm and self.relu and
-                not any(hasattr(m, "in_features") and not isinstance(m, nn.Linear) for m in self.modules()))
+        if not (self.has_ssru and not self.pre_norm and self.relu):
+            return False
+        cross, mlp, ssru = self.cross, self.mlp, self.ssru   # a post-norm SSRU block's every linear layer
+        return all(isinstance(m, nn.Linear) for m in (ssru.W, ssru.Wf, cross.q, cross.kv, cross.out, mlp.fc_in,
+                                                       mlp.fc_out))
 
     def row_weights(self) -> tuple:
         """The weights `step_row` reads, as one-row products (`RowProduct`: over each weight's

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from attnviz.core.row_products import RowProduct
 from attnviz.core.seq2seq import DecoderState
 from attnviz.core.translation_parts import self_matrix
 
@@ -94,9 +94,9 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
     scored = masks["shortlist"] if check else vocab
     buf = torch.empty(len(net.decoder), self.cfg.n_heads, n_max, S) if attentions else None
     pieces = None if scored is None else scored[0].tolist()   # column -> token id, once per sentence
-    # the shortlist's output weights laid out once per sentence for one-row products (float32: on
-    # the int8 grid, the bytes' layout costs more per sentence than its products save)
-    product = None if scored is None else RowProduct(scored[1], scored[2], grid=False)
+    # the shortlist's rows (n, d) as gathered: for ~500 rows the one-row product reads them as fast as a
+    # transposed copy would, and the copy is not made; float32 (a byte layout per sentence costs more
+    # than its products save)
     start_id = int(self._start_ids()[0, 0])
     ids, cols, hidden, logit_rows, carries = [], [], [], [], []
     t, done, stopped, full = 0, 0, "max_tokens", None   # done: steps checked against the whole vocabulary
@@ -107,7 +107,7 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
                              into=None if buf is None else buf[:, :, t:t + 1])     # x (1, d)
             hidden.append(x)
             carries.append([layer["c"] for layer in state.layers])  # the state after step t: where a check resumes
-            logits = (net.lm_head(x) if product is None else product(x))[0].float()
+            logits = (net.lm_head(x) if scored is None else F.linear(x, scored[1], scored[2]))[0].float()
             logit_rows.append(logits)
             best = logits.argmax()
             cols.append(best)
