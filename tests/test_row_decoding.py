@@ -133,6 +133,12 @@ def test_the_scoring_equals_a_full_log_softmax(width):
     assert torch.equal(top_i, ref.indices)
     torch.testing.assert_close(top_v, ref.values, atol=1e-5, rtol=0)
     torch.testing.assert_close(chosen, logp.gather(1, cols[:, None])[:, 0], atol=1e-5, rtol=0)
+    # the logits' block maxima, found once for the argmax, pick the same blocks of log-probabilities
+    maxima = decoding.block_maxima(logits)
+    assert (maxima is None) == (width < 8 * decoding.BLOCK)
+    again = decoding.summarise(logits, cols, decoding.TOP_K, maxima)
+    assert all(torch.equal(a, b) for a, b in zip(again, (chosen, top_v, top_i)))
+    assert torch.equal(decoding.row_argmax(logits, maxima), cols)
 
 
 def test_the_blockwise_argmax_is_argmax():

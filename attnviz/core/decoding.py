@@ -98,31 +98,33 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
     # transposed copy would, and the copy is not made; float32 (a byte layout per sentence costs more
     # than its products save)
     start_id = int(self._start_ids()[0, 0])
+    head_mask, head_fill = masks["cross"], masks.get("cross_fill")
     ids, cols, hidden, logit_rows, carries = [], [], [], [], []
-    t, done, stopped, full = 0, 0, "max_tokens", None   # done: steps checked against the whole vocabulary
+    t, done, stopped, full, maxima = 0, 0, "max_tokens", None, None   # done: steps checked against the whole vocabulary
     while True:
         while t < n_max:
-            x = net.step_row(net.embed_row(start_id if t == 0 else ids[t - 1], t), state, head_mask=masks["cross"],
-                             head_fill=masks.get("cross_fill"),
-                             into=None if buf is None else buf[:, :, t:t + 1])     # x (1, d)
+            x = net.step_row(net.embed_row(start_id if t == 0 else ids[-1], t), state, head_mask=head_mask,
+                             head_fill=head_fill, into=None if buf is None else buf[:, :, t:t + 1])   # x (1, d)
             hidden.append(x)
-            carries.append([layer["c"] for layer in state.layers])  # the state after step t: where a check resumes
+            if check:
+                carries.append([layer["c"] for layer in state.layers])  # the state after step t: where a check resumes
             logits = (net.lm_head(x) if scored is None else F.linear(x, scored[1], scored[2]))[0].float()
             logit_rows.append(logits)
-            best = logits.argmax()
-            cols.append(best)
-            ids.append(int(best) if pieces is None else pieces[int(best)])
+            col = int(logits.argmax())
+            cols.append(col)
+            ids.append(col if pieces is None else pieces[col])
             t += 1
             if ids[-1] == eos or deadline.expired():
                 stopped = "eos" if ids[-1] == eos else "deadline"
                 break
         if not check:
-            logits, cols = torch.stack(logit_rows), torch.stack(cols)
+            logits, cols = torch.stack(logit_rows), torch.tensor(cols)
             break
         # the steps not yet checked, in one product over the whole vocabulary: (n - done, vocab)
         new = net.lm_head(torch.cat(hidden[done:])).float()
         full = new if done == 0 else torch.cat([full[:done], new])
-        picks = row_argmax(full).tolist()
+        maxima = block_maxima(full)
+        picks = row_argmax(full, maxima).tolist()
         k = next((i for i in range(done, len(ids)) if picks[i] != ids[i]), None)
         if k is None:
             logits, cols = full, torch.tensor(picks)
@@ -134,30 +136,40 @@ def greedy_rows(self, masks, n_max, deadline, attentions, state, S):
         t, done = k + 1, k + 1
         stopped = "eos" if ids[-1] == eos else "max_tokens"
         if ids[-1] == eos or t >= n_max:
-            logits, cols = full[:t], torch.tensor(picks[:t])
+            logits, cols, maxima = full[:t], torch.tensor(picks[:t]), maxima[:t]
             break
     cross = None if buf is None else buf[:, :, :len(ids)].contiguous()   # [L, H, n_tgt, S]
-    return self._scored(ids, logits, cols, vocab, cross, None, stopped)
+    return self._scored(ids, logits, cols, vocab, cross, None, stopped, maxima)
 
 
-def row_argmax(logits) -> torch.Tensor:
+def block_maxima(logits) -> torch.Tensor | None:
+    """Each row's maximum in every block of BLOCK columns (n, V / BLOCK), or None where the rows
+    are too narrow for blocks to pay (`row_argmax` and `summarise` then search every column)."""
+    n, V = logits.shape
+    return None if V % BLOCK or V < 8 * BLOCK else logits.view(n, V // BLOCK, BLOCK).amax(-1)
+
+
+def row_argmax(logits, maxima=None) -> torch.Tensor:
     """logits.argmax(-1), the same columns (the first of equal maxima): over a wide row, the
     first block of BLOCK columns holding the row's maximum, then the first maximum in it (one
-    vectorised pass of block maxima is several times cheaper than argmax over 32,000)."""
-    n, V = logits.shape
-    if V % BLOCK or V < 8 * BLOCK:
+    vectorised pass of block maxima is several times cheaper than argmax over 32,000).
+    `maxima`: the rows' `block_maxima`, when already found."""
+    maxima = block_maxima(logits) if maxima is None else maxima
+    if maxima is None:
         return logits.argmax(-1)
-    blocks = logits.view(n, V // BLOCK, BLOCK)
-    b = blocks.amax(-1).argmax(-1)
-    return b * BLOCK + blocks[torch.arange(n), b].argmax(-1)
+    n, V = logits.shape
+    b = maxima.argmax(-1)
+    return b * BLOCK + logits.view(n, V // BLOCK, BLOCK)[torch.arange(n), b].argmax(-1)
 
 
-def summarise(logits, cols, k: int):
+def summarise(logits, cols, k: int, maxima=None):
     """Logits (n, V) and each row's chosen column -> (the chosen columns' log-probabilities (n,),
     the top k log-probabilities (n, k) and their columns), exactly as log_softmax then topk give
     them. Over a wide row (the whole vocabulary) the top k are looked for only in the k blocks of
     BLOCK columns with the highest maxima: any other block's values are at most the k-th highest
-    maximum, so none of them can be among the top k; several times cheaper than topk over 32,000."""
+    maximum, so none of them can be among the top k; several times cheaper than topk over 32,000.
+    `maxima`: the logits' `block_maxima` when already found (a row's log-softmax is the row minus
+    one number, and rounding keeps the order, so the same blocks hold the top k)."""
     logp = torch.log_softmax(logits, dim=-1)
     chosen = logp.gather(1, cols[:, None])[:, 0]
     n, V = logp.shape
@@ -166,14 +178,15 @@ def summarise(logits, cols, k: int):
         top_v, top_i = logp.topk(k, dim=-1)
         return chosen, top_v, top_i
     blocks = logp.view(n, V // BLOCK, BLOCK)
-    best = blocks.amax(-1).topk(k, dim=-1).indices                            # (n, k) block numbers
+    best = (blocks.amax(-1) if maxima is None else maxima).topk(k, dim=-1).indices   # (n, k) block numbers
     top_v, j = blocks.gather(1, best[..., None].expand(n, k, BLOCK)).view(n, k * BLOCK).topk(k, dim=-1)
     return chosen, top_v, best.gather(1, j // BLOCK) * BLOCK + j % BLOCK
 
 
-def scored(self, ids: list[int], logits, cols, vocab, cross, self_att, stopped: str) -> Decoded:
-    """Each step's logits (n, vocab or shortlist) and chosen columns -> the decoding, scored."""
-    chosen, top_v, top_i = summarise(logits, cols, TOP_K)
+def scored(self, ids: list[int], logits, cols, vocab, cross, self_att, stopped: str, maxima=None) -> Decoded:
+    """Each step's logits (n, vocab or shortlist) and chosen columns -> the decoding, scored.
+    `maxima`: the logits' `block_maxima`, when already found."""
+    chosen, top_v, top_i = summarise(logits, cols, TOP_K, maxima)
     return Decoded(torch.tensor(ids), chosen, top_v, top_i if vocab is None else vocab[0][top_i],
                    cross, self_att, stopped)
 
