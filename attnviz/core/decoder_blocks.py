@@ -196,7 +196,7 @@ class CrossBlock(nn.Module):
         given. -> x (1, d). The same operations as `forward`, in place where nothing else reads."""
         (ssru_w, ssru_f, g_ssru, n_ssru, q, out, g_cross, n_cross, fc_in, fc_out, g_ffn, n_ffn,
          heads, eps) = past["row"]
-        norm, d = F.layer_norm, (x.shape[-1],)
+        norm, d = torch.layer_norm, (x.shape[-1],)   # the functional wrapper adds ~2 us a call here
         wx, f = ssru_w(x), ssru_f(x).sigmoid_()                                    # (1, d) each
         c = past.get("c")
         # f * c + (1 - f) * wx as one lerp (wx + f * (c - wx)): the same cell up to float rounding
