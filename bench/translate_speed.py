@@ -7,15 +7,18 @@ ratios ours / native, for the default whole-vocabulary greedy decoding (exactly 
 whole vocabulary after the loop checks every step, resuming where it differs; so the 256 x 32,000
 float32 output matrix is read once per sentence, not once per token) and for `shortlist=True` (the
 shortlist only, as the native engine scores it). Goal: <= 1.5x (whole vocabulary) and <= 1.2x
-(shortlist). The native engine is a compiled Marian reimplementation with int8 GEMMs; our steps are
-float32 one-row products (two decoder layers, ~8 MB of weights read per token, laid out once per
-model as contiguous (in, out) matrices; the encoder's K/V once per sentence as (heads, d, src) and
-(heads, src, d), so a step's cross-attention is two batched products) with cross-attention
-written into the result; after the loop the whole vocabulary's argmax and top 10 are found block by
-block (128 pieces a block) rather than over every column; the encoder is the project's generic
-post-norm block. Per sentence we read ~25 MB of encoder weights, ~8 MB a token, and for the whole
-vocabulary's check the 32 MB output matrix once, about four times the bytes of the int8 engine; on
-one core that reading is most of our time. `--parts` also prints our encoder / decoder split.
+(shortlist). The native engine is a compiled Marian reimplementation with int8 GEMMs. Our steps
+are one-row products (two decoder layers) over the weights' own int8 grid: every Bergamot weight is
+int8 / scale, so the decoder's are kept as those bytes (~2 MB read per token instead of ~8 MB of
+float32) and multiplied by torch's 8-bit row-wise embedding-bag kernel, which sums the rows in
+float32 (the float32 product up to rounding; tests/test_row_products.py). The encoder's K/V are
+projected once per sentence straight into (heads, d, src) and (heads, src, d), so a step's
+cross-attention is two batched products, with cross-attention written into the result. After the
+loop the whole vocabulary's argmax and top 10 are found block by block (128 pieces a block, the
+block maxima found once) rather than over every column; the encoder is the project's generic
+post-norm block (float32, oneDNN-prepacked: ~25 MB read per sentence), and the whole vocabulary's
+check reads the 32 MB float32 output matrix once: on one core, the encoder and that product are
+most of what is left over the native engine. `--parts` also prints our encoder / decoder split.
 Timings on a shared machine are noisy (and torch's thread pool suffers most when the cores are oversubscribed:
 try --threads 1); the ratio is what counts.
 """
