@@ -54,6 +54,9 @@ def test_off_the_grid_the_product_is_float32():
     wide[0, 0] = 0.01
     assert grid_step(wide) is None
     assert grid_step(torch.zeros(4, 4)) is None
+    broken = on_grid(8, 8, step=0.01)
+    broken[2, 2] = float("nan")
+    assert grid_step(broken) is None
     assert not RowProduct(on_grid(16, 8, 0.01), grid=False).on_grid   # float32 without looking
 
 

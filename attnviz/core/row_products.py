@@ -14,6 +14,7 @@ the float32 product on a probe, gets the float32 product.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ def grid_step(weight: torch.Tensor) -> float | None:
     mags = w.abs()
     top = float(mags.max()) if w.numel() else 0.0
     nonzero = mags[mags > 0]
-    if top == 0.0 or nonzero.numel() == 0:
+    if not math.isfinite(top) or top == 0.0 or nonzero.numel() == 0:   # NaN / inf weights: no grid
         return None
     step = float(nonzero.min())
     q = torch.round(w / step)
@@ -64,8 +65,11 @@ _BYTE_BAG = _byte_bag()
 
 @functools.cache
 def kernel_works() -> bool:
-    """Whether this build of torch has the byte kernel and it gives the float32 product (probed
-    once per process on a small grid matrix; a machine without it gets the float32 products)."""
+    """Whether this build of torch has the byte kernel, vectorised (fbgemm), and it gives the float32
+    product (probed once per process on a small grid matrix; a machine without it gets the float32
+    products)."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        return False   # without fbgemm (ARM builds) it is not the kernel measured here: keep float32
     g = torch.Generator().manual_seed(0)
     weight = torch.randint(-GRID_LEVELS, GRID_LEVELS + 1, (24, 40), generator=g).float() * 0.01
     x = torch.randn(1, 40, generator=g)
