@@ -147,13 +147,12 @@ class CrossBlock(nn.Module):
             with _ROW_LOCK:
                 cached = self.__dict__.get("_row_cache")
                 if cached is None or cached[0] != version:
-                    with torch.no_grad():
-                        weights = (RowProduct(ssru.W.weight), RowProduct(ssru.Wf.weight, ssru.Wf.bias),
-                                   *(t.detach() for t in sources[11:13]),
-                                   RowProduct(cross.q.weight, cross.q.bias), RowProduct(cross.out.weight, cross.out.bias),
-                                   *(t.detach() for t in sources[13:15]),
-                                   RowProduct(mlp.fc_in.weight, mlp.fc_in.bias), RowProduct(mlp.fc_out.weight, mlp.fc_out.bias),
-                                   *(t.detach() for t in sources[15:17]))
+                    weights = (RowProduct(ssru.W.weight), RowProduct(ssru.Wf.weight, ssru.Wf.bias),
+                               *(t.detach() for t in sources[11:13]),
+                               RowProduct(cross.q.weight, cross.q.bias), RowProduct(cross.out.weight, cross.out.bias),
+                               *(t.detach() for t in sources[13:15]),
+                               RowProduct(mlp.fc_in.weight, mlp.fc_in.bias), RowProduct(mlp.fc_out.weight, mlp.fc_out.bias),
+                               *(t.detach() for t in sources[15:17]))
                     cached = (version, weights)
                     self.__dict__["_row_cache"] = cached
         return cached[1]

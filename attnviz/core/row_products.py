@@ -45,10 +45,9 @@ def _byte_rows(weight: torch.Tensor, step: float) -> torch.Tensor:
     """(out, in) weight -> the kernel's row-wise layout of W^T: (in, out + 8) bytes, each row the
     offset int8 values then its float32 scale (step) and bias (-128 step)."""
     q = torch.round(weight.detach().float() / step).t()
-    rows = (q + 128).to(torch.uint8).contiguous()
-    n = rows.shape[0]
-    scale_bias = torch.tensor([step, -128.0 * step], dtype=torch.float32).repeat(n, 1)
-    return torch.cat([rows, scale_bias.view(torch.uint8)], dim=1).contiguous()
+    rows = (q + 128).to(torch.uint8)
+    scale_bias = torch.tensor([step, -128.0 * step], dtype=torch.float32).repeat(rows.shape[0], 1)
+    return torch.cat([rows, scale_bias.view(torch.uint8)], dim=1)    # contiguous, as the kernel reads it
 
 
 def _byte_bag():
@@ -82,17 +81,15 @@ def kernel_works() -> bool:
     return got.shape == want.shape and float((got - want).abs().max()) <= PROBE_TOLERANCE * float(want.abs().max())
 
 
-
-
 class RowProduct:
     """x (1, in) -> x @ W^T + b (1, out), for one weight (out, in) and bias (out,) or None: over
-    the weight's int8 grid when it has one (`on_grid`), else float32; `grid=False`: float32 without
-    looking. A derived, read-only copy: the weight itself is never touched."""
+    the weight's int8 grid when it has one (`on_grid`), else float32. A derived, read-only copy: the
+    weight itself is never touched."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, grid: bool = True):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.bias = None if bias is None else bias.detach()
         self.rows = None
-        if grid and kernel_works():
+        if kernel_works():
             step = grid_step(weight)
             if step is not None:
                 self.rows = _byte_rows(weight, step)
