@@ -1,6 +1,7 @@
-"""One-row products over a weight's int8 grid (`attnviz.core.row_products`): found only where the
-weights are whole multiples of one step, the float32 product up to float rounding, a float32
-fallback elsewhere; every decoder weight of the bundled translators is on its grid."""
+"""Products over a weight's int8 grid (`attnviz.core.row_products`): found only where the weights
+are whole multiples of one step, the float32 product up to float rounding, a float32 fallback
+elsewhere; every decoder weight of the bundled translators is on its grid, and so is their output
+layer, whose few-row products (the whole vocabulary's check) read it as float16 whole numbers."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,8 @@ import torch.nn.functional as F
 
 import attnviz
 from attnviz.core import row_products
-from attnviz.core.row_products import RowProduct, grid_step
+from attnviz.core.blocks import Linear
+from attnviz.core.row_products import HALF_ROWS, HalfGridProduct, RowProduct, grid_step
 
 
 def on_grid(out: int, n_in: int, step: float, seed: int = 0) -> torch.Tensor:
@@ -65,3 +67,62 @@ def test_every_decoder_weight_of_the_bundled_translators_is_on_its_grid(key):
     for block in net.decoder:
         products = [p for p in block.row_weights() if isinstance(p, RowProduct)]
         assert len(products) == 6 and all(p.on_grid for p in products)
+
+
+def test_the_half_precision_kernel_is_there_and_gives_the_float32_product():
+    assert row_products.half_kernel_works()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 12, HALF_ROWS])
+def test_the_float16_grid_product_is_the_float32_product(rows):
+    w = on_grid(3000, 256, step=0.0065)
+    b = torch.randn(3000)
+    product = HalfGridProduct.of(w, b)
+    assert product is not None and product.nbytes() == w.numel() * 2
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)) * 5
+    want = (x.double() @ w.double().t() + b.double()).float()
+    got = product(x)
+    scale = float((x.abs().double() @ w.abs().double().t()).max())
+    assert got.shape == (rows, 3000) and float((got - want).abs().max()) <= 1e-6 * scale
+    assert torch.equal(product(x[None])[0], got)                          # (B, T, in) as (T, in)
+    assert HalfGridProduct.of(torch.randn(30, 20)) is None                 # no grid: no copy
+
+
+def test_a_packed_output_layer_takes_the_float16_grid_for_few_rows_only():
+    layer = Linear(256, 3000)
+    with torch.no_grad():
+        layer.weight.copy_(on_grid(3000, 256, step=0.0065))
+    assert layer.pack(half=True) and layer._half is not None
+    plain = Linear(256, 3000)
+    plain.load_state_dict(layer.state_dict())
+    calls = []
+    real = layer._half
+    layer._half = lambda x: calls.append(x.shape) or real(x)
+    x = torch.randn(HALF_ROWS + 1, 256)
+    with torch.inference_mode():
+        for n in (1, HALF_ROWS, HALF_ROWS + 1):
+            torch.testing.assert_close(layer(x[:n]), plain(x[:n]), atol=1e-4, rtol=1e-5)
+    assert calls == [(1, 256), (HALF_ROWS, 256)]                          # more rows: oneDNN's float32
+    with torch.no_grad():
+        layer.weight.add_(1.0)                                            # changed in place: not used
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x[:2]), x[:2] @ layer.weight.t() + layer.bias)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("key", ["en-pt", "pt-en"])
+def test_the_bundled_translators_output_layer_is_read_from_its_float16_grid(key):
+    from attnviz.ui import loaded_models
+    model = attnviz.load_model(key)
+    head = model.net.lm_head
+    assert head._half is not None and head._half.step == grid_step(head.weight)
+    hidden = torch.randn(12, head.weight.shape[1], generator=torch.Generator().manual_seed(1)) * 4
+    with torch.inference_mode():
+        got = head(hidden)
+    want = hidden.double() @ head.weight.double().t() + head.bias.double()
+    scale = float((hidden.abs().double() @ head.weight.abs().double().t()).max())
+    assert float((got.double() - want).abs().max()) <= 1e-6 * scale
+    tensors = [*model.net.parameters(), *model.net.buffers(),
+               *(m._packed for m in model.net.modules() if getattr(m, "_packed", None) is not None)]
+    held = sum(t.numel() * t.element_size() for t in tensors)
+    assert loaded_models.model_bytes(model) == held + 2 * head.weight.numel()     # the float16 copy counted

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from attnviz.core.attention import SOFTMAX, Variant, attend
 from attnviz.core.config import Config
 from attnviz.core.positional import apply_rope
+from attnviz.core.row_products import HALF_ROWS, HalfGridProduct
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -42,19 +43,24 @@ class Linear(nn.Linear):
     the same product, 15-40 % faster for the small row counts a trace runs on x86 CPUs (measured in
     bench/speed_vs_transformers.py). The copy is made once by `pack()` before a model is shared;
     if the weight is changed in place afterwards (training), the plain path is used again. Writes
-    through `.data` bypass PyTorch's change counter: call `pack()` again after those."""
+    through `.data` bypass PyTorch's change counter: call `pack()` again after those. `half=True`
+    (a wide output layer) also keeps the weight's int8 grid, where it has one, as float16 whole
+    numbers for products of up to HALF_ROWS rows (`HalfGridProduct`: the same product up to
+    rounding, from half the bytes)."""
 
     _packed = None
     _packed_version = -1
+    _half = None
 
-    def pack(self, rows_hint: int = 128) -> bool:
+    def pack(self, rows_hint: int = 128, half: bool = False) -> bool:
         if self.weight.numel() == 0 or self.weight.dtype != torch.float32 or self.weight.is_meta:
             return False
         try:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), rows_hint)
         except (RuntimeError, AttributeError):  # no oneDNN in this build (some aarch64 wheels)
-            self._packed = None
+            self._packed = self._half = None
             return False
+        self._half = HalfGridProduct.of(self.weight, self.bias) if half else None
         self._packed_version = _version(self.weight)
         return True
 
@@ -66,6 +72,8 @@ class Linear(nn.Linear):
         """`act`: "gelu", "gelu_tanh" or "relu" fuses that activation into the product on the packed
         path (the same numbers as applying it after: the activation runs on the finished sums)."""
         if self._use_packed(x):
+            if self._half is not None and act == "none" and x.numel() <= HALF_ROWS * x.shape[-1]:
+                return self._half(x)
             algorithm = "tanh" if act == "gelu_tanh" else "" if act == "relu" else "none"
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
                                                       "gelu" if act.startswith("gelu") else act, [], algorithm)

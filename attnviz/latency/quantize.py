@@ -102,8 +102,10 @@ def quantize_net(net: nn.Module, mode: str, keep=()) -> nn.Module:
     unknown = set(keep) - set(kinds)
     if unknown:
         raise ValueError(f"no linear layers named {sorted(unknown)}; this model has {', '.join(kinds)}")
-    # oneDNN-prepacked weights (Linear.pack) cannot be deep-copied: the copies start unpacked
-    memo = {id(m._packed): None for m in net.modules() if getattr(m, "_packed", None) is not None}
+    # prepacked weights (Linear.pack: oneDNN's, the float16 grid's) cannot be deep-copied: the
+    # copies start unpacked
+    memo = {id(getattr(m, name)): None for m in net.modules() for name in ("_packed", "_half")
+            if getattr(m, name, None) is not None}
     out = copy.deepcopy(net, memo)
     warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated")  # torch 2.13 still runs it
     for name, module in list(out.named_modules()):
