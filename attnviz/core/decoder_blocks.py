@@ -172,17 +172,14 @@ class CrossBlock(nn.Module):
 
     def row_past(self, memory) -> dict:
         """`lay_out`'s per-call state projected straight from the encoder output `memory` (1, S, d):
-        K^T as one product W_k memory^T and V as one batched product per head, no relayout."""
+        K and V as one product (S, 2 h dh), then K^T (h, dh, S) and V (h, S, dh) copied out of it --
+        the same numbers as projecting each into its layout, in fewer, larger products."""
         cross = self.cross
         h, dh, S = cross.n_kv, cross.d_head, memory.shape[1]
-        w, b = cross.kv.weight, cross.kv.bias
-        w_k, w_v, src = w[:h * dh], w[h * dh:], memory[0]
-        b_k = None if b is None else b[:h * dh, None]
-        k_t = torch.mm(w_k, src.t()) if b_k is None else torch.addmm(b_k, w_k, src.t())    # (h dh, S)
-        w_heads = w_v.view(h, dh, -1).transpose(1, 2)                                      # (h, d, dh)
-        v = torch.bmm(src.expand(h, S, -1), w_heads) if b is None else \
-            torch.baddbmm(b[h * dh:].view(h, 1, dh), src.expand(h, S, -1), w_heads)        # (h, S, dh)
-        return {"kT": k_t.mul_(1.0 / math.sqrt(dh)).view(h, dh, S), "vr": v, "row": self._row_tuple()}
+        kv = cross.kv(memory[0])                                                           # (S, 2 h dh)
+        k_t = kv[:, :h * dh].t().contiguous().mul_(1.0 / math.sqrt(dh))                    # (h dh, S)
+        v = kv[:, h * dh:].view(S, h, dh).transpose(0, 1).contiguous()                     # (h, S, dh)
+        return {"kT": k_t.view(h, dh, S), "vr": v, "row": self._row_tuple()}
 
     def _row_tuple(self) -> tuple:
         cross = self.cross
