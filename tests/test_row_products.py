@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import attnviz
 from attnviz.core import row_products
 from attnviz.core.blocks import Linear
-from attnviz.core.row_products import HALF_ROWS, HalfGridProduct, RowProduct, grid_step
+from attnviz.core.row_products import HALF_ROWS, HalfGridProduct, RowProduct, grid_step, row_steps
 
 
 def on_grid(out: int, n_in: int, step: float, seed: int = 0) -> torch.Tensor:
@@ -78,7 +78,7 @@ def test_the_float16_grid_product_is_the_float32_product(rows):
     w = on_grid(3000, 256, step=0.0065)
     b = torch.randn(3000)
     product = HalfGridProduct.of(w, b)
-    assert product is not None and product.nbytes() == w.numel() * 2
+    assert product is not None and product.nbytes() == w.numel() * 2 + 3000 * 4   # + a step a row
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)) * 5
     want = (x.double() @ w.double().t() + b.double()).float()
     got = product(x)
@@ -110,12 +110,35 @@ def test_a_packed_output_layer_takes_the_float16_grid_for_few_rows_only():
     assert len(calls) == 2
 
 
+def test_row_steps_find_stacked_grids_and_rows_without_a_one_step_weight():
+    q, k, v = on_grid(64, 32, 0.002, seed=1), on_grid(64, 32, 0.0043, seed=2), on_grid(64, 32, 0.0051, seed=3)
+    k[5] = torch.round(k[5] / 0.0086).clamp(-63, 63) * 0.0086   # even multiples only: its smallest is 2 steps
+    k[5, 0] = 3 * 0.0043                              # ... and one odd multiple: only the block's step fits
+    fused = torch.cat([q, k, v])
+    steps = row_steps(fused)
+    assert steps is not None
+    torch.testing.assert_close(steps, torch.tensor([0.002] * 64 + [0.0043] * 64 + [0.0051] * 64))
+    x = torch.randn(7, 32)
+    want = x.double() @ fused.double().t()
+    got = HalfGridProduct.of(fused)(x)
+    assert float((got.double() - want).abs().max()) <= 1e-6 * float((x.abs() @ fused.abs().t()).max())
+    assert row_steps(torch.randn(64, 32)) is None       # float32 weights: every row its own smallest
+    off = fused.clone()
+    off[70, 3] += 0.001                               # off its block's grid
+    assert row_steps(off) is None
+    zero_row = fused.clone()
+    zero_row[10] = 0.0
+    assert row_steps(zero_row) is not None
+
+
 @pytest.mark.parametrize("key", ["en-pt", "pt-en"])
-def test_the_bundled_translators_output_layer_is_read_from_its_float16_grid(key):
+def test_the_bundled_translators_encoder_and_output_layer_are_read_from_their_float16_grids(key):
     from attnviz.ui import loaded_models
     model = attnviz.load_model(key)
     head = model.net.lm_head
-    assert head._half is not None and head._half.step == grid_step(head.weight)
+    halves = [m for part in (model.net.encoder, head) for m in part.modules() if isinstance(m, Linear)]
+    assert len(halves) == 4 * model.cfg.n_enc_layers + 1 and all(m._half is not None for m in halves)
+    assert bool((head._half.steps == grid_step(head.weight)).all())            # one step: one int8 matrix
     hidden = torch.randn(12, head.weight.shape[1], generator=torch.Generator().manual_seed(1)) * 4
     with torch.inference_mode():
         got = head(hidden)
@@ -125,4 +148,5 @@ def test_the_bundled_translators_output_layer_is_read_from_its_float16_grid(key)
     tensors = [*model.net.parameters(), *model.net.buffers(),
                *(m._packed for m in model.net.modules() if getattr(m, "_packed", None) is not None)]
     held = sum(t.numel() * t.element_size() for t in tensors)
-    assert loaded_models.model_bytes(model) == held + 2 * head.weight.numel()     # the float16 copy counted
+    copies = sum(2 * m.weight.numel() + 4 * m.weight.shape[0] for m in halves)   # float16 whole numbers, steps
+    assert loaded_models.model_bytes(model) == held + copies

@@ -72,8 +72,9 @@ class Linear(nn.Linear):
         """`act`: "gelu", "gelu_tanh" or "relu" fuses that activation into the product on the packed
         path (the same numbers as applying it after: the activation runs on the finished sums)."""
         if self._use_packed(x):
-            if self._half is not None and act == "none" and x.numel() <= HALF_ROWS * x.shape[-1]:
-                return self._half(x)
+            if self._half is not None and x.numel() <= HALF_ROWS * x.shape[-1]:
+                y = self._half(x)
+                return y if act == "none" else ACTIVATIONS[act](y)
             algorithm = "tanh" if act == "gelu_tanh" else "" if act == "relu" else "none"
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
                                                       "gelu" if act.startswith("gelu") else act, [], algorithm)

@@ -12,12 +12,13 @@ numbers as the float32 product up to float rounding (the rows are summed in anot
 weight that is not on such a grid, or a build of torch whose kernel is missing or does not give
 the float32 product on a probe, gets the float32 product.
 
-A few rows (the whole vocabulary's check after a greedy decoding, a beam) multiply a wide matrix
-better as float16: the grid's whole numbers q (|q| <= 127) are exact in float16, fbgemm's
-half-precision-weight product converts them back and sums in float32, and the step scales the
-sums -- again the float32 product up to rounding, from half the bytes (32,000 x 256: 2.2 ms
-against oneDNN's 2.9 ms for 12 rows on one core). From about 24 rows on, oneDNN's float32 product
-is the faster one.
+A few rows (a sentence through the encoder, the whole vocabulary's check after a greedy decoding,
+a beam) multiply better as float16: the grid's whole numbers q (|q| <= 127) are exact in float16,
+fbgemm's half-precision-weight product converts them back and sums in float32, and the step
+scales the sums -- again the float32 product up to rounding, from half the bytes (32,000 x 256:
+2.2 ms against oneDNN's 2.9 ms for 12 rows on one core; in a translation, where the encoder's and
+the output's weights no longer sit in the cache, the gain is larger). From about 24 rows on,
+oneDNN's float32 product is the faster one.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ GRID_LEVELS = 127        # |q| <= 127: int8 values, stored offset by 128 as unsi
 GRID_TOLERANCE = 1e-6    # |w - q * step| <= this x max|w|: float rounding of int8 / scale
 PROBE_TOLERANCE = 1e-5   # the probe's product within this x its size of the float32 product
 HALF_ROWS = 24           # up to this many rows the float16 grid product beats oneDNN's float32 one
+MAX_STEPS = 8            # distinct row steps a stacked grid matrix may have
 
 
 def grid_step(weight: torch.Tensor) -> float | None:
@@ -145,27 +147,58 @@ def half_kernel_works() -> bool:
     return got.shape == want.shape and float((got - want).abs().max()) <= PROBE_TOLERANCE * float(want.abs().max())
 
 
-class HalfGridProduct:
-    """x (..., in) -> x @ W^T + b for a weight (out, in) on an int8 grid: its whole numbers stored
-    as float16 (exact), multiplied in float32 by fbgemm's half-precision-weight product, the sums
-    then scaled by the step. A derived, read-only copy; `of` gives None where the weight has no
-    grid or the kernel is missing (the caller keeps its float32 product)."""
+def row_steps(weight: torch.Tensor) -> torch.Tensor | None:
+    """Each output row's step (out,) with weight[r] == q * steps[r] for whole q in -127..127 (up to
+    float rounding), or None: one step for an int8 matrix, one per block of rows for matrices
+    stacked from several (a fused Q/K/V projection). The step of the rows left is the smallest
+    magnitude among them (a weight of one step, which an int8 matrix holds); every row that is
+    whole multiples of it takes it. A weight needing more than MAX_STEPS steps, or with a row off
+    every one (float32 weights), has no grid."""
+    w = weight.detach().float()
+    if w.dim() != 2 or w.numel() == 0:
+        return None
+    mags = w.abs()
+    top = float(mags.max())
+    if not math.isfinite(top) or top == 0.0:   # NaN / inf weights: no grid
+        return None
+    smallest = torch.where(mags > 0, mags, torch.inf).amin(1)
+    steps = torch.where(torch.isfinite(smallest), torch.nan, 1.0)     # an all-zero row: any step
+    for _ in range(MAX_STEPS):
+        todo = torch.isnan(steps).nonzero()[:, 0]
+        if not len(todo):
+            return steps
+        step = float(smallest[todo].min())
+        rows = w[todo]
+        q = torch.round(rows / step)
+        fits = (q.abs().amax(1) <= GRID_LEVELS) & ((rows - q * step).abs().amax(1) <= GRID_TOLERANCE * top)
+        if not bool(fits[smallest[todo] == step].all()):   # a row whose own smallest is not its step
+            return None
+        steps[todo[fits]] = step
+    return None if bool(torch.isnan(steps).any()) else steps
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, step: float):
-        self.packed = torch.ops.quantized.linear_prepack_fp16(torch.round(weight.detach().float() / step), None)
-        self.step, self.bias = step, None if bias is None else bias.detach()
+
+class HalfGridProduct:
+    """x (..., in) -> x @ W^T + b for a weight (out, in) on an int8 grid (`row_steps`): its whole
+    numbers stored as float16 (exact), multiplied in float32 by fbgemm's half-precision-weight
+    product, the sums then scaled by each row's step. A derived, read-only copy; `of` gives None
+    where the weight has no grid or the kernel is missing (the caller keeps its float32 product)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, steps: torch.Tensor):
+        whole = torch.round(weight.detach().float() / steps[:, None])
+        self.packed = torch.ops.quantized.linear_prepack_fp16(whole, None)
+        self.steps, self.bias = steps, None if bias is None else bias.detach()
         self.shape = tuple(weight.shape)
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "HalfGridProduct | None":
         if weight.dim() != 2 or not half_kernel_works():
             return None
-        step = grid_step(weight)
-        return None if step is None else cls(weight, bias, step)
+        steps = row_steps(weight)
+        return None if steps is None else cls(weight, bias, steps)
 
     def nbytes(self) -> int:
-        return 2 * self.shape[0] * self.shape[1]
+        return 2 * self.shape[0] * self.shape[1] + 4 * self.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         sums = torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
-        return sums.mul_(self.step) if self.bias is None else torch.add(self.bias, sums, alpha=self.step)
+        return sums.mul_(self.steps) if self.bias is None else torch.addcmul(self.bias, sums, self.steps)

@@ -156,13 +156,13 @@ class Seq2Seq(nn.Module):
         return adopt_state(lambda: cls(cfg), state, tied=True)
 
     def pack(self) -> int:
-        """Prepack the encoder's and the output's linear weights (see `Linear`), the output's also
-        as its float16 grid where it has one (the whole vocabulary's few rows a decoding). The
-        decoder's stay plain: a decoding step multiplies one row, where the plain product was ~20 %
-        faster per translation than the prepacked one (measured on bench/translate_speed.py's
-        sentences)."""
-        linears = [m for m in self.encoder.modules() if isinstance(m, Linear)]
-        return sum(m.pack() for m in linears) + self.lm_head.pack(half=True)
+        """Prepack the encoder's and the output's linear weights (see `Linear`), also as their
+        float16 grids where they have one (a sentence's few rows; the whole vocabulary's few rows a
+        decoding). The decoder's stay plain: a decoding step multiplies one row, where the plain
+        product was ~20 % faster per translation than the prepacked one (measured on
+        bench/translate_speed.py's sentences)."""
+        linears = [m for part in (self.encoder, self.lm_head) for m in part.modules() if isinstance(m, Linear)]
+        return sum(m.pack(half=True) for m in linears)
 
     # ---------------------------------------------------------------- embeddings
     def embed(self, ids, start: int, side: str):
