@@ -12,13 +12,16 @@ are one-row products (two decoder layers) over the weights' own int8 grid: every
 int8 / scale, so the decoder's are kept as those bytes (~2 MB read per token instead of ~8 MB of
 float32) and multiplied by torch's 8-bit row-wise embedding-bag kernel, which sums the rows in
 float32 (the float32 product up to rounding; tests/test_row_products.py). The encoder's K/V are
-projected once per sentence straight into (heads, d, src) and (heads, src, d), so a step's
-cross-attention is two batched products, with cross-attention written into the result. After the
-loop the whole vocabulary's argmax and top 10 are found block by block (128 pieces a block, the
-block maxima found once) rather than over every column; the encoder is the project's generic
-post-norm block (float32, oneDNN-prepacked: ~25 MB read per sentence), and the whole vocabulary's
-check reads the 32 MB float32 output matrix once: on one core, the encoder and that product are
-most of what is left over the native engine. `--parts` also prints our encoder / decoder split.
+projected once per sentence (one product a layer) into (heads, d, src) and (heads, src, d), so a
+step's cross-attention is two batched products, with cross-attention written into the result.
+After the loop the whole vocabulary's argmax and top 10 are found block by block (128 pieces a
+block, the block maxima found once) rather than over every column. The encoder (the project's
+generic post-norm block) and the whole vocabulary's check multiply up to 24 rows at a time, where
+the same int8 grids are read as float16 whole numbers by fbgemm's half-precision-weight product,
+summed in float32 and scaled by each row's step (~12 MB read per sentence by the encoder instead
+of ~25 MB, 16 MB by the check instead of 32 MB; the float32 product up to rounding): on one core,
+the encoder and that product are most of what is left over the native engine. `--parts` also
+prints our encoder / decoder split.
 Timings on a shared machine are noisy (and torch's thread pool suffers most when the cores are oversubscribed:
 try --threads 1); the ratio is what counts.
 """
