@@ -44,9 +44,9 @@ class Linear(nn.Linear):
     bench/speed_vs_transformers.py). The copy is made once by `pack()` before a model is shared;
     if the weight is changed in place afterwards (training), the plain path is used again. Writes
     through `.data` bypass PyTorch's change counter: call `pack()` again after those. `half=True`
-    (a wide output layer) also keeps the weight's int8 grid, where it has one, as float16 whole
-    numbers for products of up to HALF_ROWS rows (`HalfGridProduct`: the same product up to
-    rounding, from half the bytes)."""
+    (the translators' encoder and output layer) also keeps the weight's int8 grid, where it has
+    one, as float16 whole numbers for products of up to HALF_ROWS rows (`HalfGridProduct`: the
+    same product up to rounding, from half the bytes)."""
 
     _packed = None
     _packed_version = -1

@@ -1,6 +1,6 @@
 """Products x @ W^T + b read from a weight's int8 grid when the weight lies on one: one row at a
-time for greedy decoding's one-row path (`RowProduct`), and a few rows at a time for the output
-layer over the whole vocabulary (`HalfGridProduct`).
+time for greedy decoding's one-row path (`RowProduct`), and a few rows at a time for the encoder
+and the output layer over the whole vocabulary (`HalfGridProduct`).
 
 The Bergamot students ship int8 matrices with one float scale each (weight = int8 / scale), so
 every weight of their decoders is a whole multiple, -127..127, of one step. Stored as those bytes
@@ -35,21 +35,33 @@ HALF_ROWS = 24           # up to this many rows the float16 grid product beats o
 MAX_STEPS = 8            # distinct row steps a stacked grid matrix may have
 
 
+def _magnitudes(weight: torch.Tensor):
+    """(weight as float32, |weight|, max |weight|), or None for an empty, all-zero or non-finite
+    weight (no grid)."""
+    w = weight.detach().float()
+    if w.dim() != 2 or w.numel() == 0:
+        return None
+    mags = w.abs()
+    top = float(mags.max())
+    return None if not math.isfinite(top) or top == 0.0 else (w, mags, top)
+
+
+def _fits(rows: torch.Tensor, step: float, top: float) -> torch.Tensor:
+    """Per row: whether it is whole multiples -127..127 of `step`, up to float rounding."""
+    q = torch.round(rows / step)
+    return (q.abs().amax(1) <= GRID_LEVELS) & ((rows - q * step).abs().amax(1) <= GRID_TOLERANCE * top)
+
+
 def grid_step(weight: torch.Tensor) -> float | None:
     """The step s with weight == q * s for whole q in -127..127 (up to float rounding), or None.
     The smallest nonzero magnitude is the step when some weight is +-1 step (every int8 matrix
     of a trained model has one); any other grid is not detected, and falls back to float32."""
-    w = weight.detach().float()
-    mags = w.abs()
-    top = float(mags.max()) if w.numel() else 0.0
-    nonzero = mags[mags > 0]
-    if not math.isfinite(top) or top == 0.0 or nonzero.numel() == 0:   # NaN / inf weights: no grid
+    found = _magnitudes(weight)
+    if found is None:
         return None
-    step = float(nonzero.min())
-    q = torch.round(w / step)
-    if float(q.abs().max()) > GRID_LEVELS or float((w - q * step).abs().max()) > GRID_TOLERANCE * top:
-        return None
-    return step
+    w, mags, top = found
+    step = float(mags[mags > 0].min())
+    return step if bool(_fits(w, step, top).all()) else None
 
 
 def _byte_rows(weight: torch.Tensor, step: float) -> torch.Tensor:
@@ -154,13 +166,10 @@ def row_steps(weight: torch.Tensor) -> torch.Tensor | None:
     magnitude among them (a weight of one step, which an int8 matrix holds); every row that is
     whole multiples of it takes it. A weight needing more than MAX_STEPS steps, or with a row off
     every one (float32 weights), has no grid."""
-    w = weight.detach().float()
-    if w.dim() != 2 or w.numel() == 0:
+    found = _magnitudes(weight)
+    if found is None:
         return None
-    mags = w.abs()
-    top = float(mags.max())
-    if not math.isfinite(top) or top == 0.0:   # NaN / inf weights: no grid
-        return None
+    w, mags, top = found
     smallest = torch.where(mags > 0, mags, torch.inf).amin(1)
     steps = torch.where(torch.isfinite(smallest), torch.nan, 1.0)     # an all-zero row: any step
     for _ in range(MAX_STEPS):
@@ -168,9 +177,7 @@ def row_steps(weight: torch.Tensor) -> torch.Tensor | None:
         if not len(todo):
             return steps
         step = float(smallest[todo].min())
-        rows = w[todo]
-        q = torch.round(rows / step)
-        fits = (q.abs().amax(1) <= GRID_LEVELS) & ((rows - q * step).abs().amax(1) <= GRID_TOLERANCE * top)
+        fits = _fits(w[todo], step, top)
         if not bool(fits[smallest[todo] == step].all()):   # a row whose own smallest is not its step
             return None
         steps[todo[fits]] = step

@@ -22,8 +22,8 @@ _MAX_MODELS = 64   # the byte budget is the bound; the count only keeps the map 
 
 def model_bytes(model) -> int:
     """The memory a loaded model holds: its parameters, buffers and prepacked linear copies
-    (core.blocks.Linear.pack: a second copy of most weights, laid out for oneDNN, and a wide
-    output layer's float16 grid)."""
+    (core.blocks.Linear.pack: a second copy of most weights, laid out for oneDNN, and the float16
+    grids of those packed with half=True)."""
     net = model.net
     tensors = list(net.parameters()) + list(net.buffers())
     tensors += [m._packed for m in net.modules() if getattr(m, "_packed", None) is not None]
