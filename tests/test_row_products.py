@@ -129,6 +129,9 @@ def test_row_steps_find_stacked_grids_and_rows_without_a_one_step_weight():
     zero_row = fused.clone()
     zero_row[10] = 0.0
     assert row_steps(zero_row) is not None
+    broken = fused.clone()
+    broken[3, 3] = float("nan")
+    assert row_steps(broken) is None and HalfGridProduct.of(broken) is None
 
 
 @pytest.mark.parametrize("key", ["en-pt", "pt-en"])
