@@ -129,12 +129,12 @@ def causal_mask(T: int, S: int | None = None, device=None) -> torch.Tensor:
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
 
 
-def local_mask(T: int, window: int, causal: bool, device=None) -> torch.Tensor:
-    """(T, T) bool; keys within `window` positions (only earlier ones when causal)."""
-    i = torch.arange(T, device=device)
-    dist = i[:, None] - i[None, :]
-    near = dist.abs() < window if not causal else (dist >= 0) & (dist < window)
-    return near
+def local_mask(T: int, window: int, causal: bool, device=None, S: int | None = None) -> torch.Tensor:
+    """(T, S) bool; keys within `window` positions of the query (only earlier ones when causal).
+    With S > T the queries are the last T of S positions (keys include a cached prefix)."""
+    S = T if S is None else S
+    dist = (torch.arange(S - T, S, device=device)[:, None] - torch.arange(S, device=device)[None, :])
+    return (dist >= 0) & (dist < window) if causal else dist.abs() < window
 
 
 def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -157,11 +157,21 @@ def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
     return x if group == 1 else x.repeat_interleave(group, dim=1)
 
 
-def softmax_weights(q, k, allowed=None, scale=None, temperature=1.0, top_k=0, out=None):
+def scores(q, k, scale=None, temperature=1.0, softcap=0.0):
+    """q k^T scaled (then soft-capped: cap * tanh(s / cap), Gemma 2) and divided by the temperature:
+    the logits the softmax reads, before the mask. (B, h, T, S)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if not softcap:
+        return torch.matmul(q, k.transpose(-2, -1)).mul_(scale / temperature)
+    att = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)
+    att = torch.tanh(att.div_(softcap)).mul_(softcap)
+    return att if temperature == 1.0 else att.div_(temperature)
+
+
+def softmax_weights(q, k, allowed=None, scale=None, temperature=1.0, top_k=0, out=None, softcap=0.0):
     """The written-out path: scores = q k^T, scaled, masked, softmax. Returns (B, h, T, S),
     written into `out` when given (a slice of the trace's [L, H, n, n] tensor: no copy later)."""
-    scale = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) / temperature
-    att = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)  # (B, h, T, S)
+    att = scores(q, k, scale, temperature, softcap)  # (B, h, T, S)
     if allowed is not None:
         att.masked_fill_(~allowed, float("-inf"))
     if top_k and top_k < att.shape[-1]:
@@ -275,6 +285,8 @@ def _fast(q, k, v, causal, allowed, variant: Variant, scale):
     """The paths that never hold a (T, S) matrix, or None when this case needs the explicit one."""
     kind, group = variant.kind, q.shape[1] // k.shape[1]
     T, S = q.shape[-2], k.shape[-2]
+    if kind == "local" and T != S:  # queries after a cached prefix: the band, offset
+        allowed = combine(allowed, local_mask(T, variant.window, causal, q.device, S))
     s = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) / variant.temperature
     if kind == "chunked":
         return chunked_attention(q, k, v, variant.chunk, allowed, causal, s)
@@ -296,23 +308,39 @@ def _fast(q, k, v, causal, allowed, variant: Variant, scale):
     return None
 
 
+def with_window(variant: Variant, window: int, T: int, S: int) -> tuple[Variant, int]:
+    """A layer's own window (Mistral, Gemma's local layers) joined with the variant's: (the
+    variant to run, the window left to apply as a mask). Softmax in a window is the local variant."""
+    if not window:
+        return variant, 0
+    if variant.kind == "local":
+        return replace(variant, window=min(variant.window, window)), 0
+    if variant.kind == "softmax" and variant.fused and T == S:
+        return replace(variant, kind="local", window=window), 0
+    return variant, window
+
+
 def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
-           need_weights=False, scale=None, training: bool = False):
+           need_weights=False, scale=None, training: bool = False, window: int = 0, softcap: float = 0.0):
     """Attention for one layer. Returns (out (B, h, T, dv), weights (B, h, T, S) or None).
     `need_weights` may be a (B, h, T, S) tensor: the weights are then written into it.
     `training`: the variant's dropout applies (on the written-out weights; the weights returned
-    are those before dropout, rows summing to 1)."""
+    are those before dropout, rows summing to 1). `window`: the layer's own sliding window (keys
+    within that many positions, joined with the variant's); `softcap`: the scores' soft cap."""
     into = need_weights if isinstance(need_weights, torch.Tensor) else None
     drop = variant.dropout if training else 0.0
-    if into is None and not need_weights and not drop:
+    T, S = q.shape[-2], k.shape[-2]
+    variant, window = with_window(variant, window, T, S)
+    if window:
+        allowed = combine(allowed, local_mask(T, window, causal, q.device, S))
+    if into is None and not need_weights and not drop and not softcap:
         out = _fast(q, k, v, causal, allowed, variant, scale)
         if out is not None:
             return out, None
     group = q.shape[1] // k.shape[1]
-    T, S = q.shape[-2], k.shape[-2]
     kind = variant.kind
     if kind == "local":
-        allowed = combine(allowed, local_mask(T, variant.window, causal, q.device))
+        allowed = combine(allowed, local_mask(T, variant.window, causal, q.device, S))
     elif causal:
         allowed = combine(allowed, causal_mask(T, S, q.device))
     k, v = _expand_kv(k, group), _expand_kv(v, group)
@@ -321,7 +349,7 @@ def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
     elif kind == "relu":
         att = relu_weights(q, k, allowed, scale)
     else:  # softmax (eager or with weights), local, chunked (with weights), topk
-        att = softmax_weights(q, k, allowed, scale, variant.temperature, variant.top_k, out=into)
+        att = softmax_weights(q, k, allowed, scale, variant.temperature, variant.top_k, out=into, softcap=softcap)
     if into is not None and att is not into:
         att = into.copy_(att)
     used = F.dropout(att, drop, training=True) if drop else att

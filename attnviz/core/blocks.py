@@ -17,89 +17,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from attnviz.core.attention import SOFTMAX, Variant, attend
 from attnviz.core.config import Config
+from attnviz.core.layers import ACTIVATIONS, MLP, Experts, LayerScale, Linear, RMSNorm, frozen, make_norm
 from attnviz.core.positional import apply_rope
-from attnviz.core.row_products import HALF_ROWS, HalfGridProduct
+from attnviz.core.scored import Scored
 
-ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "relu": F.relu,
-}
-
-
-def _version(t: torch.Tensor):
-    """In-place change counter; tensors made under inference_mode have none (and cannot be
-    changed outside it)."""
-    return None if t.is_inference() else t._version
-
-
-class Linear(nn.Linear):
-    """nn.Linear that, for inference (no grad), can use a oneDNN-prepacked copy of its weight:
-    the same product, 15-40 % faster for the small row counts a trace runs on x86 CPUs (measured in
-    bench/speed_vs_transformers.py). The copy is made once by `pack()` before a model is shared;
-    if the weight is changed in place afterwards (training), the plain path is used again. Writes
-    through `.data` bypass PyTorch's change counter: call `pack()` again after those. `half=True`
-    (the translators' encoder and output layer) also keeps the weight's int8 grid, where it has
-    one, as float16 whole numbers for products of up to HALF_ROWS rows (`HalfGridProduct`: the
-    same product up to rounding, from half the bytes)."""
-
-    _packed = None
-    _packed_version = -1
-    _half = None
-
-    def pack(self, rows_hint: int = 128, half: bool = False) -> bool:
-        if self.weight.numel() == 0 or self.weight.dtype != torch.float32 or self.weight.is_meta:
-            return False
-        try:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), rows_hint)
-        except (RuntimeError, AttributeError):  # no oneDNN in this build (some aarch64 wheels)
-            self._packed = self._half = None
-            return False
-        self._half = HalfGridProduct.of(self.weight, self.bias) if half else None
-        self._packed_version = _version(self.weight)
-        return True
-
-    def _use_packed(self, x) -> bool:
-        return (self._packed is not None and not torch.is_grad_enabled() and x.dtype == torch.float32
-                and _version(self.weight) == self._packed_version)
-
-    def forward(self, x, act: str = "none"):
-        """`act`: "gelu", "gelu_tanh" or "relu" fuses that activation into the product on the packed
-        path (the same numbers as applying it after: the activation runs on the finished sums)."""
-        if self._use_packed(x):
-            if self._half is not None and x.numel() <= HALF_ROWS * x.shape[-1]:
-                y = self._half(x)
-                return y if act == "none" else ACTIVATIONS[act](y)
-            algorithm = "tanh" if act == "gelu_tanh" else "" if act == "relu" else "none"
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
-                                                      "gelu" if act.startswith("gelu") else act, [], algorithm)
-        y = F.linear(x, self.weight, self.bias)
-        return y if act == "none" else ACTIVATIONS[act](y)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x):
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-def make_norm(cfg: Config) -> nn.Module:
-    if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, cfg.norm_eps)
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-
+__all__ = ["ACTIVATIONS", "Attention", "Block", "BlockStep", "Linear", "MLP", "RMSNorm", "iter_layers", "make_norm"]
 
 class Attention(nn.Module):
     """THE attention module: multi-head attention with grouped K/V heads, one fused QKV projection
@@ -111,8 +36,14 @@ class Attention(nn.Module):
     """
 
     def __init__(self, cfg: Config, heads: list[int] | None = None, kv_heads: list[int] | None = None,
-                 fused: bool = True):
+                 fused: bool = True, layer: int = 0):
         super().__init__()
+        # how this layer scores: the config's structural fields, read once here and nowhere else
+        self.scale = cfg.attn_scale or None            # None: 1/√d_head, the kernels' own default
+        self.softcap, self.window = cfg.attn_softcap, cfg.window(layer)
+        self.local_rope = bool(self.window and cfg.local_rope_theta)
+        self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm == "head" else None
+        self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm == "head" else None
         heads = list(range(cfg.n_heads)) if heads is None else list(heads)
         kv_heads = list(range(cfg.n_kv_heads)) if kv_heads is None else list(kv_heads)
         self.n_heads, self.n_kv, self.d_head = len(heads), len(kv_heads), cfg.d_head
@@ -135,7 +66,7 @@ class Attention(nn.Module):
 
     def forward(self, x, *, rope=None, allowed=None, causal=False, head_mask=None,
                 need_weights=False, variant: Variant = SOFTMAX, heads_out=None, head_fill=None, past=None,
-                kv=None, patch=None):
+                kv=None, patch=None, rope_local=None):
         """`past`: this layer's K/V cache, a dict ("k", "v": (B, hkv, S, dh), rope applied) that is
         extended in place (incremental decoding); `kv`: keys and values computed once from another
         source (`keys_values`: cross-attention), then only the queries come from x; `heads_out`: a
@@ -150,7 +81,7 @@ class Attention(nn.Module):
         if kv is not None:
             q, (k, v) = self.queries(x), kv
         else:
-            q, k, v = self.project(x, rope)
+            q, k, v = self.project(x, rope_local if self.local_rope else rope)
         if patch is not None:
             q, k, v = patch("q", q), patch("k", k), patch("v", v)
         if past is not None and kv is None:  # the keys and values of the tokens before these, then these
@@ -160,7 +91,7 @@ class Attention(nn.Module):
         if not self.uniform_groups:
             k, v = k[:, self.kv_of_head], v[:, self.kv_of_head]
         y, att = attend(q, k, v, causal=causal, allowed=allowed, variant=variant, need_weights=need_weights,
-                        training=self.training)
+                        training=self.training, scale=self.scale, window=self.window, softcap=self.softcap)
         if head_mask is not None:  # multiplies each head's output before the output projection
             y = y * head_mask[self.heads].to(y.dtype)[None, :, None, None]
         if head_fill is not None:
@@ -183,8 +114,10 @@ class Attention(nn.Module):
         k, v = self.kv(source).view(B, S, 2, self.n_kv, self.d_head).permute(2, 0, 3, 1, 4)
         return k, v
 
-    def project(self, x, rope=None):
-        """x (B, T, d) -> q (B, h, T, dh), k and v (B, hkv, T, dh); RoPE applied to q and k."""
+    def project(self, x, rope=None, steps: dict | None = None):
+        """x (B, T, d) -> q (B, h, T, dh), k and v (B, hkv, T, dh) as scored: QK-norm, then RoPE
+        on q and k. `steps` (a dict) receives the projections before either ("q_proj", "k_proj")
+        and after the norm ("q_normed", "k_normed")."""
         B, T, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv, self.d_head
         if not self.fused:
@@ -193,59 +126,96 @@ class Attention(nn.Module):
             q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
             q = q.view(B, T, h, dh).transpose(1, 2)
             k, v = (t.view(B, T, hkv, dh).transpose(1, 2) for t in (k, v))
+        if steps is not None:
+            steps.update(q_proj=q, k_proj=k)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+            if steps is not None:
+                steps.update(q_normed=q, k_normed=k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-
-class MLP(nn.Module):
-    def __init__(self, cfg: Config):
-        super().__init__()
-        self.gated = cfg.gated_mlp
-        self.act_name = cfg.activation
-        self.act = ACTIVATIONS[cfg.activation]
-        width = 2 * cfg.d_ff if self.gated else cfg.d_ff
-        self.fc_in = Linear(cfg.d_model, width, bias=cfg.mlp_bias)
-        self.fc_out = Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
-
-    def forward(self, x):
-        if self.gated:  # SwiGLU: act(gate) * up, gate and up fused in one matmul
-            gate, up = self.fc_in(x).chunk(2, dim=-1)
-            return self.fc_out(self.act(gate) * up)
-        if self.act_name in ("gelu", "gelu_tanh", "relu"):
-            return self.fc_out(self.fc_in(x, act=self.act_name))
-        return self.fc_out(self.act(self.fc_in(x)))
-
-
-class LayerScale(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.lambda1 = nn.Parameter(torch.ones(d))
-
-    def forward(self, x):
-        return x * self.lambda1
+    def explain(self, x, *, rope=None, rope_local=None, allowed=None, causal=False, **_) -> Scored:
+        """What this layer computes for x (B, T, d), its input: the queries, keys and values as
+        scored, with the scale, cap, window and mask it applies (see `Scored`), so analyses read
+        the attention instead of rebuilding it."""
+        steps: dict = {}
+        rope = rope_local if self.local_rope else rope
+        q, k, v = self.project(x, rope, steps)
+        return Scored(x, q, k, v, self.kv_of_head, self.scale, self.softcap, self.window, causal, allowed,
+                      rotated=rope is not None, **steps)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: Config, heads=None, kv_heads=None):
+    """An encoder or decoder-only block. Post-norm (BERT): norm(x + f(x)). Pre-norm: x + f(norm(x)),
+    each sub-layer's output optionally normed before the sum (`output_norms`: Gemma 2/3's sandwich,
+    OLMo 2's output-only norms) and scaled (`layer_scale`); `parallel`: attention and MLP both
+    read the block's input and add to it at once (GPT-NeoX, Phi, Falcon), through one shared norm
+    or two. `head_parts` says how each head's output reaches the residual stream."""
+
+    def __init__(self, cfg: Config, heads=None, kv_heads=None, layer: int = 0):
         super().__init__()
-        self.pre_norm = cfg.pre_norm
-        self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
-        self.attn = Attention(cfg, heads, kv_heads)
-        self.mlp = MLP(cfg)
+        self.pre_norm, self.parallel = cfg.pre_norm, cfg.parallel
+        self.shared_norm, self.input_norms = cfg.shared_norm, cfg.input_norms
+        self.norm1 = make_norm(cfg) if cfg.input_norms else None
+        self.norm2 = make_norm(cfg) if cfg.input_norms and not cfg.shared_norm else None
+        self.norm1_out = make_norm(cfg) if cfg.output_norms else None
+        self.norm2_out = make_norm(cfg) if cfg.output_norms else None
+        self.attn = Attention(cfg, heads, kv_heads, layer=layer)
+        self.mlp = Experts(cfg) if cfg.n_experts else MLP(cfg)
         self.ls1 = LayerScale(cfg.d_model) if cfg.layer_scale else nn.Identity()
         self.ls2 = LayerScale(cfg.d_model) if cfg.layer_scale else nn.Identity()
 
+    @property
+    def additive(self) -> bool:
+        """Whether the block's output is its input plus its parts (pre-norm), so each head's
+        share of the residual stream is `head_parts`' (post-norm renormalises the sum)."""
+        return self.pre_norm
+
+    def attn_input(self, x):
+        """What the attention reads: the block's input x, normed where the block norms it."""
+        return self.norm1(x) if self.pre_norm and self.norm1 is not None else x
+
+    def explain(self, x, **shared) -> Scored:
+        """What this block's attention computes for x, the block's input (`Attention.explain`)."""
+        return self.attn.explain(self.attn_input(x), **shared)
+
     def forward(self, x, **attn_kw):
-        if self.pre_norm:
-            a, att = self.attn(self.norm1(x), **attn_kw)
-            x = x + self.ls1(a)
-            return x + self.ls2(self.mlp(self.norm2(x))), att
-        a, att = self.attn(x, **attn_kw)  # BERT: post-norm
-        x = self.norm1(x + a)
-        return self.norm2(x + self.mlp(x)), att
+        if not self.pre_norm:  # BERT: post-norm
+            a, att = self.attn(x, **attn_kw)
+            x = self.norm1(x + a)
+            return self.norm2(x + self.mlp(x)), att
+        h = self.attn_input(x)
+        a, att = self.attn(h, **attn_kw)
+        if self.norm1_out is not None:
+            a = self.norm1_out(a)
+        if self.parallel:
+            m = self.mlp(h if self.shared_norm else self.norm2(x))
+            return x + self.ls1(a) + self.ls2(m), att
+        x = x + self.ls1(a)
+        m = self.mlp(self.norm2(x) if self.norm2 is not None else x)
+        if self.norm2_out is not None:
+            m = self.norm2_out(m)
+        return x + self.ls2(m), att
 
-
+    def head_parts(self, z):
+        """z (..., h, d_head), this block's per-head attention outputs at some positions -> (each
+        head's share of what the attention adds to the residual stream (..., h, d), the constant
+        rest (..., d)): the output projection's columns of each head, then an output norm frozen at
+        the attention's actual output, then the layer scale. Their sum is exactly what the block
+        adds from attention (a pre-norm block, `additive`)."""
+        attn = self.attn
+        W_O = attn.out.weight.float().view(-1, attn.n_heads, attn.d_head)      # (d, h, dh)
+        per = torch.einsum("dhk,...hk->...hd", W_O, z.float())
+        const = attn.out.bias.float() if attn.out.bias is not None else torch.zeros(W_O.shape[0])
+        const = const.expand(per.shape[:-2] + const.shape)
+        if self.norm1_out is not None:
+            f, c = frozen(self.norm1_out, per.sum(-2) + const)
+            per, const = f(per.movedim(-2, 0)).movedim(0, -2), f(const) + c   # heads first: f broadcasts
+        if isinstance(self.ls1, LayerScale):
+            per, const = self.ls1(per), self.ls1(const)
+        return per, const
 
 
 @dataclass

@@ -32,13 +32,73 @@ def sinusoidal_2d(rows: int, cols: int, dim: int, base: float = 10000.0) -> torc
     return torch.cat([row, col], dim=-1).reshape(rows * cols, dim)
 
 
-def rope_cos_sin(n: int, d_head: int, theta: float = 10000.0, offset: int = 0):
-    """cos, sin tables (n, d_head) in the half-split layout transformers' Llama uses."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
+def rope_frequencies(dim: int, theta: float = 10000.0, scaling: tuple = ()) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies (dim/2,), attention factor) of RoPE over `dim` channels, with the
+    rope scaling `scaling` (pairs as `Config.rope_scaling` holds them) as transformers computes
+    it: linear, dynamic (the same as none within the original context, all we run), yarn, llama3."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    p = dict(scaling)
+    kind = p.get("rope_type", "default")
+    if kind in ("default", "dynamic"):
+        return inv_freq, 1.0
+    factor = float(p["factor"])
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        old = p["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old / p["low_freq_factor"], old / p["high_freq_factor"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - p["low_freq_factor"]) / (p["high_freq_factor"] - p["low_freq_factor"])
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        return _yarn(dim, theta, p, factor)
+    raise ValueError(f"rope scaling {kind!r} is not supported")
+
+
+def _yarn(dim: int, theta: float, p: dict, factor: float) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023) as transformers' `_compute_yarn_parameters`."""
+    old = p.get("original_max_position_embeddings") or p["max_position_embeddings"]
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        if p.get("mscale") and p.get("mscale_all_dim"):
+            attention_factor = mscale(factor, p["mscale"]) / mscale(factor, p["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return (dim * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = theta ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    extra = 1 - ramp
+    return interpolation * (1 - extra) + extrapolation * extra, float(attention_factor)
+
+
+def rope_cos_sin(n: int, d_head: int, theta: float = 10000.0, offset: int = 0, scaling: tuple = ()):
+    """cos, sin tables (n, d_head) in the half-split layout transformers' Llama uses (`d_head`:
+    the channels that rotate), scaled by the rope scaling's attention factor."""
+    inv_freq, factor = rope_frequencies(d_head, theta, scaling)
     pos = torch.arange(offset, offset + n, dtype=torch.float32)
     freqs = torch.outer(pos, inv_freq)           # (n, d_head/2)
     emb = torch.cat((freqs, freqs), dim=-1)      # (n, d_head)
-    return emb.cos(), emb.sin()
+    if factor == 1.0:
+        return emb.cos(), emb.sin()
+    return emb.cos() * factor, emb.sin() * factor
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +107,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, h, T, dh) queries or keys by their position's angle."""
+    """Rotate (B, h, T, dh) queries or keys by their position's angle; tables narrower than dh
+    rotate the first channels and pass the rest (partial rotary: GPT-NeoX, Phi)."""
+    rd = cos.shape[-1]
+    if rd < x.shape[-1]:
+        rot, rest = x[..., :rd], x[..., rd:]
+        return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
     return x * cos + rotate_half(x) * sin
 
 

@@ -69,7 +69,7 @@ class Transformer(nn.Module):
             self.types = nn.Embedding(cfg.type_vocab_size, d) if cfg.type_vocab_size else None
         self.emb_norm = make_norm(cfg) if cfg.embedding_norm else None
         self.blocks = nn.ModuleList(
-            Block(cfg, None if heads is None else heads[i], None if kv_heads is None else kv_heads[i])
+            Block(cfg, None if heads is None else heads[i], None if kv_heads is None else kv_heads[i], i)
             for i in range(cfg.n_layers))
         self.norm = make_norm(cfg) if cfg.final_norm else None
         self.lm_head = None
@@ -77,14 +77,20 @@ class Transformer(nn.Module):
             self.mlm_transform = Linear(d, d)
             self.mlm_norm = make_norm(cfg)
         if cfg.task == "lm" or cfg.mlm_head:
-            self.lm_head = Linear(d, cfg.vocab_size, bias=cfg.mlm_head)
+            self.lm_head = Linear(d, cfg.vocab_size, bias=cfg.mlm_head or cfg.lm_head_bias)
             if cfg.tie_embeddings:
                 self.lm_head.weight = self.tok.weight
         if cfg.positional == "rotary":
+            n = min(cfg.max_positions, ROPE_CACHE_MAX)
             with torch.device("cpu"):
-                cos, sin = rope_cos_sin(min(cfg.max_positions, ROPE_CACHE_MAX), cfg.d_head, cfg.rope_theta)
+                cos, sin = self._rope_table(n)
+                local = self._rope_table(n, local=True) if cfg.local_rope_theta else None
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+            self.rope_local_cos = self.rope_local_sin = None
+            if local is not None:  # the windowed layers' own base (Gemma 3), unscaled
+                self.register_buffer("rope_local_cos", local[0], persistent=False)
+                self.register_buffer("rope_local_sin", local[1], persistent=False)
 
     @classmethod
     def from_state(cls, cfg: Config, state: dict, heads=None, kv_heads=None) -> "Transformer":
@@ -101,6 +107,8 @@ class Transformer(nn.Module):
         """`offset`: the position of the first id (tokens after a cached prefix)."""
         T = ids.shape[1]
         x = self.tok(ids)
+        if self.cfg.embed_scale != 1.0:  # Gemma: √d_model, rounded to the weights' dtype as transformers does
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         if self.pos is not None:
             x = x + self.pos.weight[offset:offset + T]
         elif self.cfg.positional == "sinusoidal":
@@ -121,10 +129,33 @@ class Transformer(nn.Module):
             x = torch.cat([x[:, :1], self.registers.expand(B, -1, -1), x[:, 1:]], dim=1)
         return x
 
-    def rope(self, T: int):
-        if T <= self.rope_cos.shape[0]:
-            return self.rope_cos[:T], self.rope_sin[:T]
-        return rope_cos_sin(T, self.cfg.d_head, self.cfg.rope_theta)
+    def _rope_table(self, T: int, local: bool = False):
+        cfg = self.cfg
+        if local:
+            return rope_cos_sin(T, cfg.rope_dim, cfg.local_rope_theta)
+        return rope_cos_sin(T, cfg.rope_dim, cfg.rope_theta, scaling=cfg.rope_scaling)
+
+    def rope(self, T: int, local: bool = False):
+        """(cos, sin) of positions 0..T-1: the global layers' tables, or (`local`) the windowed ones'."""
+        cos, sin = (self.rope_local_cos, self.rope_local_sin) if local else (self.rope_cos, self.rope_sin)
+        if T <= cos.shape[0]:
+            return cos[:T], sin[:T]
+        return self._rope_table(T, local)
+
+    def shared(self, n: int, offset: int = 0, attention_mask=None) -> dict:
+        """What every block of a pass over positions offset..offset+n-1 reads besides its input:
+        the rotary tables, the padding mask (`attention_mask` (B, n): 1 for real tokens), causality.
+        `Block.explain(x, **shared)` reads a block's attention with the same arguments."""
+        cfg = self.cfg
+        out = {"allowed": padding_mask(attention_mask) if attention_mask is not None else None,
+               "causal": cfg.causal, "rope": None}
+        if cfg.positional == "rotary":  # absolute positions offset..offset+n-1
+            cos, sin = self.rope(offset + n)
+            out["rope"] = (cos[offset:], sin[offset:])
+            if cfg.local_rope_theta:
+                cos, sin = self.rope(offset + n, local=True)
+                out["rope_local"] = (cos[offset:], sin[offset:])
+        return out
 
     # ---------------------------------------------------------------- the forward loop
     def iter_blocks(self, x, start: int = 0, stop: int | None = None, *, head_mask=None, capture=(),
@@ -142,16 +173,10 @@ class Transformer(nn.Module):
         dict per layer holding its keys and values (incremental decoding, see `Attention`), and
         `offset` the position of x's first token after what the cache holds; `patch`: {layer:
         patch(name, tensor)} edits of q / k / v / per-head outputs (activation patching)."""
-        cfg = self.cfg
-        allowed = padding_mask(attention_mask) if attention_mask is not None else None
-        rope = None
-        if cfg.positional == "rotary":  # absolute positions offset..offset+n-1
-            cos, sin = self.rope(offset + x.shape[1])
-            rope = (cos[offset:], sin[offset:])
         yield from iter_layers(self.blocks, x, start, stop, head_mask=head_mask, capture=capture,
                                weights_out=weights_out, variants=variants, check=check,
                                head_outputs=head_outputs, head_fill=head_fill, cache=cache, patch=patch,
-                               rope=rope, allowed=allowed, causal=cfg.causal)
+                               **self.shared(x.shape[1], offset, attention_mask))
 
     def run_blocks(self, x, start: int = 0, stop: int | None = None, *, states: bool = False, **kw) -> Blocks:
         """`iter_blocks` run to the end: the last output, the captured weights and (`states`) every
@@ -172,7 +197,9 @@ class Transformer(nn.Module):
         if not logits or self.lm_head is None:
             return x, None
         h = self.mlm_norm(F.gelu(self.mlm_transform(x))) if self.cfg.mlm_head else x
-        return x, self.lm_head(h)
+        logits = self.lm_head(h)
+        cap = self.cfg.final_softcap
+        return x, logits if not cap else torch.tanh(logits / cap) * cap
 
     def forward(self, input_ids=None, pixel_values=None, *, token_type_ids=None, attention_mask=None,
                 head_mask=None, need_weights=False, layers=None, variants=None, states=False, weights_out=None,

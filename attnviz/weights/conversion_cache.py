@@ -25,8 +25,9 @@ def cache_root() -> Path:
 
 # Raised whenever what a converter stores changes (a config field, a state key), so an entry made
 # by an older converter is rebuilt, never read as this one's. v2: `Config` carries `task` and
-# `embedding_norm`, which the family files set.
-CACHE_VERSION = 2
+# `embedding_norm`, which the family files set. v3: the decoder families' structural fields
+# (sandwich and parallel blocks, QK-norm, windows, soft caps, rope scaling, experts).
+CACHE_VERSION = 3
 
 
 def source_key(path: Path) -> str:
