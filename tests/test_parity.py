@@ -36,7 +36,13 @@ def tiny(family: str, **over):
                               num_attention_heads=4, mlp_ratio=2, layerscale_value=0.5,
                               use_swiglu_ffn=family == "dinov2_swiglu")
         cls = tf.Dinov2Model
+    elif family in DECODERS:
+        cls_name, make, fields = DECODERS[family]
+        cfg = getattr(tf, make)(**{**DECODER_BASE, **fields, **over})
+        cls = getattr(tf, cls_name)
     cfg._attn_implementation = "eager"
+    if hasattr(cfg, "_experts_implementation"):
+        cfg._experts_implementation = "eager"  # the loop over experts, as ours (grouped kernels need aligned widths)
     model = cls(cfg).eval()
     with torch.no_grad():  # layer-scale and norms start at constants: make them random too
         for name, p in model.named_parameters():
@@ -45,7 +51,43 @@ def tiny(family: str, **over):
     return model
 
 
-FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu"]
+# The decoder families: a row each (transformers' model class, its config class, how the tiny
+# config differs from the shared base). Windows of 4 and mixed layer types, so that N tokens
+# reach past them; a head width of 16 where the family allows one other than d / heads.
+DECODER_BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+WINDOWED = dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+ROPE = dict(rope_theta=500.0, original_max_position_embeddings=16)
+DECODERS = {
+    "llama_llama3": ("LlamaForCausalLM", "LlamaConfig", dict(
+        rope_parameters=dict(ROPE, rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0),
+        attention_bias=True, mlp_bias=True, head_dim=16)),
+    "llama_linear": ("LlamaForCausalLM", "LlamaConfig", dict(
+        rope_parameters=dict(ROPE, rope_type="linear", factor=4.0))),
+    "llama_dynamic": ("LlamaForCausalLM", "LlamaConfig", dict(
+        rope_parameters=dict(ROPE, rope_type="dynamic", factor=2.0))),
+    "llama_yarn": ("LlamaForCausalLM", "LlamaConfig", dict(
+        rope_parameters=dict(ROPE, rope_type="yarn", factor=4.0))),
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=4)),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(sliding_window=5, num_local_experts=4,
+                                                            num_experts_per_tok=2)),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(use_sliding_window=True, sliding_window=4,
+                                                      max_window_layers=1)),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=16)),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                                                moe_intermediate_size=19)),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(num_key_value_heads=1, head_dim=16)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(WINDOWED, head_dim=16, query_pre_attn_scalar=12,
+                                                         attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),
+    "gemma3_text": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(WINDOWED, head_dim=16, query_pre_attn_scalar=12,
+                                                                  rope_parameters={
+                                                                      "full_attention": dict(rope_type="linear", factor=2.0,
+                                                                                             rope_theta=1000.0),
+                                                                      "sliding_attention": dict(rope_type="default",
+                                                                                                rope_theta=50.0)})),
+}
+LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
+FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
 
 
 def inputs(model, size=None):
@@ -115,7 +157,7 @@ def test_outputs_and_attentions_match(pair):
     tr = ours.trace(x)
     close(tr.attentions, att)
     torch.testing.assert_close(tr.attentions.sum(-1), torch.ones_like(tr.attentions.sum(-1)))
-    if name in ("bert_mlm", "gpt2", "llama", "llama_untied"):
+    if name in LMS:
         close(tr.logits, logits[0])
     else:
         close(tr.hidden, hidden)

@@ -87,10 +87,9 @@ class Transformer(nn.Module):
                 local = self._rope_table(n, local=True) if cfg.local_rope_theta else None
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-            self.rope_local_cos = self.rope_local_sin = None
-            if local is not None:  # the windowed layers' own base (Gemma 3), unscaled
-                self.register_buffer("rope_local_cos", local[0], persistent=False)
-                self.register_buffer("rope_local_sin", local[1], persistent=False)
+            # the windowed layers' own base (Gemma 3), unscaled; None where every layer shares one
+            self.register_buffer("rope_local_cos", None if local is None else local[0], persistent=False)
+            self.register_buffer("rope_local_sin", None if local is None else local[1], persistent=False)
 
     @classmethod
     def from_state(cls, cfg: Config, state: dict, heads=None, kv_heads=None) -> "Transformer":

@@ -25,13 +25,22 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import TASKS, Config
-from attnviz.weights.families import bart, bergamot, bert, dinov2, gpt2, llama, marian, vit, whisper
+from attnviz.weights.families import (bart, bergamot, bert, dinov2, gemma, gemma2, gemma3_text, gpt2, llama, marian,
+                                      mistral, mixtral, qwen2, qwen3, qwen3_moe, vit, whisper)
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
     bert,
     gpt2,
     llama,
+    mistral,
+    mixtral,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+    gemma,
+    gemma2,
+    gemma3_text,
     vit,
     dinov2,
     marian,

@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from attnviz.core.config import Config
+from attnviz.core.config import Config, rope_pairs
 from attnviz.weights.mapper import Mapper, activation, get
 
 NAME = "llama"
@@ -21,21 +21,59 @@ GGUF_ARCHITECTURE = "llama"
 
 
 # ---------------------------------------------------------------- config half
-def config(hf, sd: dict) -> Config:
+LAYER_TYPES = {"full_attention": False, "sliding_attention": True}   # -> whether the layer has a window
+
+
+def rope_parameters(hf) -> dict:
+    """The global layers' rope parameters (transformers 5 keeps them per layer type where the
+    types differ: Gemma 3)."""
     rope = get(hf, "rope_parameters") or get(hf, "rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ValueError(f"rope scaling {rope.get('rope_type')!r} is not supported; only the default RoPE")
+    return rope.get("full_attention", rope) if isinstance(rope, dict) else {}
+
+
+def windows(hf) -> tuple:
+    """Each layer's sliding window (0: every key) from `layer_types` and `sliding_window`;
+    a layer type we do not implement is refused by name."""
+    types = get(hf, "layer_types")
+    window = get(hf, "sliding_window")
+    if not types:
+        return ()
+    unknown = sorted({t for t in types if t not in LAYER_TYPES})
+    if unknown:
+        raise ValueError(f"layer type {unknown[0]!r} is not supported; supported: {', '.join(LAYER_TYPES)}")
+    if not window or not any(LAYER_TYPES[t] for t in types):
+        return ()
+    return tuple(int(window) if LAYER_TYPES[t] else 0 for t in types)
+
+
+def config(hf, sd: dict) -> Config:
+    """Llama's config, and the parent of every decoder family written as its difference."""
+    rope = rope_parameters(hf)
     d, h = get(hf, "hidden_size"), get(hf, "num_attention_heads")
+    dh = get(hf, "head_dim") or d // h
+    partial = rope.get("partial_rotary_factor", get(hf, "partial_rotary_factor", 1.0)) or 1.0
+    rotary = int(dh * partial)
     bias = bool(get(hf, "attention_bias", False))
+    if get(hf, "pretraining_tp", 1) not in (None, 1):
+        raise ValueError("pretraining_tp > 1 (sliced projections) is not supported")
     return Config(family=NAME, task=TASK, n_layers=get(hf, "num_hidden_layers"), n_heads=h,
                   n_kv_heads=get(hf, "num_key_value_heads") or h, d_model=d,
-                  d_head=get(hf, "head_dim") or d // h, d_ff=get(hf, "intermediate_size"),
+                  d_head=dh, d_ff=get(hf, "intermediate_size"),
                   vocab_size=get(hf, "vocab_size"), max_positions=get(hf, "max_position_embeddings"),
                   norm="rmsnorm", norm_eps=get(hf, "rms_norm_eps", 1e-6), positional="rotary",
-                  rope_theta=float(rope.get("rope_theta", get(hf, "rope_theta", 10000.0))), causal=True,
+                  rope_theta=float(rope.get("rope_theta", get(hf, "rope_theta", 10000.0))),
+                  rotary_dim=rotary if rotary < dh else 0, rope_scaling=_scaling(hf, rope), causal=True,
                   pre_norm=True, activation=activation(get(hf, "hidden_act", "silu")), gated_mlp=True,
                   qkv_bias=bias, out_bias=bias, mlp_bias=bool(get(hf, "mlp_bias", False)),
-                  tie_embeddings=bool(get(hf, "tie_word_embeddings", False)))
+                  windows=windows(hf), tie_embeddings=bool(get(hf, "tie_word_embeddings", False)))
+
+
+def _scaling(hf, rope: dict) -> tuple:
+    scaling = rope_pairs({k: v for k, v in rope.items() if k != "partial_rotary_factor"})
+    if dict(scaling).get("rope_type") == "yarn" and "original_max_position_embeddings" not in dict(scaling):
+        scaling = tuple(sorted(scaling + (("original_max_position_embeddings",
+                                           get(hf, "max_position_embeddings")),)))
+    return scaling
 
 
 def size(hf, b) -> int:
@@ -48,28 +86,56 @@ def size(hf, b) -> int:
     if h % kv:
         raise b.fail(f"config.json: num_attention_heads ({h}) must be a multiple of num_key_value_heads ({kv})")
     dh = b.int("head_dim", 1, b.MAX_D_HEAD, optional=True)
+    experts = b.int("num_local_experts", 1, 1024, optional=True) or b.int("num_experts", 1, 1024, optional=True) or 1
     params = b.blocks(L, d, h, kv, dh, ff, gated=True) + vocab * d
+    params += (experts - 1) * L * 3 * d * ff
     return params + (0 if get(hf, "tie_word_embeddings", False) else vocab * d)
 
 
 # ---------------------------------------------------------------- weights half
 def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
+    """Llama's tensors, and those its children add where their config says so: q/k norms, the
+    sandwich norms (Gemma 2/3, OLMo 2 name them post_attention / pre_ and post_feedforward),
+    experts (Mixtral, Qwen3-MoE)."""
     m = Mapper(sd, PREFIXES)
-    bias, mlp_bias = cfg.qkv_bias, cfg.mlp_bias
     m.put("tok.weight", m.take("embed_tokens.weight"))
     for i in range(cfg.n_layers):
         p, o = f"layers.{i}.", f"blocks.{i}."
-        m.norm(o + "norm1", p + "input_layernorm", bias=False)
-        m.fused(o + "attn.qkv", [p + f"self_attn.{n}_proj" for n in "qkv"], bias=bias)
-        m.linear(o + "attn.out", p + "self_attn.o_proj", bias=bias)
-        m.norm(o + "norm2", p + "post_attention_layernorm", bias=False)
-        m.fused(o + "mlp.fc_in", [p + "mlp.gate_proj", p + "mlp.up_proj"], bias=mlp_bias)
-        m.linear(o + "mlp.fc_out", p + "mlp.down_proj", bias=mlp_bias)
+        if cfg.input_norms:
+            m.norm(o + "norm1", p + "input_layernorm", bias=False)
+        if cfg.output_norms:
+            m.norm(o + "norm1_out", p + "post_attention_layernorm", bias=False)
+            m.norm(o + "norm2_out", p + "post_feedforward_layernorm", bias=False)
+            if cfg.input_norms:
+                m.norm(o + "norm2", p + "pre_feedforward_layernorm", bias=False)
+        elif not cfg.parallel:
+            m.norm(o + "norm2", p + "post_attention_layernorm", bias=False)
+        if cfg.qk_norm == "head":
+            m.norm(o + "attn.q_norm", p + "self_attn.q_norm", bias=False)
+            m.norm(o + "attn.k_norm", p + "self_attn.k_norm", bias=False)
+        m.fused(o + "attn.qkv", [p + f"self_attn.{n}_proj" for n in "qkv"], bias=cfg.qkv_bias)
+        m.linear(o + "attn.out", p + "self_attn.o_proj", bias=cfg.out_bias)
+        if cfg.n_experts:
+            experts(m, o + "mlp.", p + "mlp.", cfg.n_experts)
+        else:
+            m.fused(o + "mlp.fc_in", [p + "mlp.gate_proj", p + "mlp.up_proj"], bias=cfg.mlp_bias)
+            m.linear(o + "mlp.fc_out", p + "mlp.down_proj", bias=cfg.mlp_bias)
     m.norm("norm", "norm", bias=False)
     if not cfg.tie_embeddings:
         m.prefix = ""  # the output head sits beside the base model
         m.put("lm_head.weight", m.take("lm_head.weight"))
     return m.out
+
+
+def experts(m: Mapper, ours: str, theirs: str, n: int):
+    """transformers 5's fused experts (gate_up_proj [E, 2ff, d], down_proj [E, d, ff]) and router."""
+    m.put(ours + "router.weight", m.take(theirs + "gate.weight"))
+    gate_up, down = m.take(theirs + "experts.gate_up_proj"), m.take(theirs + "experts.down_proj")
+    if gate_up.shape[0] != n or down.shape[0] != n:
+        raise ValueError(f"the checkpoint has {gate_up.shape[0]} experts; its config says {n}")
+    for e in range(n):
+        m.put(f"{ours}experts.{e}.fc_in.weight", gate_up[e])
+        m.put(f"{ours}experts.{e}.fc_out.weight", down[e])
 
 
 # ---------------------------------------------------------------- GGUF (llama.cpp) -> HF names
