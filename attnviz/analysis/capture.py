@@ -21,7 +21,6 @@ import torch.nn.functional as F
 
 from attnviz.analysis import effects
 from attnviz.analysis.stats import downsample_attention
-from attnviz.core.attention import softmax_weights
 from attnviz.base import memory
 from attnviz.base.jobs import Cancel, Deadline, JobTimeout, heavy_job
 from attnviz.base.limits import LIMITS
@@ -160,12 +159,6 @@ def truncation_message(capture: TextCapture, max_positions: int) -> str | None:
     return f"The text is too long: {why}; the last {capture.truncated:,} tokens were dropped."
 
 
-def _queries_keys(attn_module, x, rope):
-    """(q, k) of one attention module, each (1, h, n, dh), K expanded to the query heads."""
-    q, k, _ = attn_module.project(x, rope)
-    return q, k[:, attn_module.kv_of_head]        # (1, h, T, dh): the K each query head reads
-
-
 @torch.inference_mode()
 def _scan(net, ids, start: int, size: int, max_cell: int, progress,
           deadline: Deadline | None = None, cancel: Cancel | None = None):
@@ -174,7 +167,7 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress,
     L, H = cfg.n_layers, cfg.n_heads
     x = net.embed_text(ids[None])
     n = x.shape[1]
-    rope = net.rope(n) if cfg.positional == "rotary" else None
+    shared = net.shared(n)
     block = math.ceil(n / max_cell)               # as analysis.downsample_attention pools
     m = math.ceil(n / block)
     row_counts = torch.full((m,), float(block))
@@ -183,7 +176,6 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress,
     chunk = max(block, CHUNK_FLOATS // (H * n) // block * block)
     overview = torch.zeros(L, H, m, m)
     window = torch.zeros(L, H, size, size)
-    positions = torch.arange(n)
     stop_w = start + size
     checks = lambda: _check(deadline, cancel)     # noqa: E731  before every block and every chunk
     # When one layer's weights fit a chunk (SmolLM2 up to ~1,300 tokens) the blocks return their
@@ -192,19 +184,17 @@ def _scan(net, ids, start: int, size: int, max_cell: int, progress,
     chunk = n if own else chunk                   # the block's own weights: one chunk of every row
     for step in net.iter_blocks(x, check=checks, capture=range(L) if own else ()):
         layer, blk, x = step.layer, net.blocks[step.layer], step.out
-        attn_module = blk.attn
-        if attn_module.n_heads:
-            heads = attn_module.heads             # original indices (pruned models hold fewer)
-            if not own:
-                q, k = _queries_keys(attn_module, blk.norm1(step.x) if blk.pre_norm else step.x, rope)
+        if blk.attn.n_heads:
+            heads = blk.attn.heads                # original indices (pruned models hold fewer)
+            if not own:  # what the block's attention computes, read chunk by chunk of query rows
+                scored = blk.explain(step.x, **shared)
             for r0 in range(0, n, chunk):
                 checks()
                 r1 = min(n, r0 + chunk)
                 if own:
                     w = step.weights[0]                                          # (h, n, n)
                 else:
-                    allowed = positions[None, :] <= positions[r0:r1, None] if cfg.causal else None
-                    w = softmax_weights(q[:, :, r0:r1], k, allowed)[0]          # (h, r, n)
+                    w = scored.weights(r0, r1)[0]                                # (h, r, n)
                 keys = F.pad(w, (0, m * block - n)).view(len(heads), r1 - r0, m, block).sum(-1)
                 rows = F.pad(keys, (0, 0, 0, -(r1 - r0) % block))             # (h, r', m)
                 pooled = rows.view(len(heads), -1, block, m).sum(2)          # (h, r'/b, m)

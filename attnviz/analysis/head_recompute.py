@@ -5,13 +5,11 @@ Reads a loaded `Model` and never changes it: models are shared by every session.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from attnviz.core.model import Model, Trace
-from attnviz.core.positional import apply_rope
 
 
 @dataclass
@@ -79,11 +77,9 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
     kv = int(attn.kv_of_head[local])
     h, hkv = attn.n_heads, attn.n_kv
     W = attn.qkv.weight                                     # ((h + 2 hkv) dh, d_model)
-    b = attn.qkv.bias if attn.qkv.bias is not None else torch.zeros(W.shape[0])
     q_rows = slice(local * dh, (local + 1) * dh)
     k_rows = slice((h + kv) * dh, (h + kv + 1) * dh)
     v_rows = slice((h + hkv + kv) * dh, (h + hkv + kv + 1) * dh)
-    causal = cfg.causal if causal is None else causal
     steps: dict[str, Step] = {}
 
     def add(key, name, value, rows, cols, note=""):
@@ -91,42 +87,48 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
 
     with torch.inference_mode():
         x = trace.states[layer]                                            # (n, d_model)
+        # what the block's attention computes for this input: read, never rebuilt from the config
+        scored = block.explain(x[None], **model.net.shared(n))
+        causal = scored.causal if causal is None else causal
         add("input", f"x: input of block {layer}", x, "tokens", "d_model",
             "the residual stream entering the block")
-        if cfg.pre_norm:
-            x = block.norm1(x)
-            add("normed", "norm1(x)", x, "tokens", "d_model",
-                f"{cfg.norm} before attention ({cfg.family} is pre-norm)")
+        if not torch.equal(scored.x[0], x):
+            add("normed", "norm1(x)", scored.x[0], "tokens", "d_model",
+                f"{cfg.norm} before attention (a pre-norm block)")
         Wq, Wk, Wv = W[q_rows].T, W[k_rows].T, W[v_rows].T                # (d_model, dh) each
         group = f" (K/V head {kv}, shared by {cfg.group} query heads)" if cfg.group > 1 else ""
         add("W_Q", f"W_Q of head {head}", Wq, "d_model", "d_head", "its rows of the fused qkv weight")
         add("W_K", f"W_K{group}", Wk, "d_model", "d_head")
         add("W_V", f"W_V{group}", Wv, "d_model", "d_head")
-        Q, K, V = x @ Wq + b[q_rows], x @ Wk + b[k_rows], x @ Wv + b[v_rows]  # (n, dh)
-        add("Q", "Q = x·W_Q + b_Q", Q, "tokens", "d_head")
-        add("K", "K = x·W_K + b_K", K, "tokens", "d_head")
-        add("V", "V = x·W_V + b_V", V, "tokens", "d_head")
-        if cfg.positional == "rotary":
-            cos, sin = model.net.rope(n)
-            Q, K = apply_rope(Q, cos, sin), apply_rope(K, cos, sin)
-            add("Q_rot", "RoPE(Q)", Q, "tokens", "d_head", "queries rotated by their position's angle")
+        add("Q", "Q = x·W_Q + b_Q", scored.q_proj[0, local], "tokens", "d_head")
+        add("K", "K = x·W_K + b_K", scored.k_proj[0, kv], "tokens", "d_head")
+        add("V", "V = x·W_V + b_V", scored.v[0, kv], "tokens", "d_head")
+        if scored.q_normed is not None:
+            add("Q_norm", "RMSNorm(Q)", scored.q_normed[0, local], "tokens", "d_head",
+                "each query normalised over its head's channels (QK-norm)")
+            add("K_norm", "RMSNorm(K)", scored.k_normed[0, kv], "tokens", "d_head", "likewise each key")
+        Q, K, V = scored.q[0, local], scored.k[0, kv], scored.v[0, kv]   # (n, dh) as scored
+        if scored.rotated:
+            part = f" (its first {cfg.rotary_dim} channels)" if cfg.rotary_dim else ""
+            add("Q_rot", "RoPE(Q)", Q, "tokens", "d_head", f"queries rotated by their position's angle{part}")
             add("K_rot", "RoPE(K)", K, "tokens", "d_head", "keys rotated likewise: Q·K then depends on distance")
-        scores = Q @ K.T                                                   # (n, n)
-        add("scores", "scores = Q·Kᵀ", scores, "tokens", "tokens")
-        scaled = scores / math.sqrt(dh) / temperature
-        t_note = f", then by the temperature {temperature:g}" if temperature != 1 else ""
-        add("scaled", f"scaled = scores / √{dh}" + (f" / {temperature:g}" if temperature != 1 else ""),
-            scaled, "tokens", "tokens", f"divided by √d_k = {math.sqrt(dh):.2f}{t_note}")
-        allowed = torch.ones(n, n, dtype=torch.bool)
-        if causal:
-            allowed = allowed.tril()
+        add("scores", "scores = Q·Kᵀ", Q @ K.T, "tokens", "tokens")
+        scaled = scored.logits(temperature=temperature)[0, local]        # (n, n)
+        how = f"× {scored.scale_value:.4g}" if scored.scale is not None else f"/ √{dh}"
+        cap = f", then soft-capped: {scored.softcap:g}·tanh(s / {scored.softcap:g})" if scored.softcap else ""
+        t_note = f", then divided by the temperature {temperature:g}" if temperature != 1 else ""
+        add("scaled", f"scaled = scores {how}" + (f" / {temperature:g}" if temperature != 1 else ""),
+            scaled, "tokens", "tokens", f"multiplied by {scored.scale_value:.4g}{cap}{t_note}")
+        allowed = replace(scored, causal=causal).mask()
+        allowed = torch.ones(n, n, dtype=torch.bool) if allowed is None else allowed.reshape(-1, n, n)[0].clone()
         if hidden_keys:
             allowed[:, list(hidden_keys)] = False
         empty = (~allowed.any(-1)).nonzero().flatten().tolist()
         if empty:
             raise ValueError(f"query positions {empty} would see no key at all: unhide a key they may see")
+        window = f"; keys within {scored.window} positions" if scored.window else ""
         add("mask", "mask (1 = may attend)", allowed.float(), "tokens", "tokens",
-            ("causal: no looking ahead" if causal else "bidirectional") +
+            ("causal: no looking ahead" if causal else "bidirectional") + window +
             (f"; keys {list(hidden_keys)} hidden" if hidden_keys else ""))
         masked = scaled.masked_fill(~allowed, float("-inf"))
         add("masked", "masked scores", masked, "tokens", "tokens", "−∞ where the mask is 0")
@@ -138,12 +140,12 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
         add("W_O", f"W_O share of head {head}", Wo, "d_head", "d_model",
             "its columns of the output projection")
         add("output", "head output = z·W_O", z @ Wo, "tokens", "d_model",
-            "added with the other heads' outputs and b_O to the residual stream")
+            "added with the other heads' outputs and b_O to the attention's output")
 
     captured = None
     if trace.attentions is not None and layer in trace.layers:
         captured = trace.attentions[trace.layers.index(layer), head]
-    changed = temperature != 1.0 or causal != cfg.causal or bool(hidden_keys)
+    changed = temperature != 1.0 or causal != scored.causal or bool(hidden_keys)
     diff = None if captured is None else (pattern - captured).abs().max().item()
     return HeadSteps(layer, head, kv, trace.tokens, steps, pattern, captured, diff, changed,
                      _output_diff(model, trace, layer) if check_output else None, temperature)
@@ -151,16 +153,14 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
 
 def _output_diff(model: Model, trace: Trace, layer: int) -> float:
     """The heads' shares of W_O add up, with b_O, to what the attention module outputs."""
-    cfg, block = model.cfg, model.net.blocks[layer]
+    block = model.net.blocks[layer]
     attn = block.attn
     with torch.inference_mode():
         x = trace.states[layer][None]
-        x = block.norm1(x) if cfg.pre_norm else x
-        rope = model.net.rope(x.shape[1]) if cfg.positional == "rotary" else None
-        y, att = attn(x, rope=rope, causal=cfg.causal, need_weights=True)
-        V = attn.qkv(x)[..., (attn.n_heads + attn.n_kv) * cfg.d_head:]       # (1, n, hkv dh)
-        V = V.view(1, -1, attn.n_kv, cfg.d_head).transpose(1, 2)[:, attn.kv_of_head]  # (1, h, n, dh)
-        z = (att @ V).transpose(1, 2).reshape(1, x.shape[1], -1)              # (1, n, h dh)
+        shared = model.net.shared(x.shape[1])
+        y, att = attn(block.attn_input(x), need_weights=True, **shared)
+        z = att @ block.explain(x, **shared).values()                          # (1, h, n, dh)
+        z = z.transpose(1, 2).reshape(1, x.shape[1], -1)                       # (1, n, h dh)
         total = z @ attn.out.weight.T + (attn.out.bias if attn.out.bias is not None else 0)
     return (total - y).abs().max().item()
 

@@ -23,6 +23,7 @@ from attnviz.analysis.effects import single_token, token_names
 from attnviz.analysis.importance import is_lm
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
+from attnviz.core.layers import frozen
 
 TOP_K = 10  # candidates kept per logit-lens cell: what a clicked cell shows
 
@@ -40,8 +41,7 @@ def check_lm(model):
     if not is_lm(model):
         raise ValueError(f"{model.info.key} is not a language model: readouts need next-token logits "
                          "(pick SmolLM2, GPT-2 or a toy LM)")
-    cfg = model.cfg
-    if not cfg.pre_norm or cfg.layer_scale:
+    if not all(block.additive for block in model.net.blocks):
         raise ValueError("readouts need a pre-norm model, whose residual stream is a plain sum of parts")
 
 
@@ -161,23 +161,6 @@ class Attribution:
         return [(int(i) // H, int(i) % H, float(flat[i])) for i in order]
 
 
-def _frozen_norm(net, x: torch.Tensor):
-    """The final norm with its scale frozen at the full residual x [d]: a linear map f and the
-    constant it adds (LayerNorm's bias), so that norm(x) = f(x) + constant."""
-    norm = net.norm
-    if norm is None:
-        return (lambda c: c), torch.zeros_like(x), 1.0
-    x = x.float()
-    if isinstance(norm, torch.nn.LayerNorm):
-        scale = torch.rsqrt(x.var(-1, unbiased=False) + norm.eps)
-        w = norm.weight.float()
-        bias = norm.bias.float() if norm.bias is not None else torch.zeros_like(x)
-        return (lambda c: w * (c - c.mean(-1, keepdim=True)) * scale), bias, float(scale)
-    scale = torch.rsqrt(x.pow(2).mean(-1) + norm.eps)                     # RMSNorm
-    w = norm.weight.float()
-    return (lambda c: w * c * scale), torch.zeros_like(x), float(scale)
-
-
 def attribution(model, x, target: int, minus: int | None = None, head_mask=None, check=None,
                 trace: Run | None = None) -> Attribution:
     """Each head's and each MLP's direct contribution to logit[target] (- logit[minus]) at the last
@@ -194,7 +177,8 @@ def attribution(model, x, target: int, minus: int | None = None, head_mask=None,
     W_U = net.lm_head.weight.float()
     direction = W_U[int(target)] - (W_U[int(minus)] if minus is not None else 0)      # (d,)
     with torch.inference_mode():
-        f, norm_bias, scale = _frozen_norm(net, r.states[-1][-1])
+        last = r.states[-1][-1].float()
+        f, norm_bias, scale = frozen(net.norm, last)
         bias = float(norm_bias @ direction)
         if net.lm_head.bias is not None:
             b = net.lm_head.bias.float()
@@ -202,21 +186,18 @@ def attribution(model, x, target: int, minus: int | None = None, head_mask=None,
         heads = torch.zeros(L, H)
         mlps = torch.zeros(L)
         for i, block in enumerate(net.blocks):
-            attn = block.attn
             x_in, x_out = r.states[i][-1].float(), r.states[i + 1][-1].float()
-            z = r.heads[i].float()                                       # (h, dh)
-            W_O = attn.out.weight.float().view(-1, attn.n_heads, attn.d_head)  # (d, h, dh)
-            per_head = torch.einsum("dhk,hk->hd", W_O, z)                # (h, d)
-            attn_out = per_head.sum(0)
-            if attn.out.bias is not None:
-                attn_out = attn_out + attn.out.bias.float()
-                bias += float(f(attn.out.bias.float()) @ direction)
-            heads[i, attn.heads] = f(per_head) @ direction
-            mlps[i] = f(x_out - x_in - attn_out) @ direction             # the rest of the block: its MLP
+            # each head's share of what the block adds, as the block says it reaches the residual
+            per_head, const = block.head_parts(r.heads[i])              # (h, d), (d,)
+            bias += float(f(const) @ direction)
+            heads[i, block.attn.heads] = f(per_head) @ direction
+            mlps[i] = f(x_out - x_in - per_head.sum(0) - const) @ direction  # the rest of the block: its MLP
         embed = float(f(r.states[0][-1].float()) @ direction)
-        logits = lens_logits(model, r.states[-1][-1:])[0]
+        # the sum the logits' soft cap (Gemma 2) bends: the parts add up to it, not to the capped logit
+        logits = net.finish(r.states[-1][-1:][None].float(), softcap=False)[1][0, 0].float()
     real = float(logits[int(target)] - (logits[int(minus)] if minus is not None else 0))
-    return Attribution(int(target), None if minus is None else int(minus), heads, mlps, embed, bias, real, scale)
+    return Attribution(int(target), None if minus is None else int(minus), heads, mlps, embed, bias, real,
+                       float(scale))
 
 
 def attribution_frame(att: Attribution) -> pd.DataFrame:

@@ -211,7 +211,7 @@ class Block(nn.Module):
         const = attn.out.bias.float() if attn.out.bias is not None else torch.zeros(W_O.shape[0])
         const = const.expand(per.shape[:-2] + const.shape)
         if self.norm1_out is not None:
-            f, c = frozen(self.norm1_out, per.sum(-2) + const)
+            f, c, _ = frozen(self.norm1_out, per.sum(-2) + const)
             per, const = f(per.movedim(-2, 0)).movedim(0, -2), f(const) + c   # heads first: f broadcasts
         if isinstance(self.ls1, LayerScale):
             per, const = self.ls1(per), self.ls1(const)

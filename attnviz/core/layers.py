@@ -91,18 +91,19 @@ def make_norm(cfg: Config, d: int | None = None) -> nn.Module:
 
 
 def frozen(norm: nn.Module, x: torch.Tensor):
-    """`norm` as the affine map it is at the input x [..., d] (its scale frozen there): a linear f
-    and a constant c with norm(x) = f(x) + c, so norm(Σ parts) = Σ f(part) + c. None: identity."""
+    """`norm` as the affine map it is at the input x [..., d] (its scale frozen there): a linear f,
+    a constant c with norm(x) = f(x) + c, so norm(Σ parts) = Σ f(part) + c, and the frozen scale
+    (1 / std or 1 / rms, [..., 1]). None: the identity."""
     if norm is None:
-        return (lambda p: p), torch.zeros(x.shape[-1])
+        return (lambda p: p), torch.zeros(x.shape[-1]), torch.ones(x.shape[:-1] + (1,))
     x = x.float()
     w = norm.weight.float()
     if isinstance(norm, nn.LayerNorm):
         scale = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
         bias = norm.bias.float() if norm.bias is not None else torch.zeros_like(w)
-        return (lambda p: w * (p - p.mean(-1, keepdim=True)) * scale), bias
+        return (lambda p: w * (p - p.mean(-1, keepdim=True)) * scale), bias, scale
     scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)      # RMSNorm
-    return (lambda p: w * p * scale), torch.zeros_like(w)
+    return (lambda p: w * p * scale), torch.zeros_like(w), scale
 
 
 class MLP(nn.Module):

@@ -189,15 +189,16 @@ class Transformer(nn.Module):
             x = step.out
         return Blocks(x, weights, collected)
 
-    def finish(self, x, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The last block's output (B, n, d) -> (final hidden, logits or None): final norm and LM head."""
+    def finish(self, x, logits: bool = True, softcap: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last block's output (B, n, d) -> (final hidden, logits or None): final norm and LM head
+        (then the logits' soft cap, Gemma 2, unless `softcap=False`: the sum the cap bends)."""
         if self.norm is not None:
             x = self.norm(x)
         if not logits or self.lm_head is None:
             return x, None
         h = self.mlm_norm(F.gelu(self.mlm_transform(x))) if self.cfg.mlm_head else x
         logits = self.lm_head(h)
-        cap = self.cfg.final_softcap
+        cap = self.cfg.final_softcap if softcap else 0.0
         return x, logits if not cap else torch.tanh(logits / cap) * cap
 
     def forward(self, input_ids=None, pixel_values=None, *, token_type_ids=None, attention_mask=None,

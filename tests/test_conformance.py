@@ -1,0 +1,117 @@
+"""Every analysis on every decoder family's tiny model, checked against the trace: the analyses
+read what the blocks computed (`Block.explain`, `Block.head_parts`), so a family's QK-norm,
+windows, soft caps, sandwich norms or experts reach them without a line of their own."""
+import pytest
+import torch
+
+import attnviz
+from attnviz.analysis import capture, generation, head_recompute, readouts
+from attnviz.core.attention import Variant
+from attnviz.weights.families import FAMILIES as REGISTERED
+from tests.test_parity import DECODERS, tiny
+
+FAMILIES = ["gpt2", "llama", *DECODERS]
+LONG = 13  # tokens: past every tiny window (4, 5), so windows and two RoPE bases matter
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return attnviz.from_hf(tiny(request.param))
+
+
+def ids(n=LONG):
+    torch.manual_seed(1)
+    return torch.randint(0, 99, (n,))
+
+
+def test_step_by_step_head_equals_the_trace(model):
+    x = ids()
+    assert head_recompute.verify(model, x) < 1e-5
+    tr = model.trace(x, states=True, layers=[1])
+    steps = head_recompute.head_steps(model, tr, 1, 2)
+    assert steps.output_diff < 1e-5
+    if model.cfg.qk_norm != "none":
+        assert "Q_norm" in steps.steps and "K_norm" in steps.steps
+
+
+def test_long_capture_equals_the_trace(model, monkeypatch):
+    x = ids()
+    full = model.trace(x).attentions                                   # [L, H, n, n]
+    for floats in (capture.CHUNK_FLOATS, 4 * LONG * 5):                # the block's own weights; row chunks
+        monkeypatch.setattr(capture, "CHUNK_FLOATS", floats)
+        got = capture.capture_text(model, x, max_window=LONG)
+        assert got.attentions.shape == full.shape
+        assert (got.attentions - full).abs().max() < 1e-5, floats
+
+
+def test_each_heads_attribution_is_its_own_output(model):
+    """The MLPs' share is measured, not inferred: each block's MLP branch is hooked, its actual
+    output taken through the frozen final norm and the unembedding. Heads + MLPs + the rest add up
+    to the logit, so a head's share that is wrong shows as an MLP's share that differs."""
+    x = ids()
+    target = 5
+    branch = {}
+    hooks = []
+    for i, block in enumerate(model.net.blocks):
+        last = block.norm2_out if block.norm2_out is not None else block.mlp
+        hooks.append(last.register_forward_hook(lambda m, a, out, i=i: branch.__setitem__(i, out[0, -1].float())))
+    try:
+        att = readouts.attribution(model, x, target)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert abs(att.total - att.logit_diff) < 1e-4
+    run = readouts.run(model, x)
+    f, _, _ = readouts.frozen(model.net.norm, run.states[-1][-1])
+    W = model.net.lm_head.weight[target].float()
+    for i in range(model.cfg.n_layers):
+        assert abs(float(f(branch[i]) @ W) - float(att.mlps[i])) < 1e-4, i
+    if not model.cfg.final_softcap:
+        assert abs(att.logit_diff - float(model.trace(x).logits[-1, target])) < 1e-4
+
+
+@pytest.mark.parametrize("variant", [None, Variant("local", window=3)])
+def test_cached_generation_equals_a_full_rerun(model, variant):
+    net, x = model.net, ids(9)
+    L = model.cfg.n_layers
+    with torch.inference_mode():
+        emb = net.embed_text(x[None])
+        full = net.run_blocks(emb, capture=range(L), variants=variant)
+        cache = [{} for _ in range(L)]
+        net.run_blocks(emb[:, :5], cache=cache, variants=variant)
+        for t in range(5, 9):
+            step = net.run_blocks(emb[:, t:t + 1], capture=range(L), cache=cache, offset=t, variants=variant)
+            assert (step.x[0, 0] - full.x[0, t]).abs().max() < 1e-5
+            for i in range(L):
+                assert (step.weights[i][0, :, 0] - full.weights[i][0, :, t, : t + 1]).abs().max() < 1e-5
+
+
+def test_generation_greedy_steps_match_the_trace(model):
+    gen = generation.generate(model, ids(6).tolist(), 4, stop_at_eos=False)
+    seq = list(gen.prompt_ids)
+    for step in gen.steps:
+        tr = model.trace(seq)
+        assert step.top_ids[0] == int(tr.logits[-1].argmax())
+        assert (step.attention - tr.attentions[:, :, -1]).abs().max() < 1e-5
+        seq.append(step.token)
+
+
+def test_logit_lens_last_row_is_the_models_logits(model):
+    x = ids()
+    lens = readouts.logit_lens(model, x)
+    tr = model.trace(x)
+    assert lens.top_ids[-1, :, 0].tolist() == tr.logits.argmax(-1).tolist()
+
+
+def test_head_mask_prune_and_mean_ablation_agree(model):
+    x = ids()
+    keep = torch.ones(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
+    keep[1, 0] = keep[0, 3] = False
+    masked, pruned = model.trace(x, head_mask=keep.float()), model.prune(keep).trace(x)
+    assert (masked.logits - pruned.logits).abs().max() < 1e-4
+    assert (masked.attentions[keep] - pruned.attentions[keep]).abs().max() < 1e-5
+
+
+def test_every_language_model_family_has_a_row():
+    lms = [n for n, f in REGISTERED.items() if f.TASK == "lm"]
+    assert all(any(row == n or row.startswith(n + "_") for row in FAMILIES) for n in lms), lms
