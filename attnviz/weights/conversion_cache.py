@@ -27,7 +27,7 @@ def cache_root() -> Path:
 # by an older converter is rebuilt, never read as this one's. v2: `Config` carries `task` and
 # `embedding_norm`, which the family files set. v3: the decoder families' structural fields
 # (sandwich and parallel blocks, QK-norm, windows, soft caps, rope scaling, experts).
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 def source_key(path: Path) -> str:

@@ -1,10 +1,15 @@
-"""GGUF files (llama.cpp; the bundled SmolLM2): metadata and dequantised tensors, handed to the
-family that reads the file's architecture, and the file's tokenizer as a cached fast tokenizer.
+"""GGUF files (llama.cpp: the bundled SmolLM2 and Gemma 3, a user's file): metadata and
+dequantised tensors in transformers' names, handed to the family of the file's architecture, and
+the file's tokenizer as a cached fast tokenizer.
 
-`read_gguf` returns an HF config dict plus a float32 state dict whose names and shapes are exactly
+`read_gguf` returns an HF config plus a float32 state dict whose names and shapes are exactly
 those of the matching transformers model, so every later step (our modules, parity tests against
-transformers) works on one familiar layout. Quantised blocks are dequantised with
-`gguf.quants.dequantize`. The `gguf` and `transformers` packages are imported when first needed.
+transformers) works on one familiar layout. The llama family reads its files itself (its GGUF
+half); every other architecture transformers reads (mistral, qwen2, qwen3, qwen3_moe, gemma2,
+gemma3, phi3, falcon, bloom, gpt2...) goes through transformers' own GGUF conversion
+(`load_gguf_checkpoint`), which knows llama.cpp's renames and row orders, rather than a second
+copy of them here. Quantised blocks are dequantised with `gguf.quants.dequantize`. The `gguf`
+and `transformers` packages are imported when first needed.
 """
 from __future__ import annotations
 
@@ -18,8 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnviz.weights.families import gguf_family
-from attnviz.weights.folders import existing_file
+from attnviz.base.limits import LIMITS
+from attnviz.weights.families import gguf_family, hf_family
+from attnviz.weights.folders import existing_file, size_text
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,10 @@ def read_gguf(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     path = existing_file(path, ".gguf")
     started = time.perf_counter()
     reader = GGUFReader(path)
+    check_gguf_size(reader, path)
     family = gguf_family(field(reader, "general.architecture"))
+    if family is None:
+        return _read_with_transformers(path)
     names = [t.name for t in reader.tensors]
     cfg = family.gguf_config(lambda key, default=None: field(reader, key, default),
                              has_output_weight="output.weight" in names)
@@ -112,3 +121,49 @@ def gguf_tokenizer(path: str | Path, cache_dir: Path):
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return AutoTokenizer.from_pretrained(cache_dir)
+
+
+def quantization(path: str | Path) -> str:
+    """The tensor types a GGUF file holds, most weights first: "Q4_K 62%, Q5_0 25%, F32 13%"."""
+    from gguf import GGUFReader
+    reader = GGUFReader(existing_file(path, ".gguf"))
+    counts: dict[str, int] = {}
+    for t in reader.tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + int(t.n_elements)
+    total = max(1, sum(counts.values()))
+    return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def check_gguf_size(reader, path: Path) -> None:
+    """Refuse a file whose float32 weights would pass the loader's bound, before dequantising."""
+    n = sum(int(t.n_elements) for t in reader.tensors)
+    if 4 * n > LIMITS.max_weight_bytes:
+        raise ValueError(f"{path.name} holds {n:,} weights: {size_text(4 * n)} as float32, over the "
+                         f"{size_text(LIMITS.max_weight_bytes)} this server loads (ATTNVIZ_MAX_WEIGHT_BYTES)")
+
+
+def _read_with_transformers(path: Path):
+    """(transformers config, float32 HF state dict) through transformers' GGUF conversion: its
+    config mapping, then its tensor renames into an empty (meta) model's names."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, load_gguf_checkpoint
+
+    try:
+        meta = load_gguf_checkpoint(str(path), return_tensors=False)
+    except ValueError as err:
+        raise ValueError(f"{path.name}: {err} Readable GGUF architectures: "
+                         f"{', '.join(GGUF_SUPPORTED_ARCHITECTURES)}.") from None
+    hf_cfg = dict(meta["config"])
+    model_type = hf_cfg.pop("model_type")
+    hf_family(model_type, ("lm",))                 # a family we run, or ValueError naming those we do
+    config = AutoConfig.for_model(model_type, **hf_cfg)
+    with torch.device("meta"):
+        empty = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=empty)["tensors"]
+    state = {k: v.float().contiguous() for k, v in tensors.items()}
+    expected = {k for k in empty.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
+    missing = sorted(expected - set(state))
+    if missing:
+        raise ValueError(f"{path.name} lacks tensors its config implies, e.g. {missing[:3]}; the file may be "
+                         "truncated or of another architecture")
+    return config, state
