@@ -1,4 +1,6 @@
 """Our modules against transformers eager on tiny random models of every family (minGPT style)."""
+import re
+
 import pytest
 import torch
 import transformers as tf
@@ -44,9 +46,10 @@ def tiny(family: str, **over):
     if hasattr(cfg, "_experts_implementation"):
         cfg._experts_implementation = "eager"  # the loop over experts, as ours (grouped kernels need aligned widths)
     model = cls(cfg).eval()
-    with torch.no_grad():  # layer-scale and norms start at constants: make them random too
+    with torch.no_grad():  # layer-scale, norms and biases start at constants: make them random too
         for name, p in model.named_parameters():
-            if "lambda1" in name or "norm" in name.lower() or name.endswith("position_embeddings"):
+            if ("lambda1" in name or "norm" in name.lower() or name.endswith("position_embeddings")
+                    or re.search(r"(^|\.)ln_", name) or name.endswith("bias")):
                 p.add_(torch.randn_like(p) * 0.3)
     return model
 
@@ -85,6 +88,12 @@ DECODERS = {
                                                                                              rope_theta=1000.0),
                                                                       "sliding_attention": dict(rope_type="default",
                                                                                                 rope_theta=50.0)})),
+    # GPT-NeoX: a quarter of each head rotates in the Pythia checkpoints; half here, so 4 of 8 channels do
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.5))),
+    "gpt_neox_sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        use_parallel_residual=False, attention_bias=False, hidden_act="gelu_new",
+        rope_parameters=dict(ROPE, rope_type="linear", factor=2.0, partial_rotary_factor=0.25))),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
@@ -129,12 +138,19 @@ def reference(model, x, head_mask=None):
     return hidden, att, getattr(out, "logits", None)
 
 
+OUT_PROJECTIONS = ("c_proj", "o_proj", "dense", "out_proj")  # what each family calls its output projection
+
+
+def out_projection(attention):
+    return next(getattr(attention, n) for n in OUT_PROJECTIONS if hasattr(attention, n))
+
+
 def out_projections(model):
-    base = getattr(model, "bert", None) or getattr(model, "transformer", None) or getattr(model, "model", None) or model
-    if hasattr(base, "h"):
-        return [b.attn.c_proj for b in base.h]
-    if hasattr(base, "layers"):  # Llama; transformers 5 ViT
-        return [b.self_attn.o_proj if hasattr(b, "self_attn") else b.attention.o_proj for b in base.layers]
+    base = next((getattr(model, n) for n in ("bert", "transformer", "model", "gpt_neox") if hasattr(model, n)), model)
+    if hasattr(base, "h"):  # GPT-2, GPT-J, Falcon
+        return [out_projection(b.attn if hasattr(b, "attn") else b.self_attention) for b in base.h]
+    if hasattr(base, "layers"):  # Llama and the like, GPT-NeoX, Phi; transformers 5 ViT
+        return [out_projection(b.self_attn if hasattr(b, "self_attn") else b.attention) for b in base.layers]
     return [layer.attention.output.dense if hasattr(layer.attention, "output") else layer.attention.o_proj
             for layer in base.encoder.layer]
 
