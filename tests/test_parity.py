@@ -94,6 +94,9 @@ DECODERS = {
     "gpt_neox_sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
         use_parallel_residual=False, attention_bias=False, hidden_act="gelu_new",
         rope_parameters=dict(ROPE, rope_type="linear", factor=2.0, partial_rotary_factor=0.25))),
+    "phi": ("PhiForCausalLM", "PhiConfig", dict(rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.5))),
+    "phi_tied": ("PhiForCausalLM", "PhiConfig", dict(tie_word_embeddings=True, num_key_value_heads=4,
+                                                     rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.75))),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
