@@ -95,8 +95,13 @@ DECODERS = {
         use_parallel_residual=False, attention_bias=False, hidden_act="gelu_new",
         rope_parameters=dict(ROPE, rope_type="linear", factor=2.0, partial_rotary_factor=0.25))),
     "phi": ("PhiForCausalLM", "PhiConfig", dict(rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.5))),
-    "phi_tied": ("PhiForCausalLM", "PhiConfig", dict(tie_word_embeddings=True, num_key_value_heads=4,
-                                                     rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.75))),
+    "phi_tied": ("PhiForCausalLM", "PhiConfig", dict(
+        tie_word_embeddings=True, num_key_value_heads=4,
+        rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.75))),
+    # Phi-3's default special tokens lie past the tiny vocabulary
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(
+        sliding_window=4, pad_token_id=None, eos_token_id=2,
+        rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.5))),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]

@@ -26,7 +26,7 @@ import torch
 
 from attnviz.core.config import TASKS, Config
 from attnviz.weights.families import (bart, bergamot, bert, dinov2, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama,
-                                      marian, mistral, mixtral, phi, qwen2, qwen3, qwen3_moe, vit, whisper)
+                                      marian, mistral, mixtral, phi, phi3, qwen2, qwen3, qwen3_moe, vit, whisper)
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
@@ -43,6 +43,7 @@ FAMILIES = {f.NAME: f for f in (
     gemma3_text,
     gpt_neox,
     phi,
+    phi3,
     vit,
     dinov2,
     marian,
