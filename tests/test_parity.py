@@ -102,6 +102,8 @@ DECODERS = {
     "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(
         sliding_window=4, pad_token_id=None, eos_token_id=2,
         rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.5))),
+    # GPT-J rotates interleaved pairs of its first rotary_dim channels (6 of 8 here); n_inner is its MLP width
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(rotary_dim=6, n_inner=37)),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
