@@ -104,6 +104,17 @@ DECODERS = {
         rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.5))),
     # GPT-J rotates interleaved pairs of its first rotary_dim channels (6 of 8 here); n_inner is its MLP width
     "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(rotary_dim=6, n_inner=37)),
+    # Falcon's three fused query_key_value layouts (ffn_hidden_size is its MLP width): the new
+    # architecture's K/V groups with two norms, or one; Falcon-7B's multi-query with a shared norm;
+    # the original per-head layout, one sub-layer after the other
+    "falcon": ("FalconForCausalLM", "FalconConfig", dict(
+        new_decoder_architecture=True, num_kv_heads=2, bias=True, ffn_hidden_size=37, tie_word_embeddings=False)),
+    "falcon_one_norm": ("FalconForCausalLM", "FalconConfig", dict(
+        new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1, ffn_hidden_size=37,
+        rope_parameters=dict(ROPE, rope_type="linear", factor=2.0))),
+    "falcon_7b": ("FalconForCausalLM", "FalconConfig", dict(multi_query=True, ffn_hidden_size=37)),
+    "falcon_sequential": ("FalconForCausalLM", "FalconConfig", dict(
+        multi_query=False, parallel_attn=False, bias=True, ffn_hidden_size=37)),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]

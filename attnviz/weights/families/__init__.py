@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import TASKS, Config
-from attnviz.weights.families import (bart, bergamot, bert, dinov2, gemma, gemma2, gemma3_text, gpt2, gpt_neox, gptj,
+from attnviz.weights.families import (bart, bergamot, bert, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2, gpt_neox, gptj,
                                       llama, marian, mistral, mixtral, phi, phi3, qwen2, qwen3, qwen3_moe, vit, whisper)
 from attnviz.weights.mapper import get
 
@@ -43,6 +43,7 @@ FAMILIES = {f.NAME: f for f in (
     gemma3_text,
     gpt_neox,
     gptj,
+    falcon,
     phi,
     phi3,
     vit,
