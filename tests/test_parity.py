@@ -6,6 +6,7 @@ import torch
 import transformers as tf
 
 import attnviz
+from attnviz.weights.families import convert
 
 TOL = 1e-4
 VOCAB, N = 99, 11
@@ -118,6 +119,28 @@ DECODERS = {
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
+
+
+# Options a family has that we do not implement: each refused by its name, never ignored
+LONGROPE = dict(rope_type="longrope", rope_theta=1e4, short_factor=[1.0] * 4, long_factor=[1.0] * 4,
+                original_max_position_embeddings=16)
+REFUSED = [("phi", dict(qk_layernorm=True), "qk_layernorm"),
+           ("phi3", dict(rope_parameters=LONGROPE), "longrope"),
+           ("falcon_7b", dict(alibi=True), "alibi"),
+           ("falcon_7b", dict(new_decoder_architecture=True, parallel_attn=False), "parallel_attn")]
+
+
+@pytest.mark.parametrize("row,over,option", REFUSED)
+def test_unsupported_options_are_refused_by_name(row, over, option):
+    with pytest.raises(ValueError, match=option):
+        attnviz.from_hf(tiny(row, **over))
+
+
+def test_gptj_without_rotary_dim_is_refused_by_name():
+    """transformers' GPTJConfig will not hold None; a config given as a dict can."""
+    with pytest.raises(ValueError, match="rotary_dim"):
+        convert(dict(model_type="gptj", n_embd=32, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=64,
+                     rotary_dim=None), {})
 
 
 def inputs(model, size=None):
