@@ -1,9 +1,12 @@
 """Our modules against transformers eager on tiny random models of every family (minGPT style)."""
+import re
+
 import pytest
 import torch
 import transformers as tf
 
 import attnviz
+from attnviz.weights.families import convert
 
 TOL = 1e-4
 VOCAB, N = 99, 11
@@ -44,9 +47,10 @@ def tiny(family: str, **over):
     if hasattr(cfg, "_experts_implementation"):
         cfg._experts_implementation = "eager"  # the loop over experts, as ours (grouped kernels need aligned widths)
     model = cls(cfg).eval()
-    with torch.no_grad():  # layer-scale and norms start at constants: make them random too
+    with torch.no_grad():  # layer-scale, norms and biases start at constants: make them random too
         for name, p in model.named_parameters():
-            if "lambda1" in name or "norm" in name.lower() or name.endswith("position_embeddings"):
+            if ("lambda1" in name or "norm" in name.lower() or name.endswith("position_embeddings")
+                    or re.search(r"(^|\.)ln_", name) or name.endswith("bias")):
                 p.add_(torch.randn_like(p) * 0.3)
     return model
 
@@ -85,9 +89,58 @@ DECODERS = {
                                                                                              rope_theta=1000.0),
                                                                       "sliding_attention": dict(rope_type="default",
                                                                                                 rope_theta=50.0)})),
+    # GPT-NeoX: a quarter of each head rotates in the Pythia checkpoints; half here, so 4 of 8 channels do
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.5))),
+    "gpt_neox_sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        use_parallel_residual=False, attention_bias=False, hidden_act="gelu_new",
+        rope_parameters=dict(ROPE, rope_type="linear", factor=2.0, partial_rotary_factor=0.25))),
+    "phi": ("PhiForCausalLM", "PhiConfig", dict(rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.5))),
+    "phi_tied": ("PhiForCausalLM", "PhiConfig", dict(
+        tie_word_embeddings=True, num_key_value_heads=4,
+        rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.75))),
+    # Phi-3's default special tokens lie past the tiny vocabulary
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(
+        sliding_window=4, pad_token_id=None, eos_token_id=2,
+        rope_parameters=dict(rope_theta=500.0, partial_rotary_factor=0.5))),
+    # GPT-J rotates interleaved pairs of its first rotary_dim channels (6 of 8 here); n_inner is its MLP width
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(rotary_dim=6, n_inner=37)),
+    # Falcon's three fused query_key_value layouts (ffn_hidden_size is its MLP width): the new
+    # architecture's K/V groups with two norms, or one; Falcon-7B's multi-query with a shared norm;
+    # the original per-head layout, one sub-layer after the other
+    "falcon": ("FalconForCausalLM", "FalconConfig", dict(
+        new_decoder_architecture=True, num_kv_heads=2, bias=True, ffn_hidden_size=37, tie_word_embeddings=False)),
+    "falcon_one_norm": ("FalconForCausalLM", "FalconConfig", dict(
+        new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1, ffn_hidden_size=37,
+        rope_parameters=dict(ROPE, rope_type="linear", factor=2.0))),
+    "falcon_7b": ("FalconForCausalLM", "FalconConfig", dict(multi_query=True, ffn_hidden_size=37)),
+    "falcon_sequential": ("FalconForCausalLM", "FalconConfig", dict(
+        multi_query=False, parallel_attn=False, bias=True, ffn_hidden_size=37)),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
+
+
+# Options a family has that we do not implement: each refused by its name, never ignored
+LONGROPE = dict(rope_type="longrope", rope_theta=1e4, short_factor=[1.0] * 4, long_factor=[1.0] * 4,
+                original_max_position_embeddings=16)
+REFUSED = [("phi", dict(qk_layernorm=True), "qk_layernorm"),
+           ("phi3", dict(rope_parameters=LONGROPE), "longrope"),
+           ("falcon_7b", dict(alibi=True), "alibi"),
+           ("falcon_7b", dict(new_decoder_architecture=True, parallel_attn=False), "parallel_attn")]
+
+
+@pytest.mark.parametrize("row,over,option", REFUSED)
+def test_unsupported_options_are_refused_by_name(row, over, option):
+    with pytest.raises(ValueError, match=option):
+        attnviz.from_hf(tiny(row, **over))
+
+
+def test_gptj_without_rotary_dim_is_refused_by_name():
+    """transformers' GPTJConfig will not hold None; a config given as a dict can."""
+    with pytest.raises(ValueError, match="rotary_dim"):
+        convert(dict(model_type="gptj", n_embd=32, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=64,
+                     rotary_dim=None), {})
 
 
 def inputs(model, size=None):
@@ -129,12 +182,19 @@ def reference(model, x, head_mask=None):
     return hidden, att, getattr(out, "logits", None)
 
 
+OUT_PROJECTIONS = ("c_proj", "o_proj", "dense", "out_proj")  # what each family calls its output projection
+
+
+def out_projection(attention):
+    return next(getattr(attention, n) for n in OUT_PROJECTIONS if hasattr(attention, n))
+
+
 def out_projections(model):
-    base = getattr(model, "bert", None) or getattr(model, "transformer", None) or getattr(model, "model", None) or model
-    if hasattr(base, "h"):
-        return [b.attn.c_proj for b in base.h]
-    if hasattr(base, "layers"):  # Llama; transformers 5 ViT
-        return [b.self_attn.o_proj if hasattr(b, "self_attn") else b.attention.o_proj for b in base.layers]
+    base = next((getattr(model, n) for n in ("bert", "transformer", "model", "gpt_neox") if hasattr(model, n)), model)
+    if hasattr(base, "h"):  # GPT-2, GPT-J, Falcon
+        return [out_projection(b.attn if hasattr(b, "attn") else b.self_attention) for b in base.h]
+    if hasattr(base, "layers"):  # Llama and the like, GPT-NeoX, Phi; transformers 5 ViT
+        return [out_projection(b.self_attn if hasattr(b, "self_attn") else b.attention) for b in base.layers]
     return [layer.attention.output.dense if hasattr(layer.attention, "output") else layer.attention.o_proj
             for layer in base.encoder.layer]
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import TASKS, Config
-from attnviz.weights.families import (bart, bergamot, bert, dinov2, gemma, gemma2, gemma3_text, gpt2, llama, marian,
-                                      mistral, mixtral, qwen2, qwen3, qwen3_moe, vit, whisper)
+from attnviz.weights.families import (bart, bergamot, bert, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2, gpt_neox, gptj,
+                                      llama, marian, mistral, mixtral, phi, phi3, qwen2, qwen3, qwen3_moe, vit, whisper)
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
@@ -41,6 +41,11 @@ FAMILIES = {f.NAME: f for f in (
     gemma,
     gemma2,
     gemma3_text,
+    gpt_neox,
+    gptj,
+    falcon,
+    phi,
+    phi3,
     vit,
     dinov2,
     marian,
