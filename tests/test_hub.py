@@ -319,3 +319,28 @@ def test_names_and_paths_are_told_apart(tmp_path, monkeypatch):
     assert not hub.names_a_repo("models/x")          # an existing relative folder stays a folder
     assert not any(hub.names_a_repo(p) for p in ("/abs/x", "./x/y", "../x/y", "~/x", "minilm"))
     assert os.path.isdir("models/x")
+
+
+def test_the_progress_class_works_inside_huggingface_hubs_own_bars_and_thread_map():
+    """The real snapshot_download cannot run here (no network): its bars are driven as it drives
+    them (a bytes-received bar, a bytes-written bar, a files bar over a thread map)."""
+    import logging
+
+    from huggingface_hub.utils.tqdm import _create_progress_bar, hf_thread_map
+    from huggingface_hub.utils._xet_progress_reporting import _update_transfer_bar
+    seen, cancel = [], jobs.Cancel()
+    bars = hub.progress_bars(seen.append, cancel)
+    received, written = (_create_progress_bar(cls=bars, log_level=logging.INFO, name=n, desc=n, total=0, initial=0,
+                                              unit="B", unit_scale=True) for n in ("received", "written"))
+
+    def one_file(x):
+        written.total = (written.total or 0) + 100
+        written.update(50)
+        _update_transfer_bar(received, 60)
+        written.update(50)
+        return x
+    assert hf_thread_map(one_file, [1, 2, 3], desc="files", max_workers=2, tqdm_class=bars) == [1, 2, 3]
+    assert max(seen) == 300 and seen[-1] == 300          # the larger count: bytes written
+    cancel.set()
+    with pytest.raises(jobs.JobCancelled):
+        hf_thread_map(one_file, [1, 2, 3], desc="files", max_workers=2, tqdm_class=bars)

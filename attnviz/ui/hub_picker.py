@@ -19,6 +19,7 @@ from attnviz.ui import job_controls
 ENTRY = "Hub model…"            # the picker's entry for a typed name (offered only with ATTNVIZ_HUB=1)
 NAME_KEY = "model_hub_name"     # session key of its text box
 SHARED_NAME_KEY = "model_last_hub_name"
+CANCELLED_KEY = "hub_download_cancelled"
 PREFIX = "hub:"                 # the shared model cache's keys: "hub:org/name@<commit>"
 
 
@@ -69,6 +70,8 @@ def pick() -> str | None:
     if hub.cached_key(typed):
         return typed
     plan = _plan(typed, LIMITS.hub_allow, LIMITS.max_weight_bytes)
+    if ss.pop(CANCELLED_KEY, False):
+        st.warning("The download was stopped. What it fetched stays in the cache: Download resumes it.")
     st.caption(f"Not in this server's cache yet: {plan.describe()}; the limit is "
                f"{size_text(LIMITS.max_weight_bytes)} of weights.")
     if not st.button("Download", key="hub_download"):
@@ -89,6 +92,8 @@ def download(plan: hub.Plan):
             hub.download(plan, progress=lambda done, _total: state.update(done=done), cancel=cancel)
         except ValueError as err:
             state["error"] = err
+        except Exception as err:  # anything else a transfer raises: a message, never a traceback
+            state["error"] = ValueError(f"the download failed ({type(err).__name__}); try again")
 
     with job_controls.heavy_job("a model download") as cancel:
         stop = st.empty()
@@ -101,8 +106,9 @@ def download(plan: hub.Plan):
                 worker.join(0.25)
                 bar.progress(min(1.0, state["done"] / total),
                              text=f"Downloading: {size_text(state['done'])} of {size_text(plan.total_bytes)}")
-        except BaseException:
+        except BaseException:   # the Cancel click's rerun (or any widget's) stops this run here
             cancel.set()
+            st.session_state[CANCELLED_KEY] = True
             raise
         stop.empty()
         bar.empty()

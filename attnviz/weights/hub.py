@@ -291,7 +291,7 @@ def _free_bytes(path: Path) -> int | None:
     return None
 
 
-def _progress_bars(report, cancel):
+def progress_bars(report, cancel):
     """A tqdm class for snapshot_download: it prints nothing, reports the bytes so far (the larger of
     the bytes received and the bytes written, over every file) and stops the download at its next
     report once `cancel` is set (a `base.jobs.Cancel`)."""
@@ -325,16 +325,20 @@ def download(p: Plan, progress=None, cancel=None) -> Path:
     patterns = [glob.escape(f) for f in p.files]   # exact names: nothing else of the repo is fetched
     found = _hub_call(p.name, lambda: snapshot_download(
         p.repo, revision=p.commit, cache_dir=str(cache_dir()), allow_patterns=patterns,
-        tqdm_class=_progress_bars(report, cancel), max_workers=4))
+        tqdm_class=progress_bars(report, cancel), max_workers=4))
     if cancel is not None:
         cancel.check()
     ref = p.revision or "main"
     if not COMMIT.fullmatch(ref):
         refs = repo_dir(p.repo) / "refs" / ref
-        refs.parent.mkdir(parents=True, exist_ok=True)
-        tmp = refs.with_name(refs.name + ".tmp")
-        tmp.write_text(p.commit)
-        os.replace(tmp, refs)
+        try:   # written whole or not at all: a reader never sees half a commit
+            refs.parent.mkdir(parents=True, exist_ok=True)
+            tmp = refs.with_name(refs.name + ".tmp")
+            tmp.write_text(p.commit)
+            os.replace(tmp, refs)
+        except OSError as err:
+            raise ValueError(f"{p.name!r} was downloaded but its branch could not be recorded in the cache "
+                             f"({err.strerror or type(err).__name__}); load it by its commit, @{p.commit}") from None
     if progress is not None:
         progress(total, total)
     snapshot = cached_snapshot(p.repo, p.commit)
