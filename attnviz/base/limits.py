@@ -111,6 +111,10 @@ class Limits:
     # deployments: local checkpoint folders users may load from the app. "" (the default) = the app
     # offers no local folders at all; the library and CLI still load any folder their caller names.
     allowed_model_dirs: str = ""        # os.pathsep-separated list of folders
+    # models by name ("org/name"): always read from the Hugging Face cache; downloaded only with
+    # hub on, for names matching one of hub_allow's comma-separated patterns ("Qwen/*,meta-llama/*")
+    hub: bool = False
+    hub_allow: str = ""
 
     @classmethod
     def from_env(cls) -> "Limits":

@@ -22,7 +22,7 @@ from attnviz.toys.tasks import TOYS
 from attnviz.weights import catalogue
 from attnviz.weights import folders
 from attnviz.weights.catalogue import BUNDLED, DEFAULT_MODEL
-from attnviz.ui import loaded_models, shared_view
+from attnviz.ui import hub_picker, loaded_models, shared_view
 
 if LIMITS.torch_threads > 0:  # once per server process, before any model runs
     import torch
@@ -47,10 +47,9 @@ LOCAL = "local folder…"  # the picker's entry for a typed folder (offered only
 
 
 def _shared_model(key: str, _typed: str = "") -> Model:
-    """One shared, never-mutated model per key for every browser session of this process, kept
-    within the model budget (ui.loaded_models). `key` is a catalogue key or "folder:" + a RESOLVED
-    allowed folder, so every spelling of one folder (`/m/big`, `/m/big/`, `/m/./big`, a symlink to
-    it) is one cache entry and one copy of the weights. `_typed` is what the user typed, for messages."""
+    """One shared, never-mutated model per key for every session, within the model budget
+    (ui.loaded_models). `key`: a catalogue key, "hub:" + a name at its commit, or "folder:" + a RESOLVED
+    allowed folder, so every spelling of one folder (`/m/big/`, `/m/./big`, a symlink) is one copy."""
     return loaded_models.shared(key, lambda: _load(key, _typed))
 
 
@@ -59,8 +58,8 @@ def _load(key: str, typed: str) -> Model:
         resolved = Path(key[len("folder:"):])
         model = folders.load_dir(resolved, key=folders.local_folder_name(resolved, LIMITS), name=typed,
                                  limits=LIMITS)
-    else:
-        model = catalogue.load_model(key)
+    else:  # a catalogue key, or a name from the Hugging Face cache ("hub:org/name@<commit>")
+        model = hub_picker.load(key, typed) if key.startswith(hub_picker.PREFIX) else catalogue.load_model(key)
     settle_heap()
     return model
 
@@ -101,11 +100,11 @@ def loaded_with_status(notice, choice: str, typed: str | None) -> Model:
     """Load the picked model. A load that is not in memory (seconds: reading, and on a new server
     converting, the weights) shows in the main area what is loading, how long it took and what the
     server holds against its model budget; a held model is taken at once."""
-    key = folder_key(typed) if typed is not None else choice
-    if typed is None and key not in BUNDLED and key not in TOYS:
+    key = folder_key(typed) if typed is not None else hub_picker.key_of(choice)
+    if typed is None and key not in BUNDLED and key not in TOYS and not key.startswith(hub_picker.PREFIX):
         raise ValueError(f"unknown model {key!r}")
     if loaded_models.holds(key):
-        return _shared_model(key, typed or "")
+        return _shared_model(key, typed or choice)
     with notice.status(plain(f"Loading {choice}…"), expanded=True) as status:
         st.write(plain(f"Reading {choice}'s weights into memory. The first start of a server "
                        "also converts them to this app's format and caches them on disk; every "
@@ -113,14 +112,14 @@ def loaded_with_status(notice, choice: str, typed: str | None) -> Model:
         start = time.perf_counter()
         try:
             with loaded_models.stages(loaded_models.stage_bar()):
-                model = _shared_model(key, typed or "")
+                model = _shared_model(key, typed or choice)
         except ValueError:
             status.update(label=plain(f"Could not load {choice}"), state="error")
             raise
         status.update(label=plain(f"Loaded {choice} in {time.perf_counter() - start:.1f} s: "
                                   f"{model.num_params() / 1e6:.1f} M parameters"),
                       state="complete", expanded=False)
-        st.caption(plain(loaded_models.note(key, typed)))
+        st.caption(plain(loaded_models.note(key, typed or choice)))
     return model
 
 
@@ -134,10 +133,10 @@ def local_folders_allowed() -> bool:
 
 
 def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: str | None = None):
-    """Sidebar: bundled models of the given tasks, plus a typed local HF folder when the deployment
-    allows some (ATTNVIZ_ALLOWED_MODEL_DIRS). Returns Model or None."""
+    """Sidebar: bundled models of the given tasks, Hugging Face models by name (ui.hub_picker), and a
+    typed local HF folder when the deployment allows some (ATTNVIZ_ALLOWED_MODEL_DIRS). Model or None."""
     infos = [m for m in catalogue.list_models() if m.task in tasks]
-    keys = [m.key for m in infos] + ([LOCAL] if local_folders_allowed() else [])
+    keys = [m.key for m in infos] + hub_picker.entries(tasks) + ([LOCAL] if local_folders_allowed() else [])
     default = default or (DEFAULT_MODEL if DEFAULT_MODEL in keys else keys[0])
     page_key = f"{MODEL_KEY}:{'/'.join(tasks)}"
     # Streamlit forgets a widget's state when a page that lacks it runs, so the last choice is
@@ -167,6 +166,8 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
                 return None
             choice = typed
         try:
+            if choice == hub_picker.ENTRY and (choice := hub_picker.pick()) is None:
+                return None
             model = loaded_with_status(notice, choice, typed)
         except ValueError as err:
             st.error(plain(err))

