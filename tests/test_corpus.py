@@ -172,3 +172,28 @@ def _silent() -> bytes:
     buf = io.BytesIO()
     soundfile.write(buf, np.zeros(8000, np.float32), 16000, format="WAV")
     return buf.getvalue()
+
+
+def test_jsonl_nested_deep_is_a_message_not_a_recursion_error():
+    line = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    with pytest.raises(ValueError, match="line 1: its JSON is nested too deeply"):
+        open_corpus("deep.jsonl", data=line)
+
+
+def test_a_label_of_hundreds_of_digits_is_a_message_not_an_overflow():
+    data = json.dumps({"text": "a text", "score": int("9" * 400)}).encode() + b"\n"
+    with pytest.raises(ValueError, match="line 1: the label .* is not a number"):
+        open_corpus("labels.jsonl", data=data, label_column="score")
+    huge = b'{"text": "a text", "score": ' + b"9" * 5000 + b"}\n"
+    with pytest.raises(ValueError, match="line 1: not JSON a row can hold"):
+        open_corpus("labels.jsonl", data=huge, label_column="score")
+
+
+def test_a_lone_surrogate_escape_is_refused_with_its_line():
+    data = b'{"text": "fine"}\n{"text": "bad \\ud800 text"}\n'
+    with pytest.raises(ValueError, match=r"line 2: it holds an unpaired surrogate"):
+        open_corpus("s.jsonl", data=data)
+    with pytest.raises(ValueError, match=r"line 1: it holds an unpaired surrogate"):
+        open_corpus("s.jsonl", data=b'"\\udfff"\n')
+    paired = open_corpus("s.jsonl", data=b'{"text": "emoji \\ud83d\\ude00"}\n')
+    assert paired.items == ["emoji \U0001F600"]

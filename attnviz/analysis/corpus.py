@@ -251,7 +251,7 @@ def _row(name: str, where: str, record: dict, wanted: list[str], label_column) -
         raw = record.get(label_column)
         try:
             label = float(raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):   # a JSON integer of hundreds of digits overflows
             raise ValueError(f"{name}, {where}: the label {raw!r} in {label_column!r} is not a number") from None
         if not math.isfinite(label):
             raise ValueError(f"{name}, {where}: the label {raw!r} is not a finite number")
@@ -298,6 +298,24 @@ def _csv_rows(name, text, column, label_column):
     return rows, labels, notes + more
 
 
+def _unpaired(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_characters(name: str, line: int, value) -> None:
+    """A JSON escape such as \\ud800 makes a lone surrogate: no character, nothing a tokenizer or a
+    file name can take. Refused with the line, like invalid UTF-8 in a file."""
+    texts = [value] if isinstance(value, str) else \
+        [t for kv in value.items() for t in kv if isinstance(t, str)] if isinstance(value, dict) else []
+    if any(_unpaired(t) for t in texts):
+        raise ValueError(f"{name}, line {line:,}: it holds an unpaired surrogate escape (such as \\ud800), "
+                         "which is not a character; remove it or write the character itself")
+
+
 def _jsonl_rows(name, text, column, label_column):
     records = []
     for i, line in enumerate(text.splitlines(), start=1):
@@ -307,6 +325,11 @@ def _jsonl_rows(name, text, column, label_column):
             value = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{name}, line {i:,}: not JSON ({err.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{name}, line {i:,}: its JSON is nested too deeply to be a row") from None
+        except ValueError as err:   # e.g. an integer of more digits than Python converts
+            raise ValueError(f"{name}, line {i:,}: not JSON a row can hold ({str(err)[:80]})") from None
+        _check_characters(name, i, value)
         if isinstance(value, str):
             value = {"text": value}
         if not isinstance(value, dict):

@@ -129,7 +129,9 @@ def first_items(chosen: corpus.Corpus, n: int) -> corpus.Corpus:
 
 
 def _item_bytes(item) -> bytes:
-    return np.ascontiguousarray(item).tobytes() if isinstance(item, np.ndarray) else str(item).encode()
+    # surrogatepass: a name for any text, even one holding a lone surrogate (never an error here)
+    return np.ascontiguousarray(item).tobytes() if isinstance(item, np.ndarray) else \
+        str(item).encode("utf-8", "surrogatepass")
 
 
 def results_path(mkey: str, chosen: corpus.Corpus, kind: str, code: str | None, seed: int,
