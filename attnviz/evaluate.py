@@ -125,6 +125,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("stopped; rerun with --resume FILE to keep finished items next time\n")
         return 130
+    if result.extra.get("resume_note"):
+        sys.stderr.write(f"note: {result.extra['resume_note']}\n")
     with pd.option_context("display.width", 160, "display.max_rows", 60):
         sys.stdout.write(result.summary.to_string(index=False) + "\n")
     if "latency" in result.extra:

@@ -256,9 +256,18 @@ def _encode(value):
     return value
 
 
+# The only dtypes a results file's arrays are read into: numeric ones, at most 8 bytes an element, so
+# an array never takes more than a few times its line's bytes (a string or void dtype of 5,000 bytes
+# an element would turn a 70 KB line into gigabytes).
+ARRAY_DTYPES = frozenset({"float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"})
+MAX_LINE_BYTES = 16_000_000   # a record longer than this is not one a run wrote: skipped
+
+
 def _decode(value):
     if isinstance(value, dict):
         if "__ndarray__" in value:
+            if value.get("dtype") not in ARRAY_DTYPES:
+                raise ValueError(f"an array of dtype {str(value.get('dtype'))[:40]!r}")
             return np.asarray(value["__ndarray__"], dtype=value["dtype"])
         if "__float__" in value:
             return float(value["__float__"])
@@ -334,8 +343,10 @@ def _size(path: Path) -> int:
 class ResultsFile:
     """A JSON-lines file written as items finish: a header naming the run, then one record per
     finished (phase, item). Reopening it with the same header gives back the records, so a resumed
-    run skips what is done; a header for another run is refused. A last line cut short by a crash
-    is ignored (that item simply runs again). With a `store`, every line is written within the
+    run skips what is done; a header for another run is refused. A line cut short by a crash, or any
+    record that is not one this run could have written (an item it does not have, a field missing,
+    an array of a non-numeric dtype; `corpus_records` checks the rest against the model) is skipped
+    and counted in `skipped`: that item simply runs again. With a `store`, every line is written within the
     store's byte budget (`unsaved` counts the records that did not fit)."""
 
     def __init__(self, path: str | Path, header: dict, store: ResultsStore | None = None):
@@ -343,6 +354,9 @@ class ResultsFile:
         self.header = _encode(header)
         self.store = store
         self.unsaved = 0
+        self.skipped = 0        # records read but not used: they do not fit this run
+        items = header.get("items")     # a run's header names its item count: no record lies past it
+        self.items = items if type(items) is int and items >= 0 else None
         self.records: dict[tuple[str, int], object] = {}
         if self.path.exists() and self.path.stat().st_size:
             self._read()
@@ -351,22 +365,31 @@ class ResultsFile:
             self._append({"run": self.header})
 
     def _read(self):
-        with self.path.open(encoding="utf-8") as f:
+        # undecodable bytes become U+FFFD: such a line is no record, and a bad header is refused below
+        with self.path.open(encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
         try:
             first = json.loads(lines[0])
-        except (json.JSONDecodeError, IndexError):
+        except (ValueError, IndexError, RecursionError):
             raise ValueError(f"{self.path.name} is not a corpus-run results file; give a new file name "
                              "to start a run, or the file an earlier run wrote to resume it") from None
         if not isinstance(first, dict) or first.get("run") != json.loads(json.dumps(self.header)):
             raise ValueError(f"{self.path.name} holds the results of another run (model, corpus, run kind, "
                              "mask or seed differ); give a new file name, or the same options as that run")
         for line in lines[1:]:
-            try:
-                rec = json.loads(line)
-                self.records[(rec["phase"], int(rec["index"]))] = _decode(rec["result"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            if not line.strip():
                 continue
+            try:
+                if len(line) > MAX_LINE_BYTES:
+                    raise ValueError("a line longer than any record")
+                rec = json.loads(line)
+                phase, index = rec["phase"], rec["index"]
+                if not (isinstance(phase, str) and type(index) is int and 0 <= index
+                        and (self.items is None or index < self.items)):
+                    raise ValueError("a record of an item this run does not have")
+                self.records[(phase, index)] = _decode(rec["result"])
+            except (KeyError, TypeError, ValueError, RecursionError):   # JSONDecodeError is a ValueError
+                self.skipped += 1   # a line cut short by a crash, or one no run wrote: the item runs again
 
     def _append(self, obj) -> bool:
         line = json.dumps(obj) + "\n"

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.analysis import corpus_metrics, importance
+from attnviz.analysis import corpus_metrics, corpus_records, importance
 from attnviz.analysis.corpus import Corpus
 from attnviz.analysis.corpus_engine import ResultsFile, session, worker_model, worker_native
 from attnviz.analysis.pruning import decode_mask, encode_mask
@@ -238,10 +238,18 @@ class _Phases:
         self.workers: dict[str, int] = {}
         self.partial = None     # (phase, results) -> a partial RunResult for progress
 
-    def run(self, phase: str, fn, params: dict) -> dict[int, dict]:
+    def run(self, phase: str, fn, params: dict, check=None) -> dict[int, dict]:
+        """The phase's results: the results file's records that `check(result)` accepts (it raises
+        corpus_records.BadRecord for the rest, whose items run again), then every other item."""
         results = {}
         if self.file is not None:
-            results = {i: r for (p, i), r in self.file.records.items() if p == phase}
+            for (p, i), r in self.file.records.items():
+                if p != phase or i >= len(self.corpus.items):
+                    continue
+                try:
+                    results[i] = r if check is None else check(r)
+                except corpus_records.BadRecord:
+                    self.file.skipped += 1
             self.done += len(results)
         todo = [(i, item) for i, item in enumerate(self.corpus.items) if i not in results]
         if self.stopped:
@@ -261,6 +269,16 @@ class _Phases:
             self.workers[where] = self.workers.get(where, 0) + n
         self.stopped = out.stopped is not None
         return results
+
+
+    def notes(self) -> dict:
+        """`resume_note`: what of the results file was not used, when something was."""
+        skipped = self.file.skipped if self.file is not None else 0
+        if not skipped:
+            return {}
+        return dict(resume_note=f"skipped {skipped} record{'s' * (skipped > 1)} of the results file that do "
+                                "not fit this run (an item it does not have, a field missing, a figure out of "
+                                "range or not its outputs'): those items run again")
 
 
 def _facts(model_key: str, engine) -> dict:
@@ -319,7 +337,8 @@ def _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_s
     gradient = mkind in GRADIENT_KINDS
     extra["importance_method"] = ("gradient (Michel et al.)" if gradient else
                                   f"single-head ablation: the drop of {corpus_metrics.PRIMARY[mkind]}")
-    raws = phases.run("importance", importance_task if gradient else ablation_task, dict(seed=int(seed)))
+    raws = phases.run("importance", importance_task if gradient else ablation_task, dict(seed=int(seed)),
+                      lambda r: corpus_records.importance(r, gradient, L, H))
     result = _importance_result(phases, kind, raws, extra, complete=not phases.stopped)
     if kind == "importance" or phases.stopped or not raws:
         return result
@@ -344,7 +363,7 @@ def _importance_result(phases: _Phases, kind, raws, extra, complete: bool) -> Ru
     if done:
         summary, scores = importance_summary({i: raws[i]["raw"] for i in done})
         out["importance"] = scores.tolist()
-    out["workers"] = dict(phases.workers)
+    out.update(workers=dict(phases.workers), **phases.notes())
     return RunResult(kind, phases.model_key, phases.corpus.key, table, summary, complete, phases.done,
                      phases.total, out)
 
@@ -360,9 +379,11 @@ def _scored(phases: _Phases, kind, steps, mkind, L, H, seed, extra) -> RunResult
                          phases.done, phases.total, dict(extra, running=len(results), steps=steps))
 
     phases.partial = partial
-    results = phases.run("scored", masks_task, dict(codes=codes, reference=extra["reference"]))
+    d_model = int(extra["cfg"].d_model)
+    results = phases.run("scored", masks_task, dict(codes=codes, reference=extra["reference"]),
+                         lambda r: corpus_records.scored(r, mkind, codes, d_model))
     summary = steps_summary(mkind, results, steps, phases.corpus.labels, seed, L, H, extra["reference"])
-    out = dict(extra, workers=dict(phases.workers), steps=steps)
+    out = dict(extra, workers=dict(phases.workers), steps=steps, **phases.notes())
     tokens = [r["tokens"] for r in results.values() if r.get("tokens")]
     out["tokens"] = int(round(float(np.mean(tokens)))) if tokens else None
     if kind == "pruning_curve":

@@ -181,6 +181,8 @@ def show(tool: Tool, result, metric: str):
     K, kind, noun = tool.K, result.kind, tool.noun
     st.caption(f"{result.done} of {result.total} {noun}' steps done · worked on: "
                + ", ".join(f"{w} ({n})" for w, n in result.extra.get("workers", {}).items()))
+    if result.extra.get("resume_note"):
+        st.caption(f"Resumed: {common.plain(result.extra['resume_note'])}.")
     scored = len(result.summary) and "order" in result.summary.columns
     if result.extra.get("running"):
         st.caption(f"Summary so far, over the {result.extra['running']} {noun} done: each metric's mean with a "
