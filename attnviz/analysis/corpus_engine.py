@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from attnviz.base.lru import LRU
+from attnviz.base.private import open_private
 from attnviz.weights.catalogue import BUNDLED, bundled_path, load_model
 
 SCHEDULER_ENV = "ATTNVIZ_SCHEDULER"
@@ -366,7 +367,7 @@ class ResultsFile:
 
     def _read(self):
         # undecodable bytes become U+FFFD: such a line is no record, and a bad header is refused below
-        with self.path.open(encoding="utf-8", errors="replace") as f:
+        with open_private(self.path, append=False) as f:
             lines = f.read().splitlines()
         try:
             first = json.loads(lines[0])
@@ -398,7 +399,7 @@ class ResultsFile:
             # a file that lost its header to the budget takes no records (it could not be resumed)
             if (fresh and "run" not in obj) or not self.store.make_room(self.path, len(line.encode())):
                 return False
-        with self.path.open("a", encoding="utf-8") as f:
+        with open_private(self.path) as f:
             f.write(line)
         return True
 
