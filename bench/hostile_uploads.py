@@ -18,6 +18,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from attnviz.analysis import corpus  # noqa: E402
+from attnviz.analysis.corpus import CorpusLimits, open_corpus  # noqa: E402
+from attnviz.analysis.corpus_engine import ResultsFile  # noqa: E402
+
 
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -31,8 +35,7 @@ def held_mb(corpus) -> float:
 
 
 def ready_all(corpus):
-    from attnviz.analysis import corpus as c
-    ready = getattr(c, "ready_item", lambda x: x)
+    ready = getattr(corpus, "ready_item", lambda x: x)
     for item in corpus.items:
         ready(item)
 
@@ -55,7 +58,6 @@ def flacs():
 
 
 def case(name):
-    from attnviz.analysis.corpus import CorpusLimits, open_corpus
     if name in ("images", "flac"):
         files = pngs() if name == "images" else flacs()
         uploaded = sum(len(d) for _, d in files) / 1e6
@@ -73,7 +75,6 @@ def case(name):
                     open_s=round(opened, 2), total_s=round(time.perf_counter() - start, 2),
                     held_mb=round(held, 1), peak_mb=round(peak_mb(), 1), peak_over_start_mb=round(peak_mb() - base, 1),
                     note=note[:200])
-    from attnviz.analysis.corpus_engine import ResultsFile
     header = dict(model="minilm", corpus="c", items=2, kind="importance", seed=0, mask=None,
                   random_orders=3, fractions=[0.0], reference="full")
     with tempfile.TemporaryDirectory() as d:
