@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 import uuid
-from contextlib import contextmanager
+from concurrent.futures import CancelledError
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Callable
 
@@ -34,6 +36,9 @@ MODELS_PER_PROCESS = 2      # a worker keeps this many models (e.g. a run's mode
 POLL_SECONDS = 0.2          # how often a waiting run looks at should_stop (results wake it at once)
 CONNECT_SECONDS = 30        # connecting to a remote scheduler
 WORKER_THREADS_ENV = "ATTNVIZ_WORKER_THREADS"   # torch threads of each local worker (default 1)
+WORKERLESS_ENV = "ATTNVIZ_WORKERLESS_SECONDS"   # a run on a cluster with no worker stops after this
+WORKERLESS_SECONDS = 60.0   # (workers restarting, or joining a fresh scheduler, take seconds, not minutes)
+CLUSTER_CHECK_SECONDS = 1.0  # how often a waiting run asks the scheduler how many workers it has
 
 _models = LRU(MODELS_PER_PROCESS)
 _natives = LRU(MODELS_PER_PROCESS)
@@ -142,7 +147,8 @@ def connect(scheduler: str):
 class Outcome:
     done: int                   # items whose result arrived
     total: int
-    stopped: str | None = None  # "stopped" when should_stop ended the run early
+    stopped: str | None = None  # "stopped" when should_stop ended the run early, "lost" when the cluster failed it
+    message: str = ""           # what happened, when the cluster failed the run
     workers: dict | None = None  # items finished per worker address
 
 
@@ -191,6 +197,42 @@ def run_tasks(fn, args: tuple, items: list[tuple[int, object]], *, scheduler: st
         return engine.map(fn, args, items, on_result=on_result, should_stop=should_stop, name=name)
 
 
+def workerless_seconds() -> float:
+    """How long a run waits with no worker on the cluster before it stops (ATTNVIZ_WORKERLESS_SECONDS)."""
+    text = os.environ.get(WORKERLESS_ENV, str(WORKERLESS_SECONDS)).strip()
+    if not re.fullmatch(r"\d{1,5}(\.\d+)?", text):
+        raise ValueError(f"{WORKERLESS_ENV} must be a number of seconds; got {text!r}")
+    return float(text)
+
+
+class _Cluster:
+    """What a waiting run checks besides its own stop: a cluster with no worker left (none will
+    finish its tasks) or a scheduler it lost the connection to."""
+
+    def __init__(self, client):
+        self.client, self.grace = client, workerless_seconds()
+        self.checked, self.empty_since = time.monotonic(), None
+
+    def lost(self) -> str | None:
+        if self.client.status not in ("running", "connecting"):
+            return f"the connection to the Dask scheduler at {self.client.scheduler.address} was lost"
+        now = time.monotonic()
+        if now - self.checked < CLUSTER_CHECK_SECONDS:
+            return None
+        self.checked = now
+        try:
+            workers = len(self.client.nthreads())
+        except (OSError, TimeoutError):
+            return f"the connection to the Dask scheduler at {self.client.scheduler.address} was lost"
+        if workers:
+            self.empty_since = None
+            return None
+        self.empty_since = self.empty_since or now
+        if now - self.empty_since >= self.grace:
+            return f"the Dask cluster has had no worker for {self.grace:g} s (its workers were lost)"
+        return None
+
+
 def _run_on(client, fn, args, items, on_result, stop, name) -> Outcome:
     import distributed
 
@@ -200,30 +242,51 @@ def _run_on(client, fn, args, items, on_result, stop, name) -> Outcome:
     tag = uuid.uuid4().hex[:8]
     futures = {client.submit(fn, *args, index, item, key=f"{name}-{tag}-{index}", pure=False): index
                for index, item in items}
-    pending = set(futures)
+    pending, cluster = set(futures), _Cluster(client)
     try:
         while pending:
             if stop():
                 out.stopped = "stopped"
                 break
+            lost = cluster.lost()
+            if lost:
+                out.stopped, out.message = "lost", lost
+                break
             try:
                 done, pending = distributed.wait(pending, timeout=POLL_SECONDS, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 continue
+            except (CancelledError, OSError):      # the scheduler went: its futures are cancelled
+                out.stopped, out.message = "lost", (f"the connection to the Dask scheduler at "
+                                                    f"{client.scheduler.address} was lost")
+                break
             for future in sorted(done, key=futures.get):
                 try:
-                    value = future.result()
+                    # bounded: a result whose worker died before we fetched it is computed again,
+                    # and waiting for that must not keep the run from its stop, budget or message
+                    value = future.result(timeout=POLL_SECONDS)
+                except TimeoutError:
+                    pending.add(future)
+                    continue
                 except distributed.KilledWorker as e:
                     raise ValueError(f"item {futures[future]} kept killing the workers that ran it ({e}); "
                                      "it may need more memory than a worker has") from None
+                except (CancelledError, OSError):
+                    out.stopped, out.message = "lost", (f"the connection to the Dask scheduler at "
+                                                        f"{client.scheduler.address} was lost")
+                    pending.add(future)
+                    break
                 where = _where(client, future)
                 out.workers[where] = out.workers.get(where, 0) + 1
                 on_result(futures[future], value)
                 out.done += 1
                 future.release()  # the cluster drops the result once we hold it
+            if out.stopped:
+                break
     finally:
-        if pending:
-            client.cancel(list(pending))
+        if pending and client.status == "running":
+            with suppress(OSError, TimeoutError, CancelledError):
+                client.cancel(list(pending))
     return out
 
 

@@ -234,13 +234,12 @@ class _Phases:
         self.file = ResultsFile(resume, header, store) if resume is not None else None
         self.total = phases * len(corpus.items)
         self.done = 0
-        self.stopped = False
+        self.stopped, self.fault = False, ""    # fault: what the cluster did when it ended the run
         self.workers: dict[str, int] = {}
         self.partial = None     # (phase, results) -> a partial RunResult for progress
 
     def run(self, phase: str, fn, params: dict, check=None) -> dict[int, dict]:
-        """The phase's results: the results file's records that `check(result)` accepts (it raises
-        corpus_records.BadRecord for the rest, whose items run again), then every other item."""
+        """The file's records that `check` accepts (BadRecord: the item runs again), then the other items."""
         results = {}
         if self.file is not None:
             for (p, i), r in self.file.records.items():
@@ -267,23 +266,28 @@ class _Phases:
                               should_stop=self.should_stop, name=phase)
         for where, n in (out.workers or {}).items():
             self.workers[where] = self.workers.get(where, 0) + n
-        self.stopped = out.stopped is not None
+        self.stopped, self.fault = out.stopped is not None, out.message or self.fault
         return results
 
 
     def notes(self) -> dict:
-        """`resume_note`: what of the results file was not used, when something was."""
-        skipped = self.file.skipped if self.file is not None else 0
-        if not skipped:
-            return {}
-        return dict(resume_note=f"skipped {skipped} record{'s' * (skipped > 1)} of the results file that do "
-                                "not fit this run (an item it does not have, a field missing, a figure out of "
-                                "range or not its outputs'): those items run again")
+        """`resume_note`: what of the results file was not used; `stopped_note`: why the cluster ended the run."""
+        out, skipped = {}, self.file.skipped if self.file is not None else 0
+        if skipped:
+            out["resume_note"] = (f"skipped {skipped} record{'s' * (skipped > 1)} of the results file that do not "
+                                  "fit this run (an item it does not have, a field missing, a figure out of range "
+                                  "or not its outputs'): those items run again")
+        if self.fault:
+            kept = " in the results file: run again with the same options to finish" if self.file else ""
+            out["stopped_note"] = f"{self.fault}; the {self.done} finished steps are kept{kept}"
+        return out
 
 
 def _facts(model_key: str, engine) -> dict:
     got = {}
-    engine.map(facts_task, (model_key, {}), [(0, None)], on_result=lambda i, v: got.update(v), name="facts")
+    out = engine.map(facts_task, (model_key, {}), [(0, None)], on_result=lambda i, v: got.update(v), name="facts")
+    if out.stopped:
+        raise ValueError(f"{out.message or 'the run was stopped'} before its first step; nothing was run")
     return got
 
 
