@@ -34,9 +34,9 @@ def held_mb(corpus) -> float:
     return total / 2**20
 
 
-def ready_all(corpus):
-    ready = getattr(corpus, "ready_item", lambda x: x)
-    for item in corpus.items:
+def ready_all(opened):
+    ready = getattr(corpus, "ready_item", lambda x: x)    # before it existed, items were decoded already
+    for item in opened.items:
         ready(item)
 
 

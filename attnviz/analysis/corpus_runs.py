@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from attnviz.analysis import corpus_metrics, corpus_records, importance
-from attnviz.analysis.corpus import Corpus
+from attnviz.analysis.corpus import Corpus, ready_item
 from attnviz.analysis.corpus_engine import ResultsFile, session, worker_model, worker_native
 from attnviz.analysis.pruning import decode_mask, encode_mask
 from attnviz.base.names import head_name
@@ -80,7 +80,7 @@ def importance_task(model_key: str, params: dict, index: int, item) -> dict:
 def ablation_task(model_key: str, params: dict, index: int, item) -> dict:
     """Importance without gradients (translators, speech, vision): per head, how much the item's
     primary metric drops when that head alone is off (the full model scores itself as the top)."""
-    model = worker_model(model_key)
+    model, item = worker_model(model_key), ready_item(item)   # an uploaded file is decoded here, now
     kind = corpus_metrics.model_kind(model)
     metric = corpus_metrics.PRIMARY[kind]
     L, H = int(model.mask_layers), int(model.cfg.n_heads)
@@ -97,7 +97,7 @@ def ablation_task(model_key: str, params: dict, index: int, item) -> dict:
 
 def masks_task(model_key: str, params: dict, index: int, item) -> dict:
     """The full output and, per mask code, the masked output and its metrics against the full."""
-    model = worker_model(model_key)
+    model, item = worker_model(model_key), ready_item(item)
     kind = corpus_metrics.model_kind(model)
     L, H = int(model.mask_layers), int(model.cfg.n_heads)
     full = corpus_metrics.output(model, item)

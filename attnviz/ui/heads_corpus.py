@@ -129,6 +129,8 @@ def first_items(chosen: corpus.Corpus, n: int) -> corpus.Corpus:
 
 def _item_bytes(item) -> bytes:
     # surrogatepass: a name for any text, even one holding a lone surrogate (never an error here)
+    if isinstance(item, corpus.MediaItem):
+        return item.data
     return np.ascontiguousarray(item).tobytes() if isinstance(item, np.ndarray) else \
         str(item).encode("utf-8", "surrogatepass")
 
