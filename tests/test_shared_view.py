@@ -129,3 +129,10 @@ def test_a_view_nested_thousands_deep_is_a_message():
         + b"[" * 3000 + b"]" * 3000 + b"}}"
     with pytest.raises(ValueError, match="nested far deeper"):
         shared_view.read_view_file(deep, "attention")
+
+
+def test_a_saved_text_holding_a_lone_surrogate_is_refused_when_opened():
+    data = b'{"app": "attnviz view", "schema": 1, "page": "heads", "state": {"heads.text": "a \\ud800 b"}}'
+    with pytest.raises(ValueError, match="'heads.text' is str"):
+        shared_view.read_view_file(data, "heads")
+    assert not shared_view.is_plain(["ok", "\udfff"])

@@ -145,6 +145,11 @@ def is_plain(value) -> bool:
         return all(is_plain(v) and not isinstance(v, list) for v in value)
     if isinstance(value, float):
         return math.isfinite(value)
+    if isinstance(value, str):      # a lone surrogate (a JSON "\ud800") is no character: no widget takes it
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
     return value is None or isinstance(value, (str, int, bool))
 
 
