@@ -3,11 +3,14 @@ library call behind them (`analysis.corpus_runs.run`; "heads_4_vs_8" also gets t
 Raspberry Pi latency of the smaller model, from the one pricing function,
 `latency.tradeoff.kept_heads_latency`).
 
-Bad input prints one line saying what to fix and exits with status 2.
+Bad input prints one line saying what to fix and exits with status 2; a run the cluster ended early
+(its workers or its scheduler lost) prints what it finished, then why, and exits with status 3.
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -98,8 +101,21 @@ def load(args):
     return open_corpus(args.corpus, column=args.column, label_column=args.label_column, limits=limits)
 
 
+def quiet_cluster_logs(scheduler: str | None):
+    """Dask's own log lines (a worker lost, a fetch abandoned and rescheduled) are for its operators:
+    the CLI says in one line of its own what happened to the run. Distributed sets its loggers' levels
+    when it is imported, so it is imported first (only for a run on a cluster)."""
+    if not (scheduler or os.environ.get(SCHEDULER_ENV, "").strip()):
+        return
+    import distributed  # noqa: F401  (sets its logging up; the in-process CLI never loads it)
+    names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] in ("distributed", "tornado")]
+    for name in names + ["distributed", "tornado", "tornado.application", "asyncio"]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    quiet_cluster_logs(args.scheduler)
     if args.list:
         for key, text in bundled_corpora().items():
             sys.stdout.write(f"{key}\t{text}\n")
@@ -125,15 +141,19 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("stopped; rerun with --resume FILE to keep finished items next time\n")
         return 130
+    if result.extra.get("resume_note"):
+        sys.stderr.write(f"note: {result.extra['resume_note']}\n")
     with pd.option_context("display.width", 160, "display.max_rows", 60):
         sys.stdout.write(result.summary.to_string(index=False) + "\n")
     if "latency" in result.extra:
         sys.stdout.write(result.extra["latency"].to_string(index=False) + "\n")
-    if not result.complete:
-        sys.stderr.write(f"incomplete: {result.done}/{result.total} items\n")
     if args.out is not None:
         args.out.write_text(csv_text(result.table), encoding="utf-8", newline="")
         args.out.with_suffix(".summary.csv").write_text(csv_text(result.summary), encoding="utf-8", newline="")
+    if not result.complete:
+        why = result.extra.get("stopped_note")
+        sys.stderr.write(f"incomplete: {result.done}/{result.total} items" + (f": {why}" if why else "") + "\n")
+        return 3
     return 0
 
 

@@ -142,14 +142,16 @@ def _wav(seconds=0.5, rate=8000) -> bytes:
 
 def test_several_image_or_audio_files_and_a_folder(tmp_path):
     c = open_corpus([("a.png", _png("red")), ("b.png", _png("blue", (900, 300)))])
-    assert c.kind == "image" and c.items[0].shape == (10, 20, 3) and tuple(c.items[0][0, 0]) == (255, 0, 0)
-    assert max(c.items[1].shape[:2]) == corpus.MAX_IMAGE_SIDE
+    first, second = (corpus.ready_item(i) for i in c.items)
+    assert c.kind == "image" and first.shape == (10, 20, 3) and tuple(first[0, 0]) == (255, 0, 0)
+    assert max(second.shape[:2]) == corpus.MAX_IMAGE_SIDE
     c = open_corpus([("a.wav", _wav())])
-    assert c.kind == "audio" and c.items[0].dtype == np.float32 and len(c.items[0]) == 8000   # 16 kHz
+    clip = corpus.ready_item(c.items[0])
+    assert c.kind == "audio" and clip.dtype == np.float32 and len(clip) == 8000   # 16 kHz
     (tmp_path / "x.wav").write_bytes(_wav())
     (tmp_path / "y.wav").write_bytes(_wav(1.0))
     c = open_corpus(tmp_path)
-    assert [len(a) for a in c.items] == [8000, 16000] and c.key == tmp_path.name
+    assert [len(corpus.ready_item(a)) for a in c.items] == [8000, 16000] and c.key == tmp_path.name
     c = open_corpus(tmp_path, limits=CorpusLimits(max_rows=1))
     assert len(c) == 1 and "first 1 of 2 files" in c.notes[0]
     c = open_corpus(tmp_path, limits=CorpusLimits(max_bytes=len(_wav()) + 10))
@@ -172,3 +174,50 @@ def _silent() -> bytes:
     buf = io.BytesIO()
     soundfile.write(buf, np.zeros(8000, np.float32), 16000, format="WAV")
     return buf.getvalue()
+
+
+def test_jsonl_nested_deep_is_a_message_not_a_recursion_error():
+    line = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    with pytest.raises(ValueError, match="line 1: its JSON is nested too deeply"):
+        open_corpus("deep.jsonl", data=line)
+
+
+def test_a_label_of_hundreds_of_digits_is_a_message_not_an_overflow():
+    data = json.dumps({"text": "a text", "score": int("9" * 400)}).encode() + b"\n"
+    with pytest.raises(ValueError, match="line 1: the label .* is not a number"):
+        open_corpus("labels.jsonl", data=data, label_column="score")
+    huge = b'{"text": "a text", "score": ' + b"9" * 5000 + b"}\n"
+    with pytest.raises(ValueError, match="line 1: not JSON a row can hold"):
+        open_corpus("labels.jsonl", data=huge, label_column="score")
+
+
+def test_a_lone_surrogate_escape_is_refused_with_its_line():
+    data = b'{"text": "fine"}\n{"text": "bad \\ud800 text"}\n'
+    with pytest.raises(ValueError, match=r"line 2: it holds an unpaired surrogate"):
+        open_corpus("s.jsonl", data=data)
+    with pytest.raises(ValueError, match=r"line 1: it holds an unpaired surrogate"):
+        open_corpus("s.jsonl", data=b'"\\udfff"\n')
+    paired = open_corpus("s.jsonl", data=b'{"text": "emoji \\ud83d\\ude00"}\n')
+    assert paired.items == ["emoji \U0001F600"]
+
+
+def test_uploads_are_bounded_by_what_they_decode_to_and_held_as_their_bytes(monkeypatch):
+    from attnviz.base import memory
+    png = _png("red", (448, 448))
+    files = [(f"p{i}.png", png) for i in range(2000)]                      # a few MB, 1.2 GB decoded
+    c = open_corpus(files, limits=CorpusLimits(max_decoded_bytes=30 * 448 * 448 * 3))
+    assert len(c) == 30 and "would decode past" in c.notes[-1]
+    held = sum(len(i.data) for i in c.items)
+    assert all(isinstance(i, corpus.MediaItem) for i in c.items) and held == 30 * len(png)
+    assert held < 448 * 448 * 3                                             # less than one decoded photo
+    assert pickle.loads(pickle.dumps(c)).items[0] == c.items[0]             # travels to workers as bytes
+    asked = []
+    monkeypatch.setattr(memory, "check_room", lambda what, need=0: asked.append((what, need)))
+    assert corpus.ready_item(c.items[0]).shape == (448, 448, 3)
+    assert asked == [("decoding p0.png", 448 * 448 * 4)]                    # the guard, before the decode
+
+    def full(what, need=0):
+        raise ValueError(f"the server is short of memory: try {what} again later")
+    monkeypatch.setattr(memory, "check_room", full)
+    with pytest.raises(ValueError, match="short of memory: try decoding p0.png"):
+        open_corpus(files[:1])

@@ -117,3 +117,11 @@ def test_read_only_cache_without_the_model_says_what_to_run(tmp_path):
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("error: the model 'en-pt' is not in the model cache " + str(cache)), line
     assert "deploy/warm_cache.py en-pt" in line and list(cache.iterdir()) == []
+
+
+def test_a_results_file_is_named_for_any_text_even_a_lone_surrogate(tmp_path):
+    from attnviz.ui import heads_corpus
+    odd = Corpus(key="s.jsonl", kind="text", items=["bad \ud800 text"], labels=None, notes=[], source="t",
+                 licence="t")
+    first = heads_corpus.results_path(tmp_path, "minilm", odd, "mask", "6x12-fff", 0)
+    assert first.suffix == ".jsonl" and first == heads_corpus.results_path(tmp_path, "minilm", odd, "mask", "6x12-fff", 0)

@@ -20,8 +20,11 @@ PAGES = Path(__file__).resolve().parents[1] / "pages"
 def results_dir(monkeypatch, tmp_path):
     from attnviz.ui import heads_corpus
     monkeypatch.delenv("ATTNVIZ_SCHEDULER", raising=False)
-    monkeypatch.setattr(heads_corpus, "RESULTS_DIR", tmp_path)
-    return tmp_path
+    monkeypatch.setenv("ATTNVIZ_PRIVATE_DIR", str(tmp_path / "private"))
+    folder = tmp_path / "private" / "corpus-runs"    # what the tool makes on its first Run
+    folder.mkdir(parents=True, mode=0o700)
+    (tmp_path / "private").chmod(0o700)
+    return folder
 
 
 def summary_of(at) -> pd.DataFrame:

@@ -58,7 +58,7 @@ def test_a_stopped_run_keeps_its_partial_result_and_resumes_from_its_file(monkey
     from attnviz.analysis import corpus_runs
     from attnviz.ui import heads_corpus
     monkeypatch.delenv("ATTNVIZ_SCHEDULER", raising=False)
-    monkeypatch.setattr(heads_corpus, "RESULTS_DIR", tmp_path)
+    monkeypatch.setenv("ATTNVIZ_PRIVATE_DIR", str(tmp_path / "private"))
     deadline_after_checks(3)
     at = corpus_tool()
     at.selectbox(key="heads.corpus_n").set_value(5).run()
@@ -67,10 +67,11 @@ def test_a_stopped_run_keeps_its_partial_result_and_resumes_from_its_file(monkey
     first = at.session_state["heads.corpus:minilm"][0]
     assert not first.complete and first.done == 3 and first.total == 5 and len(first.table) == 3
     assert any("after 3 of 5 steps" in w.value for w in at.warning)
-    (results,) = list(tmp_path.iterdir())            # the finished texts were written as they came
+    folder = tmp_path / "private" / "corpus-runs"
+    (results,) = list(folder.iterdir())               # the finished texts were written as they came
     assert len(results.read_text().splitlines()) == 1 + 3
     monkeypatch.undo()
-    monkeypatch.setattr(heads_corpus, "RESULTS_DIR", tmp_path)
+    monkeypatch.setenv("ATTNVIZ_PRIVATE_DIR", str(tmp_path / "private"))
     ran, task = [], corpus_runs.masks_task
 
     def counted(model_key, params, index, item):
@@ -82,5 +83,5 @@ def test_a_stopped_run_keeps_its_partial_result_and_resumes_from_its_file(monkey
     second = at.session_state["heads.corpus:minilm"][0]
     assert second.complete and second.done == second.total == 5 and len(second.table) == 5
     assert ran == [3, 4]                              # only the texts the first run had not finished
-    assert not list(tmp_path.iterdir())               # a complete run leaves no results file
+    assert not list(folder.iterdir())                 # a complete run leaves no results file
     pd.testing.assert_frame_equal(second.table.iloc[:3], first.table)   # NaN scores compare equal here

@@ -122,3 +122,17 @@ def test_an_opened_view_reaches_the_widgets_of_a_view_not_yet_drawn():
     assert state["readouts.view"] == "Two prompts" and state["readouts.pair_b"] == "A dog sat."
     assert all(k.startswith(("readouts.", "model_choice:")) for k in state)
     assert shared_view.read_view_file(shared_view.view_file("readouts", state), "readouts")[0] == state
+
+
+def test_a_view_nested_thousands_deep_is_a_message():
+    deep = b'{"app": "attnviz view", "schema": 1, "page": "attention", "state": {"attention.layer": ' \
+        + b"[" * 3000 + b"]" * 3000 + b"}}"
+    with pytest.raises(ValueError, match="nested far deeper"):
+        shared_view.read_view_file(deep, "attention")
+
+
+def test_a_saved_text_holding_a_lone_surrogate_is_refused_when_opened():
+    data = b'{"app": "attnviz view", "schema": 1, "page": "heads", "state": {"heads.text": "a \\ud800 b"}}'
+    with pytest.raises(ValueError, match="'heads.text' is str"):
+        shared_view.read_view_file(data, "heads")
+    assert not shared_view.is_plain(["ok", "\udfff"])

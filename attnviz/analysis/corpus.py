@@ -1,7 +1,8 @@
 """Corpora for corpus runs: bundled real text, speech and photos, and bounded user uploads.
 
 A `Corpus` is a plain, picklable list of items (str for text, float32 samples at 16 kHz for
-audio, uint8 H x W x 3 for images), optional float labels, and notes saying what was cut and why.
+audio, uint8 H x W x 3 for images; an uploaded file is a `corpus_media.MediaItem`, its bytes,
+decoded by `ready_item` when a run reaches it), optional float labels, and notes saying what was cut and why.
 The bundled corpora are real published text, recordings and photos (sources and licences in
 attnviz/data/corpora/README.md); uploads are `.txt` (a line a text), `.csv` / `.jsonl` (a column,
 optionally a label column) and WAV / FLAC / image files, decoded through attnviz.uploads (never
@@ -21,16 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
+from attnviz.analysis.corpus_media import (  # noqa: F401  (the media names, importable from here)
+    AUDIO_SUFFIXES, IMAGE_SUFFIXES, MAX_AUDIO_SECONDS, MAX_IMAGE_SIDE, MediaItem, image_array, media_items,
+    ready_item)
 from attnviz.base.texts import eval_text
 from attnviz.uploads.audio import read_audio
-from attnviz.uploads.images import open_image, sample_images
+from attnviz.uploads.images import sample_images
 
 DATA = files("attnviz") / "data" / "corpora"
 TEXT_SUFFIXES = (".txt", ".csv", ".jsonl")
-AUDIO_SUFFIXES = (".wav", ".flac")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
-MAX_IMAGE_SIDE = 448       # photos are kept at most this large: the run resizes to the model's side anyway
-MAX_AUDIO_SECONDS = 30.0   # one Whisper window; longer clips keep their first 30 s (with a note)
 PAIR = "\t"                # an encoder item "a<TAB>b" is a sentence pair (label: their similarity)
 
 
@@ -40,6 +40,7 @@ class CorpusLimits:
     max_bytes: int = 5_000_000
     max_chars_per_row: int = 2000
     max_tokens_per_row: int = 128
+    max_decoded_bytes: int = 256_000_000   # uploaded audio / images: samples and pixels once decoded
 
 
 @dataclass
@@ -84,7 +85,7 @@ def _librivox() -> list[np.ndarray]:
 
 
 def _photos() -> list[np.ndarray]:
-    return [_image_array(path.read_bytes()) for path in sample_images().values()]
+    return [image_array(path.read_bytes()) for path in sample_images().values()]
 
 
 ALICE = ("Lewis Carroll, Alice's Adventures in Wonderland, chapters I-II (attnviz/data/eval_en.txt, "
@@ -251,7 +252,7 @@ def _row(name: str, where: str, record: dict, wanted: list[str], label_column) -
         raw = record.get(label_column)
         try:
             label = float(raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):   # a JSON integer of hundreds of digits overflows
             raise ValueError(f"{name}, {where}: the label {raw!r} in {label_column!r} is not a number") from None
         if not math.isfinite(label):
             raise ValueError(f"{name}, {where}: the label {raw!r} is not a finite number")
@@ -298,6 +299,24 @@ def _csv_rows(name, text, column, label_column):
     return rows, labels, notes + more
 
 
+def _unpaired(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_characters(name: str, line: int, value) -> None:
+    """A JSON escape such as \\ud800 makes a lone surrogate: no character, nothing a tokenizer or a
+    file name can take. Refused with the line, like invalid UTF-8 in a file."""
+    texts = [value] if isinstance(value, str) else \
+        [t for kv in value.items() for t in kv if isinstance(t, str)] if isinstance(value, dict) else []
+    if any(_unpaired(t) for t in texts):
+        raise ValueError(f"{name}, line {line:,}: it holds an unpaired surrogate escape (such as \\ud800), "
+                         "which is not a character; remove it or write the character itself")
+
+
 def _jsonl_rows(name, text, column, label_column):
     records = []
     for i, line in enumerate(text.splitlines(), start=1):
@@ -307,6 +326,11 @@ def _jsonl_rows(name, text, column, label_column):
             value = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{name}, line {i:,}: not JSON ({err.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{name}, line {i:,}: its JSON is nested too deeply to be a row") from None
+        except ValueError as err:   # e.g. an integer of more digits than Python converts
+            raise ValueError(f"{name}, line {i:,}: not JSON a row can hold ({str(err)[:80]})") from None
+        _check_characters(name, i, value)
         if isinstance(value, str):
             value = {"text": value}
         if not isinstance(value, dict):
@@ -323,13 +347,6 @@ def _jsonl_rows(name, text, column, label_column):
 
 
 # ---------------------------------------------------------------- audio and image files
-def _image_array(data: bytes) -> np.ndarray:
-    image = open_image(data)
-    if max(image.size) > MAX_IMAGE_SIDE:
-        image.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))
-    return np.asarray(image.convert("RGB"), dtype=np.uint8)
-
-
 def _media(files_in: list, label: str, limits: CorpusLimits) -> Corpus:
     """Audio clips or images, one file an item; all of one kind."""
     named = []
@@ -348,26 +365,7 @@ def _media(files_in: list, label: str, limits: CorpusLimits) -> Corpus:
     if len(kinds) > 1:
         raise ValueError(f"{label} mixes audio and images: a corpus holds one kind")
     kind = kinds.pop()
-    notes, items, total = [], [], 0
-    if len(named) > limits.max_rows:
-        notes.append(f"kept the first {limits.max_rows:,} of {len(named):,} files (the row limit)")
-        named = named[:limits.max_rows]
-    for i, (name, data) in enumerate(named):
-        data = data.read_bytes() if isinstance(data, Path) else bytes(data)
-        if total + len(data) > limits.max_bytes:
-            notes.append(f"kept {i:,} of {len(named):,} files: the next would pass {limits.max_bytes:,} bytes")
-            break
-        total += len(data)
-        try:
-            if kind == "audio":
-                heard = read_audio(data, cut=True, max_seconds=MAX_AUDIO_SECONDS)
-                if heard.truncated_seconds:
-                    notes.append(f"{name}: kept the first {MAX_AUDIO_SECONDS:.0f} s")
-                items.append(heard.samples)
-            else:
-                items.append(_image_array(data))
-        except ValueError as err:
-            raise ValueError(f"{name}: {err}") from None
+    items, notes = media_items(named, kind, limits)
     if not items:
         raise ValueError(f"no file of {label} fits in {limits.max_bytes:,} bytes")
     return Corpus(label, kind, items, None, notes, f"uploaded {kind} files ({label})", "the uploader's")

@@ -15,19 +15,18 @@ loses no finished item: the scheduler reruns its unfinished tasks on the workers
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import threading
+import time
 import uuid
-from contextlib import contextmanager
+from concurrent.futures import CancelledError
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
+from attnviz.analysis.corpus_results import (  # noqa: F401  (the results files' names, importable from here)
+    RESULTS_BUDGET_ENV, ResultsFile, ResultsStore, results_budget)
 from attnviz.base.lru import LRU
 from attnviz.weights.catalogue import BUNDLED, bundled_path, load_model
 
@@ -37,6 +36,9 @@ MODELS_PER_PROCESS = 2      # a worker keeps this many models (e.g. a run's mode
 POLL_SECONDS = 0.2          # how often a waiting run looks at should_stop (results wake it at once)
 CONNECT_SECONDS = 30        # connecting to a remote scheduler
 WORKER_THREADS_ENV = "ATTNVIZ_WORKER_THREADS"   # torch threads of each local worker (default 1)
+WORKERLESS_ENV = "ATTNVIZ_WORKERLESS_SECONDS"   # a run on a cluster with no worker stops after this
+WORKERLESS_SECONDS = 60.0   # (workers restarting, or joining a fresh scheduler, take seconds, not minutes)
+CLUSTER_CHECK_SECONDS = 1.0  # how often a waiting run asks the scheduler how many workers it has
 
 _models = LRU(MODELS_PER_PROCESS)
 _natives = LRU(MODELS_PER_PROCESS)
@@ -145,7 +147,8 @@ def connect(scheduler: str):
 class Outcome:
     done: int                   # items whose result arrived
     total: int
-    stopped: str | None = None  # "stopped" when should_stop ended the run early
+    stopped: str | None = None  # "stopped" when should_stop ended the run early, "lost" when the cluster failed it
+    message: str = ""           # what happened, when the cluster failed the run
     workers: dict | None = None  # items finished per worker address
 
 
@@ -194,6 +197,42 @@ def run_tasks(fn, args: tuple, items: list[tuple[int, object]], *, scheduler: st
         return engine.map(fn, args, items, on_result=on_result, should_stop=should_stop, name=name)
 
 
+def workerless_seconds() -> float:
+    """How long a run waits with no worker on the cluster before it stops (ATTNVIZ_WORKERLESS_SECONDS)."""
+    text = os.environ.get(WORKERLESS_ENV, str(WORKERLESS_SECONDS)).strip()
+    if not re.fullmatch(r"\d{1,5}(\.\d+)?", text):
+        raise ValueError(f"{WORKERLESS_ENV} must be a number of seconds; got {text!r}")
+    return float(text)
+
+
+class _Cluster:
+    """What a waiting run checks besides its own stop: a cluster with no worker left (none will
+    finish its tasks) or a scheduler it lost the connection to."""
+
+    def __init__(self, client):
+        self.client, self.grace = client, workerless_seconds()
+        self.checked, self.empty_since = time.monotonic(), None
+
+    def lost(self) -> str | None:
+        if self.client.status not in ("running", "connecting"):
+            return f"the connection to the Dask scheduler at {self.client.scheduler.address} was lost"
+        now = time.monotonic()
+        if now - self.checked < CLUSTER_CHECK_SECONDS:
+            return None
+        self.checked = now
+        try:
+            workers = len(self.client.nthreads())
+        except (OSError, TimeoutError):
+            return f"the connection to the Dask scheduler at {self.client.scheduler.address} was lost"
+        if workers:
+            self.empty_since = None
+            return None
+        self.empty_since = self.empty_since or now
+        if now - self.empty_since >= self.grace:
+            return f"the Dask cluster has had no worker for {self.grace:g} s (its workers were lost)"
+        return None
+
+
 def _run_on(client, fn, args, items, on_result, stop, name) -> Outcome:
     import distributed
 
@@ -203,30 +242,51 @@ def _run_on(client, fn, args, items, on_result, stop, name) -> Outcome:
     tag = uuid.uuid4().hex[:8]
     futures = {client.submit(fn, *args, index, item, key=f"{name}-{tag}-{index}", pure=False): index
                for index, item in items}
-    pending = set(futures)
+    pending, cluster = set(futures), _Cluster(client)
     try:
         while pending:
             if stop():
                 out.stopped = "stopped"
                 break
+            lost = cluster.lost()
+            if lost:
+                out.stopped, out.message = "lost", lost
+                break
             try:
                 done, pending = distributed.wait(pending, timeout=POLL_SECONDS, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 continue
+            except (CancelledError, OSError):      # the scheduler went: its futures are cancelled
+                out.stopped, out.message = "lost", (f"the connection to the Dask scheduler at "
+                                                    f"{client.scheduler.address} was lost")
+                break
             for future in sorted(done, key=futures.get):
                 try:
-                    value = future.result()
+                    # bounded: a result whose worker died before we fetched it is computed again,
+                    # and waiting for that must not keep the run from its stop, budget or message
+                    value = future.result(timeout=POLL_SECONDS)
+                except TimeoutError:
+                    pending.add(future)
+                    continue
                 except distributed.KilledWorker as e:
                     raise ValueError(f"item {futures[future]} kept killing the workers that ran it ({e}); "
                                      "it may need more memory than a worker has") from None
+                except (CancelledError, OSError):
+                    out.stopped, out.message = "lost", (f"the connection to the Dask scheduler at "
+                                                        f"{client.scheduler.address} was lost")
+                    pending.add(future)
+                    break
                 where = _where(client, future)
                 out.workers[where] = out.workers.get(where, 0) + 1
                 on_result(futures[future], value)
                 out.done += 1
                 future.release()  # the cluster drops the result once we hold it
+            if out.stopped:
+                break
     finally:
-        if pending:
-            client.cancel(list(pending))
+        if pending and client.status == "running":
+            with suppress(OSError, TimeoutError, CancelledError):
+                client.cancel(list(pending))
     return out
 
 
@@ -237,149 +297,3 @@ def _where(client, future) -> str:
     except (OSError, TimeoutError):
         return "?"
     return who[0] if who else "?"
-
-
-# ---------------------------------------------------------------- results file (resume)
-def _encode(value):
-    """JSON for a task's figures: numpy arrays keep their dtype, so a resumed run reads back the
-    very numbers it wrote (float32 values are exact as doubles; doubles round-trip through repr)."""
-    if isinstance(value, np.ndarray):
-        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, dict):
-        return {str(k): _encode(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return {"__float__": repr(value)}
-    return value
-
-
-def _decode(value):
-    if isinstance(value, dict):
-        if "__ndarray__" in value:
-            return np.asarray(value["__ndarray__"], dtype=value["dtype"])
-        if "__float__" in value:
-            return float(value["__float__"])
-        return {k: _decode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return value
-
-
-RESULTS_BUDGET_ENV = "ATTNVIZ_CORPUS_RESULTS_MB"
-RESULTS_BUDGET_MB = 256
-
-
-def results_budget() -> int:
-    """Bytes the app's results files may take together (ATTNVIZ_CORPUS_RESULTS_MB, default 256)."""
-    text = os.environ.get(RESULTS_BUDGET_ENV, str(RESULTS_BUDGET_MB)).strip()
-    try:
-        mb = float(text)
-    except ValueError:
-        mb = float("nan")
-    if not (math.isfinite(mb) and mb > 0):
-        raise ValueError(f"{RESULTS_BUDGET_ENV} must be a positive number of megabytes; got {text!r}")
-    return int(mb * 1_000_000)
-
-
-class ResultsStore:
-    """A folder of results files bounded in bytes together: before a line is written, the oldest
-    other files (by last use) are removed until it fits. Every file counts, a cancelled run's too
-    (it is kept so that Run resumes it, and goes first once it is the oldest); a line that does not
-    fit even alone is not written (its item runs again on resume)."""
-
-    def __init__(self, folder: str | Path, max_bytes: int):
-        if not max_bytes > 0:
-            raise ValueError(f"a results store needs a positive byte budget, not {max_bytes}")
-        self.folder, self.max_bytes = Path(folder), int(max_bytes)
-
-    def files(self) -> list[Path]:
-        """The results files, oldest first."""
-        if not self.folder.is_dir():
-            return []
-        found = []
-        for p in self.folder.glob("*.jsonl"):
-            try:
-                found.append((p.stat().st_mtime_ns, p.name, p))
-            except FileNotFoundError:   # removed meanwhile by another session
-                continue
-        return [p for *_, p in sorted(found)]
-
-    def used(self) -> int:
-        return sum(_size(p) for p in self.files())
-
-    def make_room(self, keep: Path, need: int) -> bool:
-        """Remove the oldest files other than `keep` until `need` more bytes fit; whether they do."""
-        files = self.files()
-        used = sum(_size(p) for p in files)
-        for p in files:
-            if used + need <= self.max_bytes:
-                break
-            if p.resolve() == Path(keep).resolve():
-                continue
-            used -= _size(p)
-            p.unlink(missing_ok=True)
-        return used + need <= self.max_bytes
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-class ResultsFile:
-    """A JSON-lines file written as items finish: a header naming the run, then one record per
-    finished (phase, item). Reopening it with the same header gives back the records, so a resumed
-    run skips what is done; a header for another run is refused. A last line cut short by a crash
-    is ignored (that item simply runs again). With a `store`, every line is written within the
-    store's byte budget (`unsaved` counts the records that did not fit)."""
-
-    def __init__(self, path: str | Path, header: dict, store: ResultsStore | None = None):
-        self.path = Path(path)
-        self.header = _encode(header)
-        self.store = store
-        self.unsaved = 0
-        self.records: dict[tuple[str, int], object] = {}
-        if self.path.exists() and self.path.stat().st_size:
-            self._read()
-            os.utime(self.path)   # resumed: now the most recently used, the last to be removed
-        else:
-            self._append({"run": self.header})
-
-    def _read(self):
-        with self.path.open(encoding="utf-8") as f:
-            lines = f.read().splitlines()
-        try:
-            first = json.loads(lines[0])
-        except (json.JSONDecodeError, IndexError):
-            raise ValueError(f"{self.path.name} is not a corpus-run results file; give a new file name "
-                             "to start a run, or the file an earlier run wrote to resume it") from None
-        if not isinstance(first, dict) or first.get("run") != json.loads(json.dumps(self.header)):
-            raise ValueError(f"{self.path.name} holds the results of another run (model, corpus, run kind, "
-                             "mask or seed differ); give a new file name, or the same options as that run")
-        for line in lines[1:]:
-            try:
-                rec = json.loads(line)
-                self.records[(rec["phase"], int(rec["index"]))] = _decode(rec["result"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue
-
-    def _append(self, obj) -> bool:
-        line = json.dumps(obj) + "\n"
-        if self.store is not None:
-            fresh = not self.path.exists()
-            # a file that lost its header to the budget takes no records (it could not be resumed)
-            if (fresh and "run" not in obj) or not self.store.make_room(self.path, len(line.encode())):
-                return False
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(line)
-        return True
-
-    def add(self, phase: str, index: int, result):
-        self.records[(phase, index)] = result
-        if not self._append({"phase": phase, "index": index, "result": _encode(result)}):
-            self.unsaved += 1

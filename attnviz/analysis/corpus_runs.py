@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.analysis import corpus_metrics, importance
-from attnviz.analysis.corpus import Corpus
+from attnviz.analysis import corpus_metrics, corpus_records, importance
+from attnviz.analysis.corpus import Corpus, ready_item
 from attnviz.analysis.corpus_engine import ResultsFile, session, worker_model, worker_native
 from attnviz.analysis.pruning import decode_mask, encode_mask
 from attnviz.base.names import head_name
@@ -80,7 +80,7 @@ def importance_task(model_key: str, params: dict, index: int, item) -> dict:
 def ablation_task(model_key: str, params: dict, index: int, item) -> dict:
     """Importance without gradients (translators, speech, vision): per head, how much the item's
     primary metric drops when that head alone is off (the full model scores itself as the top)."""
-    model = worker_model(model_key)
+    model, item = worker_model(model_key), ready_item(item)   # an uploaded file is decoded here, now
     kind = corpus_metrics.model_kind(model)
     metric = corpus_metrics.PRIMARY[kind]
     L, H = int(model.mask_layers), int(model.cfg.n_heads)
@@ -97,7 +97,7 @@ def ablation_task(model_key: str, params: dict, index: int, item) -> dict:
 
 def masks_task(model_key: str, params: dict, index: int, item) -> dict:
     """The full output and, per mask code, the masked output and its metrics against the full."""
-    model = worker_model(model_key)
+    model, item = worker_model(model_key), ready_item(item)
     kind = corpus_metrics.model_kind(model)
     L, H = int(model.mask_layers), int(model.cfg.n_heads)
     full = corpus_metrics.output(model, item)
@@ -234,14 +234,21 @@ class _Phases:
         self.file = ResultsFile(resume, header, store) if resume is not None else None
         self.total = phases * len(corpus.items)
         self.done = 0
-        self.stopped = False
+        self.stopped, self.fault = False, ""    # fault: what the cluster did when it ended the run
         self.workers: dict[str, int] = {}
         self.partial = None     # (phase, results) -> a partial RunResult for progress
 
-    def run(self, phase: str, fn, params: dict) -> dict[int, dict]:
+    def run(self, phase: str, fn, params: dict, check=None) -> dict[int, dict]:
+        """The file's records that `check` accepts (BadRecord: the item runs again), then the other items."""
         results = {}
         if self.file is not None:
-            results = {i: r for (p, i), r in self.file.records.items() if p == phase}
+            for (p, i), r in self.file.records.items():
+                if p != phase or i >= len(self.corpus.items):
+                    continue
+                try:
+                    results[i] = r if check is None else check(r)
+                except corpus_records.BadRecord:
+                    self.file.skipped += 1
             self.done += len(results)
         todo = [(i, item) for i, item in enumerate(self.corpus.items) if i not in results]
         if self.stopped:
@@ -259,13 +266,28 @@ class _Phases:
                               should_stop=self.should_stop, name=phase)
         for where, n in (out.workers or {}).items():
             self.workers[where] = self.workers.get(where, 0) + n
-        self.stopped = out.stopped is not None
+        self.stopped, self.fault = out.stopped is not None, out.message or self.fault
         return results
+
+
+    def notes(self) -> dict:
+        """`resume_note`: what of the results file was not used; `stopped_note`: why the cluster ended the run."""
+        out, skipped = {}, self.file.skipped if self.file is not None else 0
+        if skipped:
+            out["resume_note"] = (f"skipped {skipped} record{'s' * (skipped > 1)} of the results file that do not "
+                                  "fit this run (an item it does not have, a field missing, a figure out of range "
+                                  "or not its outputs'): those items run again")
+        if self.fault:
+            kept = " in the results file: run again with the same options to finish" if self.file else ""
+            out["stopped_note"] = f"{self.fault}; the {self.done} finished steps are kept{kept}"
+        return out
 
 
 def _facts(model_key: str, engine) -> dict:
     got = {}
-    engine.map(facts_task, (model_key, {}), [(0, None)], on_result=lambda i, v: got.update(v), name="facts")
+    out = engine.map(facts_task, (model_key, {}), [(0, None)], on_result=lambda i, v: got.update(v), name="facts")
+    if out.stopped:
+        raise ValueError(f"{out.message or 'the run was stopped'} before its first step; nothing was run")
     return got
 
 
@@ -319,7 +341,8 @@ def _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_s
     gradient = mkind in GRADIENT_KINDS
     extra["importance_method"] = ("gradient (Michel et al.)" if gradient else
                                   f"single-head ablation: the drop of {corpus_metrics.PRIMARY[mkind]}")
-    raws = phases.run("importance", importance_task if gradient else ablation_task, dict(seed=int(seed)))
+    raws = phases.run("importance", importance_task if gradient else ablation_task, dict(seed=int(seed)),
+                      lambda r: corpus_records.importance(r, gradient, L, H))
     result = _importance_result(phases, kind, raws, extra, complete=not phases.stopped)
     if kind == "importance" or phases.stopped or not raws:
         return result
@@ -344,7 +367,7 @@ def _importance_result(phases: _Phases, kind, raws, extra, complete: bool) -> Ru
     if done:
         summary, scores = importance_summary({i: raws[i]["raw"] for i in done})
         out["importance"] = scores.tolist()
-    out["workers"] = dict(phases.workers)
+    out.update(workers=dict(phases.workers), **phases.notes())
     return RunResult(kind, phases.model_key, phases.corpus.key, table, summary, complete, phases.done,
                      phases.total, out)
 
@@ -360,9 +383,11 @@ def _scored(phases: _Phases, kind, steps, mkind, L, H, seed, extra) -> RunResult
                          phases.done, phases.total, dict(extra, running=len(results), steps=steps))
 
     phases.partial = partial
-    results = phases.run("scored", masks_task, dict(codes=codes, reference=extra["reference"]))
+    d_model = int(extra["cfg"].d_model)
+    results = phases.run("scored", masks_task, dict(codes=codes, reference=extra["reference"]),
+                         lambda r: corpus_records.scored(r, mkind, codes, d_model))
     summary = steps_summary(mkind, results, steps, phases.corpus.labels, seed, L, H, extra["reference"])
-    out = dict(extra, workers=dict(phases.workers), steps=steps)
+    out = dict(extra, workers=dict(phases.workers), steps=steps, **phases.notes())
     tokens = [r["tokens"] for r in results.values() if r.get("tokens")]
     out["tokens"] = int(round(float(np.mean(tokens)))) if tokens else None
     if kind == "pruning_curve":

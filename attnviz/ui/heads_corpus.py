@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +22,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz.analysis import corpus, corpus_engine, corpus_metrics, corpus_runs, pruning
-from attnviz.base import jobs
+from attnviz.base import jobs, private
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import corpus_figures
@@ -33,7 +32,7 @@ from attnviz.ui.head_editor import applied_mask
 from attnviz.ui.heads_tools import csv_download, partial_note, run_tracked
 
 ITEM_CHOICES = (5, 10, 20, 50, 100, 200, 500, 1000, 2000)
-RESULTS_DIR = Path(tempfile.gettempdir()) / "attnviz-corpus-runs"
+RESULTS_FOLDER = "corpus-runs"   # in the server's private folder (base.private), never a shared name
 NOUNS = {"text": "texts", "audio": "clips", "image": "photos"}
 UPLOADS = {"text": ("upload a file (.txt, .csv, .jsonl)", ["txt", "csv", "jsonl"]),
            "audio": ("upload clips (.wav, .flac)", [s[1:] for s in corpus.AUDIO_SUFFIXES]),
@@ -129,19 +128,23 @@ def first_items(chosen: corpus.Corpus, n: int) -> corpus.Corpus:
 
 
 def _item_bytes(item) -> bytes:
-    return np.ascontiguousarray(item).tobytes() if isinstance(item, np.ndarray) else str(item).encode()
+    # surrogatepass: a name for any text, even one holding a lone surrogate (never an error here)
+    if isinstance(item, corpus.MediaItem):
+        return item.data
+    return np.ascontiguousarray(item).tobytes() if isinstance(item, np.ndarray) else \
+        str(item).encode("utf-8", "surrogatepass")
 
 
-def results_path(mkey: str, chosen: corpus.Corpus, kind: str, code: str | None, seed: int,
+def results_path(folder: Path, mkey: str, chosen: corpus.Corpus, kind: str, code: str | None, seed: int,
                  reference: str = "full") -> Path:
-    """One results file per model, corpus content, run kind, mask, seed and reference: pressing Run
-    again with the same options resumes it."""
+    """One results file in `folder` per model, corpus content, run kind, mask, seed and reference:
+    pressing Run again with the same options resumes it."""
     digest = hashlib.sha256()
     for part in (mkey, chosen.key, kind, code or "", str(seed), str(len(chosen)), reference):
         digest.update(part.encode() + b"\0")
     for item in chosen.items:
         digest.update(_item_bytes(item) + b"\0")
-    return RESULTS_DIR / f"{digest.hexdigest()[:24]}.jsonl"
+    return Path(folder) / f"{digest.hexdigest()[:24]}.jsonl"
 
 
 def scheduler_note() -> str | None:
@@ -155,9 +158,10 @@ def scheduler_note() -> str | None:
 
 
 def results_store() -> corpus_engine.ResultsStore | None:
-    """The bounded folder of results files, or None (with the reason shown) for a bad budget."""
+    """The bounded folder of results files, or None (with the reason shown) for a bad budget or a
+    private folder that cannot be trusted (checked on every Run: made 0700, ours, not a link)."""
     try:
-        return corpus_engine.ResultsStore(RESULTS_DIR, corpus_engine.results_budget())
+        return corpus_engine.ResultsStore(private.private_dir(RESULTS_FOLDER), corpus_engine.results_budget())
     except ValueError as err:
         st.error(common.plain(str(err)))
         return None
@@ -179,6 +183,8 @@ def show(tool: Tool, result, metric: str):
     K, kind, noun = tool.K, result.kind, tool.noun
     st.caption(f"{result.done} of {result.total} {noun}' steps done · worked on: "
                + ", ".join(f"{w} ({n})" for w, n in result.extra.get("workers", {}).items()))
+    if result.extra.get("resume_note"):
+        st.caption(f"Resumed: {common.plain(result.extra['resume_note'])}.")
     scored = len(result.summary) and "order" in result.summary.columns
     if result.extra.get("running"):
         st.caption(f"Summary so far, over the {result.extra['running']} {noun} done: each metric's mean with a "
@@ -254,13 +260,12 @@ def corpus_runner(page: str, model, keep):
         files = results_store()
         if files is not None:
             ss[store + ":stopped"] = None
-            path = results_path(tool.mkey, run_on, kind, code, 0, reference)
+            path = results_path(files.folder, tool.mkey, run_on, kind, code, 0, reference)
             ss[store + ":options"] = (kind, metric)
             live = st.empty()
 
             def job(progress, seconds, cancel):
                 deadline = jobs.Deadline(seconds)
-                RESULTS_DIR.mkdir(parents=True, exist_ok=True)
 
                 def shown(done, total, partial):
                     progress(done, total, partial)

@@ -122,8 +122,9 @@ def partial_note(store, what):
     if ss.get(store + ":running"):  # a run was interrupted by a click (Cancel or any widget)
         ss[store + ":running"], ss[store + ":stopped"] = False, "cancelled"
     if store in ss and not ss[store][0].complete:
-        why = "was cancelled" if ss.get(store + ":stopped") == "cancelled" else \
-            f"reached its time budget ({ss[store][1]} s)"
+        fault = getattr(ss[store][0], "extra", {}).get("stopped_note")   # the cluster ended it (corpus runs)
+        why = f"stopped ({common.plain(fault)})" if fault else "was cancelled" \
+            if ss.get(store + ":stopped") == "cancelled" else f"reached its time budget ({ss[store][1]} s)"
         st.warning(f"The {what} run {why} after {ss[store][0].done} of {ss[store][0].total} steps: "
                    "the partial result is shown. Run again to finish.")
 

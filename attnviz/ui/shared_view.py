@@ -145,6 +145,11 @@ def is_plain(value) -> bool:
         return all(is_plain(v) and not isinstance(v, list) for v in value)
     if isinstance(value, float):
         return math.isfinite(value)
+    if isinstance(value, str):      # a lone surrogate (a JSON "\ud800") is no character: no widget takes it
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
     return value is None or isinstance(value, (str, int, bool))
 
 
@@ -182,6 +187,10 @@ def read_view_file(data: bytes, page: str) -> tuple[dict, list[str]]:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"This is not a saved view: it is not JSON text ({err}).") from None
+    except RecursionError:
+        raise ValueError("This is not a saved view: its JSON is nested far deeper than a view's.") from None
+    except ValueError as err:   # e.g. an integer of more digits than Python converts
+        raise ValueError(f"This is not a saved view: it holds {str(err)[:80]}.") from None
     if not isinstance(doc, dict) or doc.get("app") != APP:
         raise ValueError("This is not a saved view of attnviz (it has no \"app\": \"attnviz view\").")
     schema = doc.get("schema")
