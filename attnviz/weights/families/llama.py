@@ -116,7 +116,7 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
         m.fused(o + "attn.qkv", [p + f"self_attn.{n}_proj" for n in "qkv"], bias=cfg.qkv_bias)
         m.linear(o + "attn.out", p + "self_attn.o_proj", bias=cfg.out_bias)
         if cfg.n_experts:
-            experts(m, o + "mlp.", p + "mlp.", cfg.n_experts)
+            experts(m, o + "mlp.", p, cfg.n_experts)
         else:
             m.fused(o + "mlp.fc_in", [p + "mlp.gate_proj", p + "mlp.up_proj"], bias=cfg.mlp_bias)
             m.linear(o + "mlp.fc_out", p + "mlp.down_proj", bias=cfg.mlp_bias)
@@ -127,15 +127,27 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
     return m.out
 
 
-def experts(m: Mapper, ours: str, theirs: str, n: int):
-    """transformers 5's fused experts (gate_up_proj [E, 2ff, d], down_proj [E, d, ff]) and router."""
+def experts(m: Mapper, ours: str, layer: str, n: int):
+    """A layer's router and experts, in the layouts checkpoints hold them: transformers 5's fused
+    tensors in memory (gate_up_proj [E, 2ff, d], down_proj [E, d, ff]), or per expert on disk
+    (Qwen3-MoE's gate/up/down_proj; Mixtral's block_sparse_moe w1 = gate, w3 = up, w2 = down)."""
+    if m.has(layer + "block_sparse_moe.gate.weight"):
+        theirs, parts = layer + "block_sparse_moe.", ("w1", "w3", "w2")
+    else:
+        theirs, parts = layer + "mlp.", ("gate_proj", "up_proj", "down_proj")
     m.put(ours + "router.weight", m.take(theirs + "gate.weight"))
-    gate_up, down = m.take(theirs + "experts.gate_up_proj"), m.take(theirs + "experts.down_proj")
-    if gate_up.shape[0] != n or down.shape[0] != n:
-        raise ValueError(f"the checkpoint has {gate_up.shape[0]} experts; its config says {n}")
+    if m.has(theirs + "experts.gate_up_proj"):
+        gate_up, down = m.take(theirs + "experts.gate_up_proj"), m.take(theirs + "experts.down_proj")
+        if gate_up.shape[0] != n or down.shape[0] != n:
+            raise ValueError(f"the checkpoint has {gate_up.shape[0]} experts; its config says {n}")
+        for e in range(n):
+            m.put(f"{ours}experts.{e}.fc_in.weight", gate_up[e])
+            m.put(f"{ours}experts.{e}.fc_out.weight", down[e])
+        return
+    gate, up, down = parts
     for e in range(n):
-        m.put(f"{ours}experts.{e}.fc_in.weight", gate_up[e])
-        m.put(f"{ours}experts.{e}.fc_out.weight", down[e])
+        m.fused(f"{ours}experts.{e}.fc_in", [f"{theirs}experts.{e}.{gate}", f"{theirs}experts.{e}.{up}"], bias=False)
+        m.linear(f"{ours}experts.{e}.fc_out", f"{theirs}experts.{e}.{down}", bias=False)
 
 
 # ---------------------------------------------------------------- GGUF (llama.cpp) -> HF names
