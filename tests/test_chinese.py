@@ -142,8 +142,8 @@ def test_main_script_and_text_readers():
     assert main_script(APPLE) == "Han" and main_script("Привет мир") == "Cyrillic"
     assert main_script("hello 🍕 ｗｏｒｌｄ") == "Latin" and main_script("🍕 123") is None
     assert main_script("ひらがな") == "Kana" and main_script("한국어") == "Hangul"
-    assert catalogue.text_readers("Latin") == ["minilm", "smollm2", "e5-small"]
-    assert catalogue.text_readers("Ethiopic") == ["smollm2"]       # byte-level: any script
+    assert catalogue.text_readers("Latin") == ["minilm", "smollm2", "gemma3-270m", "e5-small"]
+    assert catalogue.text_readers("Ethiopic") == ["smollm2", "gemma3-270m"]   # byte-level or byte fallback: any script
     assert catalogue.text_readers(None) == []
     # only text models: the vision, translation and speech entries are never named
     assert set(catalogue.text_readers("Han")) <= {k for k, s in catalogue.BUNDLED.items()
