@@ -85,6 +85,9 @@ DECODERS = {
                                                                                              rope_theta=1000.0),
                                                                       "sliding_attention": dict(rope_type="default",
                                                                                                 rope_theta=50.0)})),
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37)),
+    "opt_post_ln": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37, do_layer_norm_before=False, enable_bias=False,
+                                                        tie_word_embeddings=False)),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
@@ -131,12 +134,20 @@ def reference(model, x, head_mask=None):
 
 def out_projections(model):
     base = getattr(model, "bert", None) or getattr(model, "transformer", None) or getattr(model, "model", None) or model
-    if hasattr(base, "h"):
-        return [b.attn.c_proj for b in base.h]
-    if hasattr(base, "layers"):  # Llama; transformers 5 ViT
-        return [b.self_attn.o_proj if hasattr(b, "self_attn") else b.attention.o_proj for b in base.layers]
-    return [layer.attention.output.dense if hasattr(layer.attention, "output") else layer.attention.o_proj
-            for layer in base.encoder.layer]
+    base = getattr(base, "decoder", base)  # OPT
+    layers = getattr(base, "h", None) or getattr(base, "layers", None) or base.encoder.layer
+    return [output_projection(layer) for layer in layers]
+
+
+def output_projection(module):
+    """The linear layer that mixes the heads' outputs, under whichever name the family gives it."""
+    for name in ("c_proj", "o_proj", "out_proj", "dense"):
+        if hasattr(getattr(module, name, None), "weight"):  # Linear, or GPT-2's Conv1D
+            return getattr(module, name)
+    for name in ("attn", "self_attn", "self_attention", "attention", "output"):
+        if hasattr(module, name):
+            return output_projection(getattr(module, name))
+    raise AttributeError(f"no output projection in {type(module).__name__}")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -247,3 +258,28 @@ def test_layers_subset_captures_only_those():
     full, part = ours.trace(x), ours.trace(x, layers=[1])
     assert part.layers == [1] and part.attentions.shape[0] == 1
     close(part.attentions[0], full.attentions[1], 1e-6)
+
+
+# Options a row's family reads that the rows above leave at their defaults: logits against eager.
+OPTIONS = [("opt", dict(_remove_final_layer_norm=True))]
+
+
+@pytest.mark.parametrize("row,over", OPTIONS)
+def test_family_options_match_reference(row, over):
+    hf = tiny(row, **over)
+    x = inputs(hf)
+    _, att, logits = reference(hf, x)
+    tr = attnviz.from_hf(hf).trace(x)
+    close(tr.attentions, att)
+    close(tr.logits, logits[0])
+
+
+# What a family does not implement is refused by name, never ignored.
+REFUSED = [("opt", dict(word_embed_proj_dim=16), "word_embed_proj_dim"),
+           ("opt", dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine")]
+
+
+@pytest.mark.parametrize("row,over,message", REFUSED)
+def test_unsupported_options_are_refused_by_name(row, over, message):
+    with pytest.raises(ValueError, match=message):
+        attnviz.from_hf(tiny(row, **over))

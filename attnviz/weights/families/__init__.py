@@ -26,7 +26,7 @@ import torch
 
 from attnviz.core.config import TASKS, Config
 from attnviz.weights.families import (bart, bergamot, bert, dinov2, gemma, gemma2, gemma3_text, gpt2, llama, marian,
-                                      mistral, mixtral, qwen2, qwen3, qwen3_moe, vit, whisper)
+                                      mistral, mixtral, opt, qwen2, qwen3, qwen3_moe, vit, whisper)
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
@@ -41,6 +41,7 @@ FAMILIES = {f.NAME: f for f in (
     gemma,
     gemma2,
     gemma3_text,
+    opt,
     vit,
     dinov2,
     marian,
