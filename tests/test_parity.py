@@ -88,6 +88,7 @@ DECODERS = {
     "opt": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37)),
     "opt_post_ln": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37, do_layer_norm_before=False, enable_bias=False,
                                                         tie_word_embeddings=False)),
+    "gpt_neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(attention_types=[[["local", "global"], 1]], window_size=4)),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]

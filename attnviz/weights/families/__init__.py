@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import TASKS, Config
-from attnviz.weights.families import (bart, bergamot, bert, dinov2, gemma, gemma2, gemma3_text, gpt2, llama, marian,
-                                      mistral, mixtral, opt, qwen2, qwen3, qwen3_moe, vit, whisper)
+from attnviz.weights.families import (bart, bergamot, bert, dinov2, gemma, gemma2, gemma3_text, gpt2, gpt_neo, llama,
+                                      marian, mistral, mixtral, opt, qwen2, qwen3, qwen3_moe, vit, whisper)
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
@@ -42,6 +42,7 @@ FAMILIES = {f.NAME: f for f in (
     gemma2,
     gemma3_text,
     opt,
+    gpt_neo,
     vit,
     dinov2,
     marian,
