@@ -4,6 +4,8 @@ import torch
 import transformers as tf
 
 import attnviz
+from attnviz.core.attention import attend, parse_variant
+from attnviz.core.positional import alibi_slopes
 
 TOL = 1e-4
 VOCAB, N = 99, 11
@@ -89,6 +91,7 @@ DECODERS = {
     "opt_post_ln": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37, do_layer_norm_before=False, enable_bias=False,
                                                         tie_word_embeddings=False)),
     "gpt_neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(attention_types=[[["local", "global"], 1]], window_size=4)),
+    "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=48, num_attention_heads=6)),  # slopes of 6 heads
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
@@ -277,6 +280,7 @@ def test_family_options_match_reference(row, over):
 
 # What a family does not implement is refused by name, never ignored.
 REFUSED = [("opt", dict(word_embed_proj_dim=16), "word_embed_proj_dim"),
+           ("bloom", dict(apply_residual_connection_post_layernorm=True), "apply_residual_connection_post_layernorm"),
            ("opt", dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine")]
 
 
@@ -284,3 +288,23 @@ REFUSED = [("opt", dict(word_embed_proj_dim=16), "word_embed_proj_dim"),
 def test_unsupported_options_are_refused_by_name(row, over, message):
     with pytest.raises(ValueError, match=message):
         attnviz.from_hf(tiny(row, **over))
+
+
+@pytest.mark.parametrize("variant", ["fused", "local:3", "temp:2", "chunked:4", "topk:3", "relu"])
+def test_a_score_bias_takes_the_fast_path_as_the_written_out_one(variant):
+    """ALiBi's bias reaches the fused kernel as its float mask (or the explicit path for variants
+    that have none): the same output as the written-out weights, with a cached prefix and a
+    padding mask that leaves one query no key (it gets zero output, as without a bias)."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+    bias = (alibi_slopes(4)[:, None, None] * torch.arange(7))[None]
+    var = parse_variant(variant)
+    for allowed in (None, torch.tensor([[1] * 7, [0] * 7]).bool()[:, None, None, :]):
+        fast, _ = attend(q, k, v, causal=True, allowed=allowed, variant=var, bias=bias)
+        slow, w = attend(q, k, v, causal=True, allowed=allowed, variant=var, bias=bias, need_weights=True)
+        close(fast, slow, 1e-5)
+        if variant != "relu":  # rows sum to 1; the padded sequence's rows see nothing
+            sums = torch.ones(2, 4, 5) if allowed is None else torch.tensor([1.0, 0.0])[:, None, None].expand(2, 4, 5)
+            close(w.sum(-1), sums)
+    with pytest.raises(ValueError, match="linear attention has no scores"):
+        attend(q, k, v, causal=True, variant=parse_variant("linear"), bias=bias)

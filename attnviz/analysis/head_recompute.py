@@ -117,8 +117,12 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
         how = f"× {scored.scale_value:.4g}" if scored.scale is not None else f"/ √{dh}"
         cap = f", then soft-capped: {scored.softcap:g}·tanh(s / {scored.softcap:g})" if scored.softcap else ""
         t_note = f", then divided by the temperature {temperature:g}" if temperature != 1 else ""
+        alibi = ""
+        if scored.bias is not None:  # ALiBi: the head's slope times each key's position
+            how += " + ALiBi"
+            alibi = f", plus the head's ALiBi bias {float(attn.slopes[local]):.4g} × key position"
         add("scaled", f"scaled = scores {how}" + (f" / {temperature:g}" if temperature != 1 else ""),
-            scaled, "tokens", "tokens", f"multiplied by {scored.scale_value:.4g}{cap}{t_note}")
+            scaled, "tokens", "tokens", f"multiplied by {scored.scale_value:.4g}{cap}{alibi}{t_note}")
         allowed = replace(scored, causal=causal).mask()
         allowed = torch.ones(n, n, dtype=torch.bool) if allowed is None else allowed.reshape(-1, n, n)[0].clone()
         if hidden_keys:

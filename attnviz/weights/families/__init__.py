@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import TASKS, Config
-from attnviz.weights.families import (bart, bergamot, bert, dinov2, gemma, gemma2, gemma3_text, gpt2, gpt_neo, llama,
+from attnviz.weights.families import (bart, bergamot, bert, bloom, dinov2, gemma, gemma2, gemma3_text, gpt2, gpt_neo, llama,
                                       marian, mistral, mixtral, opt, qwen2, qwen3, qwen3_moe, vit, whisper)
 from attnviz.weights.mapper import get
 
@@ -43,6 +43,7 @@ FAMILIES = {f.NAME: f for f in (
     gemma3_text,
     opt,
     gpt_neo,
+    bloom,
     vit,
     dinov2,
     marian,
