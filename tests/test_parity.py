@@ -92,6 +92,7 @@ DECODERS = {
                                                         tie_word_embeddings=False)),
     "gpt_neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(attention_types=[[["local", "global"], 1]], window_size=4)),
     "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=48, num_attention_heads=6)),  # slopes of 6 heads
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(rope_theta=500.0, attention_bias=True)),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
@@ -240,6 +241,28 @@ def test_uneven_gqa_pruning_keeps_shared_kv():
     small = ours.prune(keep)
     assert [b.attn.n_kv for b in small.net.blocks] == [2, 2]
     close(small.trace(x).logits, ours.trace(x, head_mask=keep.float()).logits, 1e-4)
+
+
+def test_pruning_under_a_layer_wide_qk_norm_stays_exact():
+    """OLMo 2 norms all of a layer's queries (keys) at once: after pruning, twice, and dropping a
+    whole K/V group, the kept heads' normed queries and keys are those of the full model."""
+    hf = tiny("olmo2")
+    ours = attnviz.from_hf(hf)
+    x = inputs(hf)
+    first = torch.tensor([[False, False, True, True], [True, True, True, False]])
+    second = first & torch.tensor([[True, True, True, False], [False, True, True, True]])
+    small = ours.prune(first).prune(second)
+    assert small.net.blocks[0].attn.k_rest is not None and small.net.blocks[1].attn.k_rest is None
+    masked, pruned = ours.trace(x, head_mask=second.float(), states=True), small.trace(x)
+    close(pruned.logits, masked.logits, 1e-4)
+    close(pruned.attentions[second], masked.attentions[second], 1e-5)
+    for layer in range(2):
+        state = masked.states[layer][None]
+        full = ours.net.blocks[layer].explain(state, **ours.net.shared(len(x)))
+        part = small.net.blocks[layer].explain(state, **small.net.shared(len(x)))
+        kv = sorted({h // 2 for h in second[layer].nonzero().flatten().tolist()})
+        close(part.q_normed, full.q_normed[:, second[layer]], 1e-5)
+        close(part.k_normed, full.k_normed[:, kv], 1e-5)
 
 
 @pytest.mark.parametrize("family,size", [("vit", 48), ("dinov2", 42), ("dinov2", 21)])

@@ -104,8 +104,9 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
         add("K", "K = x·W_K + b_K", scored.k_proj[0, kv], "tokens", "d_head")
         add("V", "V = x·W_V + b_V", scored.v[0, kv], "tokens", "d_head")
         if scored.q_normed is not None:
+            over = "every head's channels at once" if cfg.qk_norm == "all" else "its head's channels"
             add("Q_norm", "RMSNorm(Q)", scored.q_normed[0, local], "tokens", "d_head",
-                "each query normalised over its head's channels (QK-norm)")
+                f"each query normalised over {over} (QK-norm)")
             add("K_norm", "RMSNorm(K)", scored.k_normed[0, kv], "tokens", "d_head", "likewise each key")
         Q, K, V = scored.q[0, local], scored.k[0, kv], scored.v[0, kv]   # (n, dh) as scored
         if scored.rotated:

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from attnviz.core.attention import SOFTMAX, Variant, attend
 from attnviz.core.config import Config
-from attnviz.core.layers import ACTIVATIONS, MLP, Experts, LayerScale, Linear, RMSNorm, frozen, make_norm
+from attnviz.core.layers import ACTIVATIONS, MLP, Experts, HeadsRMSNorm, LayerScale, Linear, RMSNorm, frozen, make_norm
 from attnviz.core.positional import alibi_slopes, apply_rope
 from attnviz.core.scored import Scored
 
@@ -42,12 +42,20 @@ class Attention(nn.Module):
         self.scale = cfg.attn_scale or None            # None: 1/√d_head, the kernels' own default
         self.softcap, self.window = cfg.attn_softcap, cfg.window(layer)
         self.local_rope = bool(self.window and cfg.local_rope_theta)
-        self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm == "head" else None
-        self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm == "head" else None
         heads = list(range(cfg.n_heads)) if heads is None else list(heads)
         kv_heads = list(range(cfg.n_kv_heads)) if kv_heads is None else list(kv_heads)
         self.n_heads, self.n_kv, self.d_head = len(heads), len(kv_heads), cfg.d_head
         d, h, hkv = cfg.d_model, self.n_heads * cfg.d_head, self.n_kv * cfg.d_head
+        self.q_norm = self.k_norm = self.q_rest = self.k_rest = None
+        if cfg.qk_norm == "head":
+            self.q_norm, self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps), RMSNorm(cfg.d_head, cfg.norm_eps)
+        elif cfg.qk_norm == "all":
+            self.q_norm = HeadsRMSNorm(self.n_heads, cfg.d_head, cfg.n_heads * cfg.d_head, cfg.norm_eps)
+            self.k_norm = HeadsRMSNorm(self.n_kv, cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.norm_eps)
+            # the heads pruning dropped still count in the layer-wide norm: their Q and K rows stay here
+            q_rest, k_rest = cfg.n_heads * cfg.d_head - h, cfg.n_kv_heads * cfg.d_head - hkv
+            self.q_rest = Linear(d, q_rest, bias=cfg.qkv_bias) if q_rest else None
+            self.k_rest = Linear(d, k_rest, bias=cfg.qkv_bias) if k_rest else None
         if fused:
             self.qkv = Linear(d, h + 2 * hkv, bias=cfg.qkv_bias)
         else:
@@ -142,10 +150,13 @@ class Attention(nn.Module):
             k, v = (t.view(B, T, hkv, dh).transpose(1, 2) for t in (k, v))
         if steps is not None:
             steps.update(q_proj=q, k_proj=k)
-        if self.q_norm is not None:
+        if isinstance(self.q_norm, HeadsRMSNorm):  # over the layer's heads at once, dropped ones included
+            q = self.q_norm(q, None if self.q_rest is None else self.q_rest(x))
+            k = self.k_norm(k, None if self.k_rest is None else self.k_rest(x))
+        elif self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-            if steps is not None:
-                steps.update(q_normed=q, k_normed=k)
+        if self.q_norm is not None and steps is not None:
+            steps.update(q_normed=q, k_normed=k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v

@@ -26,7 +26,7 @@ import torch
 
 from attnviz.core.config import TASKS, Config
 from attnviz.weights.families import (bart, bergamot, bert, bloom, dinov2, gemma, gemma2, gemma3_text, gpt2, gpt_neo, llama,
-                                      marian, mistral, mixtral, opt, qwen2, qwen3, qwen3_moe, vit, whisper)
+                                      marian, mistral, mixtral, olmo2, opt, qwen2, qwen3, qwen3_moe, vit, whisper)
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
@@ -44,6 +44,7 @@ FAMILIES = {f.NAME: f for f in (
     opt,
     gpt_neo,
     bloom,
+    olmo2,
     vit,
     dinov2,
     marian,
