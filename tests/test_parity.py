@@ -6,6 +6,7 @@ import transformers as tf
 import attnviz
 from attnviz.core.attention import attend, parse_variant
 from attnviz.core.positional import alibi_slopes
+from attnviz.weights.families import gpt_neo
 
 TOL = 1e-4
 VOCAB, N = 99, 11
@@ -331,3 +332,14 @@ def test_a_score_bias_takes_the_fast_path_as_the_written_out_one(variant):
             close(w.sum(-1), sums)
     with pytest.raises(ValueError, match="linear attention has no scores"):
         attend(q, k, v, causal=True, variant=parse_variant("linear"), bias=bias)
+
+
+def test_gpt_neo_attention_types_are_read_or_refused_by_name():
+    hf = dict(hidden_size=32, num_heads=4, num_layers=3, vocab_size=99, max_position_embeddings=64, window_size=5,
+              attention_types=[[["global"], 1], [["local"], 2]])
+    assert gpt_neo.config(hf, {}).windows == (0, 5, 5)
+    assert gpt_neo.config(dict(hf, attention_types=[[["global"], 3]]), {}).windows == ()
+    with pytest.raises(ValueError, match="attention type 'sparse' is not supported"):
+        gpt_neo.config(dict(hf, attention_types=[[["global", "sparse"], 1], [["local"], 1]]), {})
+    with pytest.raises(ValueError, match="lists 2 layers"):
+        gpt_neo.config(dict(hf, attention_types=[[["global", "local"], 1]]), {})
