@@ -294,9 +294,9 @@ def _biased(q, k, v, causal, allowed, variant: Variant, s, bias):
     seen = combine(allowed, causal_mask(T, S, q.device) if causal else None,
                    local_mask(T, variant.window, causal, q.device, S) if variant.kind == "local" else None)
     mask = bias.to(q.dtype) / variant.temperature
+    if allowed is not None and not bool(seen.any(-1).all()):  # causal and window masks keep the diagonal
+        return None
     if seen is not None:
-        if not bool(seen.any(-1).all()):
-            return None
         mask = mask.masked_fill(~seen, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s, enable_gqa=q.shape[1] != k.shape[1])
 

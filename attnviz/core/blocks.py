@@ -20,7 +20,8 @@ import torch.nn as nn
 
 from attnviz.core.attention import SOFTMAX, Variant, attend
 from attnviz.core.config import Config
-from attnviz.core.layers import ACTIVATIONS, MLP, Experts, HeadsRMSNorm, LayerScale, Linear, RMSNorm, frozen, make_norm
+from attnviz.core.layers import (ACTIVATIONS, MLP, Experts, HeadsRMSNorm, LayerScale, Linear, RMSNorm, frozen,
+                                 make_norm)
 from attnviz.core.positional import alibi_slopes, apply_rope
 from attnviz.core.scored import Scored
 
