@@ -7,6 +7,9 @@ import transformers as tf
 
 import attnviz
 from attnviz.weights.families import convert
+from attnviz.core.attention import attend, parse_variant
+from attnviz.core.positional import alibi_slopes
+from attnviz.weights.families import gpt_neo
 
 TOL = 1e-4
 VOCAB, N = 99, 11
@@ -116,6 +119,12 @@ DECODERS = {
     "falcon_7b": ("FalconForCausalLM", "FalconConfig", dict(multi_query=True, ffn_hidden_size=37)),
     "falcon_sequential": ("FalconForCausalLM", "FalconConfig", dict(
         multi_query=False, parallel_attn=False, bias=True, ffn_hidden_size=37)),
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37)),
+    "opt_post_ln": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37, do_layer_norm_before=False, enable_bias=False,
+                                                        tie_word_embeddings=False)),
+    "gpt_neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(attention_types=[[["local", "global"], 1]], window_size=4)),
+    "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=48, num_attention_heads=6)),  # slopes of 6 heads
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(rope_theta=500.0, attention_bias=True)),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
@@ -182,21 +191,22 @@ def reference(model, x, head_mask=None):
     return hidden, att, getattr(out, "logits", None)
 
 
-OUT_PROJECTIONS = ("c_proj", "o_proj", "dense", "out_proj")  # what each family calls its output projection
-
-
-def out_projection(attention):
-    return next(getattr(attention, n) for n in OUT_PROJECTIONS if hasattr(attention, n))
-
-
 def out_projections(model):
     base = next((getattr(model, n) for n in ("bert", "transformer", "model", "gpt_neox") if hasattr(model, n)), model)
-    if hasattr(base, "h"):  # GPT-2, GPT-J, Falcon
-        return [out_projection(b.attn if hasattr(b, "attn") else b.self_attention) for b in base.h]
-    if hasattr(base, "layers"):  # Llama and the like, GPT-NeoX, Phi; transformers 5 ViT
-        return [out_projection(b.self_attn if hasattr(b, "self_attn") else b.attention) for b in base.layers]
-    return [layer.attention.output.dense if hasattr(layer.attention, "output") else layer.attention.o_proj
-            for layer in base.encoder.layer]
+    base = getattr(base, "decoder", base)  # OPT
+    layers = getattr(base, "h", None) or getattr(base, "layers", None) or base.encoder.layer
+    return [output_projection(layer) for layer in layers]
+
+
+def output_projection(module):
+    """The linear layer that mixes the heads' outputs, under whichever name the family gives it."""
+    for name in ("c_proj", "o_proj", "out_proj", "dense"):
+        if hasattr(getattr(module, name, None), "weight"):  # Linear, or GPT-2's Conv1D
+            return getattr(module, name)
+    for name in ("attn", "self_attn", "self_attention", "attention", "output"):
+        if hasattr(module, name):
+            return output_projection(getattr(module, name))
+    raise AttributeError(f"no output projection in {type(module).__name__}")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -287,6 +297,28 @@ def test_uneven_gqa_pruning_keeps_shared_kv():
     close(small.trace(x).logits, ours.trace(x, head_mask=keep.float()).logits, 1e-4)
 
 
+def test_pruning_under_a_layer_wide_qk_norm_stays_exact():
+    """OLMo 2 norms all of a layer's queries (keys) at once: after pruning, twice, and dropping a
+    whole K/V group, the kept heads' normed queries and keys are those of the full model."""
+    hf = tiny("olmo2")
+    ours = attnviz.from_hf(hf)
+    x = inputs(hf)
+    first = torch.tensor([[False, False, True, True], [True, True, True, False]])
+    second = first & torch.tensor([[True, True, True, False], [False, True, True, True]])
+    small = ours.prune(first).prune(second)
+    assert small.net.blocks[0].attn.k_rest is not None and small.net.blocks[1].attn.k_rest is None
+    masked, pruned = ours.trace(x, head_mask=second.float(), states=True), small.trace(x)
+    close(pruned.logits, masked.logits, 1e-4)
+    close(pruned.attentions[second], masked.attentions[second], 1e-5)
+    for layer in range(2):
+        state = masked.states[layer][None]
+        full = ours.net.blocks[layer].explain(state, **ours.net.shared(len(x)))
+        part = small.net.blocks[layer].explain(state, **small.net.shared(len(x)))
+        kv = sorted({h // 2 for h in second[layer].nonzero().flatten().tolist()})
+        close(part.q_normed, full.q_normed[:, second[layer]], 1e-5)
+        close(part.k_normed, full.k_normed[:, kv], 1e-5)
+
+
 @pytest.mark.parametrize("family,size", [("vit", 48), ("dinov2", 42), ("dinov2", 21)])
 def test_vision_position_interpolation(family, size):
     hf = tiny(family)
@@ -307,3 +339,60 @@ def test_layers_subset_captures_only_those():
     full, part = ours.trace(x), ours.trace(x, layers=[1])
     assert part.layers == [1] and part.attentions.shape[0] == 1
     close(part.attentions[0], full.attentions[1], 1e-6)
+
+
+# Options a row's family reads that the rows above leave at their defaults: logits against eager.
+OPTIONS = [("opt", dict(_remove_final_layer_norm=True))]
+
+
+@pytest.mark.parametrize("row,over", OPTIONS)
+def test_family_options_match_reference(row, over):
+    hf = tiny(row, **over)
+    x = inputs(hf)
+    _, att, logits = reference(hf, x)
+    tr = attnviz.from_hf(hf).trace(x)
+    close(tr.attentions, att)
+    close(tr.logits, logits[0])
+
+
+# What a family does not implement is refused by name, never ignored.
+REFUSED = [("opt", dict(word_embed_proj_dim=16), "word_embed_proj_dim"),
+           ("bloom", dict(apply_residual_connection_post_layernorm=True), "apply_residual_connection_post_layernorm"),
+           ("opt", dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine")]
+
+
+@pytest.mark.parametrize("row,over,message", REFUSED)
+def test_unsupported_options_are_refused_by_name(row, over, message):
+    with pytest.raises(ValueError, match=message):
+        attnviz.from_hf(tiny(row, **over))
+
+
+@pytest.mark.parametrize("variant", ["fused", "local:3", "temp:2", "chunked:4", "topk:3", "relu"])
+def test_a_score_bias_takes_the_fast_path_as_the_written_out_one(variant):
+    """ALiBi's bias reaches the fused kernel as its float mask (or the explicit path for variants
+    that have none): the same output as the written-out weights, with a cached prefix and a
+    padding mask that leaves one query no key (it gets zero output, as without a bias)."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+    bias = (alibi_slopes(4)[:, None, None] * torch.arange(7))[None]
+    var = parse_variant(variant)
+    for allowed in (None, torch.tensor([[1] * 7, [0] * 7]).bool()[:, None, None, :]):
+        fast, _ = attend(q, k, v, causal=True, allowed=allowed, variant=var, bias=bias)
+        slow, w = attend(q, k, v, causal=True, allowed=allowed, variant=var, bias=bias, need_weights=True)
+        close(fast, slow, 1e-5)
+        if variant != "relu":  # rows sum to 1; the padded sequence's rows see nothing
+            sums = torch.ones(2, 4, 5) if allowed is None else torch.tensor([1.0, 0.0])[:, None, None].expand(2, 4, 5)
+            close(w.sum(-1), sums)
+    with pytest.raises(ValueError, match="linear attention has no scores"):
+        attend(q, k, v, causal=True, variant=parse_variant("linear"), bias=bias)
+
+
+def test_gpt_neo_attention_types_are_read_or_refused_by_name():
+    hf = dict(hidden_size=32, num_heads=4, num_layers=3, vocab_size=99, max_position_embeddings=64, window_size=5,
+              attention_types=[[["global"], 1], [["local"], 2]])
+    assert gpt_neo.config(hf, {}).windows == (0, 5, 5)
+    assert gpt_neo.config(dict(hf, attention_types=[[["global"], 3]]), {}).windows == ()
+    with pytest.raises(ValueError, match="attention type 'sparse' is not supported"):
+        gpt_neo.config(dict(hf, attention_types=[[["global", "sparse"], 1], [["local"], 1]]), {})
+    with pytest.raises(ValueError, match="lists 2 layers"):
+        gpt_neo.config(dict(hf, attention_types=[[["global", "local"], 1]]), {})

@@ -104,8 +104,9 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
         add("K", "K = x·W_K + b_K", scored.k_proj[0, kv], "tokens", "d_head")
         add("V", "V = x·W_V + b_V", scored.v[0, kv], "tokens", "d_head")
         if scored.q_normed is not None:
+            over = "every head's channels at once" if cfg.qk_norm == "all" else "its head's channels"
             add("Q_norm", "RMSNorm(Q)", scored.q_normed[0, local], "tokens", "d_head",
-                "each query normalised over its head's channels (QK-norm)")
+                f"each query normalised over {over} (QK-norm)")
             add("K_norm", "RMSNorm(K)", scored.k_normed[0, kv], "tokens", "d_head", "likewise each key")
         Q, K, V = scored.q[0, local], scored.k[0, kv], scored.v[0, kv]   # (n, dh) as scored
         if scored.rotated:
@@ -117,8 +118,12 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
         how = f"× {scored.scale_value:.4g}" if scored.scale is not None else f"/ √{dh}"
         cap = f", then soft-capped: {scored.softcap:g}·tanh(s / {scored.softcap:g})" if scored.softcap else ""
         t_note = f", then divided by the temperature {temperature:g}" if temperature != 1 else ""
+        alibi = ""
+        if scored.bias is not None:  # ALiBi: the head's slope times each key's position
+            how += " + ALiBi"
+            alibi = f", plus the head's ALiBi bias {float(attn.slopes[local]):.4g} × key position"
         add("scaled", f"scaled = scores {how}" + (f" / {temperature:g}" if temperature != 1 else ""),
-            scaled, "tokens", "tokens", f"multiplied by {scored.scale_value:.4g}{cap}{t_note}")
+            scaled, "tokens", "tokens", f"multiplied by {scored.scale_value:.4g}{cap}{alibi}{t_note}")
         allowed = replace(scored, causal=causal).mask()
         allowed = torch.ones(n, n, dtype=torch.bool) if allowed is None else allowed.reshape(-1, n, n)[0].clone()
         if hidden_keys:

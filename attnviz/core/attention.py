@@ -157,21 +157,25 @@ def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
     return x if group == 1 else x.repeat_interleave(group, dim=1)
 
 
-def scores(q, k, scale=None, temperature=1.0, softcap=0.0):
-    """q k^T scaled (then soft-capped: cap * tanh(s / cap), Gemma 2) and divided by the temperature:
-    the logits the softmax reads, before the mask. (B, h, T, S)."""
+def scores(q, k, scale=None, temperature=1.0, softcap=0.0, bias=None):
+    """q k^T scaled (then soft-capped: cap * tanh(s / cap), Gemma 2), plus a score bias (ALiBi:
+    (.., h, 1, S), added as BLOOM adds it, after the scale) and divided by the temperature: the
+    logits the softmax reads, before the mask. (B, h, T, S)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if not softcap:
+    if not softcap and bias is None:
         return torch.matmul(q, k.transpose(-2, -1)).mul_(scale / temperature)
     att = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)
-    att = torch.tanh(att.div_(softcap)).mul_(softcap)
+    if softcap:
+        att = torch.tanh(att.div_(softcap)).mul_(softcap)
+    if bias is not None:
+        att = att + bias.to(att.dtype)
     return att if temperature == 1.0 else att.div_(temperature)
 
 
-def softmax_weights(q, k, allowed=None, scale=None, temperature=1.0, top_k=0, out=None, softcap=0.0):
-    """The written-out path: scores = q k^T, scaled, masked, softmax. Returns (B, h, T, S),
+def softmax_weights(q, k, allowed=None, scale=None, temperature=1.0, top_k=0, out=None, softcap=0.0, bias=None):
+    """The written-out path: scores = q k^T, scaled, biased, masked, softmax. Returns (B, h, T, S),
     written into `out` when given (a slice of the trace's [L, H, n, n] tensor: no copy later)."""
-    att = scores(q, k, scale, temperature, softcap)  # (B, h, T, S)
+    att = scores(q, k, scale, temperature, softcap, bias)  # (B, h, T, S)
     if allowed is not None:
         att.masked_fill_(~allowed, float("-inf"))
     if top_k and top_k < att.shape[-1]:
@@ -197,10 +201,9 @@ def linear_weights(q, k, allowed=None):
     return att / att.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
-def relu_weights(q, k, allowed=None, scale=None):
+def relu_weights(q, k, allowed=None, scale=None, bias=None):
     """ReLU attention (Wortsman et al. 2023): relu(scaled scores) / number of visible keys."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    att = torch.relu(torch.matmul(q, k.transpose(-2, -1)) * scale)
+    att = torch.relu(scores(q, k, scale, bias=bias))
     if allowed is None:
         return att / att.shape[-1]
     att = att.masked_fill(~allowed, 0.0)
@@ -281,13 +284,32 @@ def local_attention(q, k, v, window: int, causal=False, scale=None, temperature=
     return out
 
 
-def _fast(q, k, v, causal, allowed, variant: Variant, scale):
+def _biased(q, k, v, causal, allowed, variant: Variant, s, bias):
+    """The fused kernel with a score bias (ALiBi) as its float mask: the bias where a key may be
+    seen, -inf elsewhere; None (the explicit path) for the other variants and for a query that may
+    see no key (the explicit path gives it zero weights)."""
+    if variant.kind not in ("softmax", "local") or not variant.fused:
+        return None
+    T, S = q.shape[-2], k.shape[-2]
+    seen = combine(allowed, causal_mask(T, S, q.device) if causal else None,
+                   local_mask(T, variant.window, causal, q.device, S) if variant.kind == "local" else None)
+    mask = bias.to(q.dtype) / variant.temperature
+    if allowed is not None and not bool(seen.any(-1).all()):  # causal and window masks keep the diagonal
+        return None
+    if seen is not None:
+        mask = mask.masked_fill(~seen, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _fast(q, k, v, causal, allowed, variant: Variant, scale, bias=None):
     """The paths that never hold a (T, S) matrix, or None when this case needs the explicit one."""
     kind, group = variant.kind, q.shape[1] // k.shape[1]
     T, S = q.shape[-2], k.shape[-2]
     if kind == "local" and T != S:  # queries after a cached prefix: the band, offset
         allowed = combine(allowed, local_mask(T, variant.window, causal, q.device, S))
     s = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) / variant.temperature
+    if bias is not None:
+        return _biased(q, k, v, causal, allowed, variant, s, bias)
     if kind == "chunked":
         return chunked_attention(q, k, v, variant.chunk, allowed, causal, s)
     if kind == "linear" and allowed is None and T == S:
@@ -320,21 +342,25 @@ def with_window(variant: Variant, window: int, T: int, S: int) -> tuple[Variant,
     return variant, window
 
 
-def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
-           need_weights=False, scale=None, training: bool = False, window: int = 0, softcap: float = 0.0):
+def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX, need_weights=False,
+           scale=None, training: bool = False, window: int = 0, softcap: float = 0.0, bias=None):
     """Attention for one layer. Returns (out (B, h, T, dv), weights (B, h, T, S) or None).
     `need_weights` may be a (B, h, T, S) tensor: the weights are then written into it.
     `training`: the variant's dropout applies (on the written-out weights; the weights returned
     are those before dropout, rows summing to 1). `window`: the layer's own sliding window (keys
-    within that many positions, joined with the variant's); `softcap`: the scores' soft cap."""
+    within that many positions, joined with the variant's); `softcap`: the scores' soft cap;
+    `bias`: a float score bias broadcastable to (B, h, T, S), added after the scale (ALiBi)."""
     into = need_weights if isinstance(need_weights, torch.Tensor) else None
     drop = variant.dropout if training else 0.0
     T, S = q.shape[-2], k.shape[-2]
     variant, window = with_window(variant, window, T, S)
     if window:
         allowed = combine(allowed, local_mask(T, window, causal, q.device, S))
+    if bias is not None and variant.kind == "linear":
+        raise ValueError("linear attention has no scores to add a position bias (ALiBi) to; "
+                         "pick another attention variant")
     if into is None and not need_weights and not drop and not softcap:
-        out = _fast(q, k, v, causal, allowed, variant, scale)
+        out = _fast(q, k, v, causal, allowed, variant, scale, bias)
         if out is not None:
             return out, None
     group = q.shape[1] // k.shape[1]
@@ -347,9 +373,10 @@ def attend(q, k, v, *, causal=False, allowed=None, variant: Variant = SOFTMAX,
     if kind == "linear":
         att = linear_weights(q, k, allowed)
     elif kind == "relu":
-        att = relu_weights(q, k, allowed, scale)
+        att = relu_weights(q, k, allowed, scale, bias)
     else:  # softmax (eager or with weights), local, chunked (with weights), topk
-        att = softmax_weights(q, k, allowed, scale, variant.temperature, variant.top_k, out=into, softcap=softcap)
+        att = softmax_weights(q, k, allowed, scale, variant.temperature, variant.top_k, out=into, softcap=softcap,
+                              bias=bias)
     if into is not None and att is not into:
         att = into.copy_(att)
     used = F.dropout(att, drop, training=True) if drop else att

@@ -20,8 +20,9 @@ import torch.nn as nn
 
 from attnviz.core.attention import SOFTMAX, Variant, attend
 from attnviz.core.config import Config
-from attnviz.core.layers import ACTIVATIONS, MLP, Experts, LayerScale, Linear, RMSNorm, frozen, make_norm
-from attnviz.core.positional import apply_rope
+from attnviz.core.layers import (ACTIVATIONS, MLP, Experts, HeadsRMSNorm, LayerScale, Linear, RMSNorm, frozen,
+                                 make_norm)
+from attnviz.core.positional import alibi_slopes, apply_rope
 from attnviz.core.scored import Scored
 
 __all__ = ["ACTIVATIONS", "Attention", "Block", "BlockStep", "Linear", "MLP", "RMSNorm", "iter_layers", "make_norm"]
@@ -42,12 +43,20 @@ class Attention(nn.Module):
         self.scale = cfg.attn_scale or None            # None: 1/√d_head, the kernels' own default
         self.softcap, self.window = cfg.attn_softcap, cfg.window(layer)
         self.local_rope = bool(self.window and cfg.local_rope_theta)
-        self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm == "head" else None
-        self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm == "head" else None
         heads = list(range(cfg.n_heads)) if heads is None else list(heads)
         kv_heads = list(range(cfg.n_kv_heads)) if kv_heads is None else list(kv_heads)
         self.n_heads, self.n_kv, self.d_head = len(heads), len(kv_heads), cfg.d_head
         d, h, hkv = cfg.d_model, self.n_heads * cfg.d_head, self.n_kv * cfg.d_head
+        self.q_norm = self.k_norm = self.q_rest = self.k_rest = None
+        if cfg.qk_norm == "head":
+            self.q_norm, self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps), RMSNorm(cfg.d_head, cfg.norm_eps)
+        elif cfg.qk_norm == "all":
+            self.q_norm = HeadsRMSNorm(self.n_heads, cfg.d_head, cfg.n_heads * cfg.d_head, cfg.norm_eps)
+            self.k_norm = HeadsRMSNorm(self.n_kv, cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.norm_eps)
+            # the heads pruning dropped still count in the layer-wide norm: their Q and K rows stay here
+            q_rest, k_rest = cfg.n_heads * cfg.d_head - h, cfg.n_kv_heads * cfg.d_head - hkv
+            self.q_rest = Linear(d, q_rest, bias=cfg.qkv_bias) if q_rest else None
+            self.k_rest = Linear(d, k_rest, bias=cfg.qkv_bias) if k_rest else None
         if fused:
             self.qkv = Linear(d, h + 2 * hkv, bias=cfg.qkv_bias)
         else:
@@ -60,6 +69,9 @@ class Attention(nn.Module):
         kv_of_head = [kv_local[h // cfg.group] for h in heads]
         self.register_buffer("kv_of_head", torch.tensor(kv_of_head, dtype=torch.long, device="cpu"),
                              persistent=False)
+        # ALiBi: each head's slope, by its ORIGINAL index (a pruned layer keeps its heads' own slopes)
+        slopes = alibi_slopes(cfg.n_heads, device="cpu")[heads] if cfg.positional == "alibi" else None
+        self.register_buffer("slopes", slopes, persistent=False)
         # Uniform grouping lets the fused kernel handle GQA; a pruned, uneven one indexes K/V explicitly.
         self.uniform_groups = (self.n_kv > 0 and self.n_heads % self.n_kv == 0 and
                                kv_of_head == [i // (self.n_heads // self.n_kv) for i in range(self.n_heads)])
@@ -88,10 +100,12 @@ class Attention(nn.Module):
             if "k" in past:
                 k, v = torch.cat([past["k"], k], 2), torch.cat([past["v"], v], 2)  # (B, hkv, S, dh)
             past["k"], past["v"] = k, v
+        bias = self.score_bias(k.shape[2])
         if not self.uniform_groups:
             k, v = k[:, self.kv_of_head], v[:, self.kv_of_head]
         y, att = attend(q, k, v, causal=causal, allowed=allowed, variant=variant, need_weights=need_weights,
-                        training=self.training, scale=self.scale, window=self.window, softcap=self.softcap)
+                        training=self.training, scale=self.scale, window=self.window, softcap=self.softcap,
+                        bias=bias)
         if head_mask is not None:  # multiplies each head's output before the output projection
             y = y * head_mask[self.heads].to(y.dtype)[None, :, None, None]
         if head_fill is not None:
@@ -102,6 +116,15 @@ class Attention(nn.Module):
             heads_out.append(y)
         y = y.transpose(1, 2).reshape(B, T, -1)      # (B, T, h*dh)
         return self.out(y), att
+
+    def score_bias(self, S: int):
+        """(1, h, 1, S) what each head adds to its scaled scores: ALiBi's slope · key position, the
+        keys at positions 0..S-1 (a cached prefix's included), as BLOOM builds it (softmax ignores
+        the part that is constant along a row, so this is -slope · distance up to that); None
+        without ALiBi."""
+        if self.slopes is None:
+            return None
+        return (self.slopes[:, None, None] * torch.arange(S, device=self.slopes.device))[None]
 
     def queries(self, x):
         """x (B, T, d) -> q (B, h, T, dh) (an un-fused layer: the keys and values come from elsewhere)."""
@@ -128,10 +151,13 @@ class Attention(nn.Module):
             k, v = (t.view(B, T, hkv, dh).transpose(1, 2) for t in (k, v))
         if steps is not None:
             steps.update(q_proj=q, k_proj=k)
-        if self.q_norm is not None:
+        if isinstance(self.q_norm, HeadsRMSNorm):  # over the layer's heads at once, dropped ones included
+            q = self.q_norm(q, None if self.q_rest is None else self.q_rest(x))
+            k = self.k_norm(k, None if self.k_rest is None else self.k_rest(x))
+        elif self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-            if steps is not None:
-                steps.update(q_normed=q, k_normed=k)
+        if self.q_norm is not None and steps is not None:
+            steps.update(q_normed=q, k_normed=k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
@@ -144,7 +170,7 @@ class Attention(nn.Module):
         rope = rope_local if self.local_rope else rope
         q, k, v = self.project(x, rope, steps)
         return Scored(x, q, k, v, self.kv_of_head, self.scale, self.softcap, self.window, causal, allowed,
-                      rotated=rope is not None, **steps)
+                      rotated=rope is not None, bias=self.score_bias(k.shape[2]), **steps)
 
 
 class Block(nn.Module):

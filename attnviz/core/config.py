@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 # and `family` is only the label it signs the config with.
 TASKS = ("encoder", "lm", "vision")
 NORMS = ("layernorm", "rmsnorm")
-POSITIONALS = ("learned", "rotary", "sinusoidal", "none")
-QK_NORMS = ("none", "head")
+POSITIONALS = ("learned", "rotary", "sinusoidal", "alibi", "none")
+QK_NORMS = ("none", "head", "all")
 ROPE_KINDS = ("default", "linear", "dynamic", "yarn", "llama3")
 
 

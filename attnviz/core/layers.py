@@ -83,6 +83,27 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class HeadsRMSNorm(nn.Module):
+    """One RMSNorm over every head's channels of a position at once (OLMo 2's QK-norm, over the
+    layer's h·d_head queries), on heads (B, h, T, dh). It averages over `width` channels, the
+    layer's ORIGINAL h·d_head: a pruned layer holds fewer heads and passes the dropped heads'
+    channels as `rest` (B, T, r), so each kept head is normed exactly as before."""
+
+    def __init__(self, n_heads: int, d_head: int, width: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n_heads * d_head))
+        self.width, self.eps = width, eps
+
+    def forward(self, x, rest=None):
+        dtype, (_, h, _, dh) = x.dtype, x.shape
+        x = x.float()
+        squares = x.pow(2).sum((1, 3))                                     # (B, T)
+        if rest is not None:
+            squares = squares + rest.float().pow(2).sum(-1)
+        x = x * torch.rsqrt(squares / self.width + self.eps)[:, None, :, None]
+        return (self.weight.view(h, 1, dh) * x).to(dtype)
+
+
 def make_norm(cfg: Config, d: int | None = None) -> nn.Module:
     d = cfg.d_model if d is None else d
     if cfg.norm == "rmsnorm":

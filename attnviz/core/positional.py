@@ -116,16 +116,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-def alibi_slopes(n_heads: int) -> torch.Tensor:
-    """Press et al. 2022: geometric slopes 2^(-8/n), 2^(-16/n), ... (interleaved for non-powers of 2)."""
+def alibi_slopes(n_heads: int, device=None) -> torch.Tensor:
+    """Press et al. 2022: geometric slopes 2^(-8/n), 2^(-16/n), ... (interleaved for non-powers of 2),
+    as BLOOM computes them."""
     def power_of_2(n):
         start = 2 ** (-8 / n)
         return [start ** (i + 1) for i in range(n)]
     if math.log2(n_heads).is_integer():
-        return torch.tensor(power_of_2(n_heads))
+        return torch.tensor(power_of_2(n_heads), device=device)
     closest = 2 ** math.floor(math.log2(n_heads))
     extra = power_of_2(2 * closest)[0::2][: n_heads - closest]
-    return torch.tensor(power_of_2(closest) + extra)
+    return torch.tensor(power_of_2(closest) + extra, device=device)
 
 
 def alibi_bias(n: int, n_heads: int, causal: bool = True) -> torch.Tensor:

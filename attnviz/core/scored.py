@@ -13,7 +13,8 @@ from attnviz.core.attention import combine, scores, softmax_weights
 class Scored:
     """What one attention layer computes for a text (`Attention.explain`), read by analyses (the
     Lab's step-by-step head, long captures) instead of rebuilding attention from config fields:
-    the queries and keys as scored, the values, and how the scores are scaled, capped and masked.
+    the queries and keys as scored, the values, and how the scores are scaled, capped, biased and
+    masked.
     `weights(r0, r1)` gives the layer's weights for query rows r0..r1 by the same steps `attend`
     writes out."""
     x: torch.Tensor                  # (B, T, d) the layer's input (the block's input, normed where it is)
@@ -31,6 +32,7 @@ class Scored:
     k_proj: torch.Tensor | None = None
     q_normed: torch.Tensor | None = None  # after QK-norm (None: the layer has none)
     k_normed: torch.Tensor | None = None
+    bias: torch.Tensor | None = None      # (1, h, 1, S) added to the scaled scores (ALiBi: slope · key position)
 
     @property
     def scale_value(self) -> float:
@@ -60,10 +62,10 @@ class Scored:
         return self.v[:, self.kv_of_head]
 
     def logits(self, r0: int = 0, r1: int | None = None, temperature: float = 1.0) -> torch.Tensor:
-        """(B, h, r, S) scaled (and capped) scores of query rows r0..r1, before the mask."""
-        return scores(self.q[:, :, r0:r1], self.keys(), self.scale, temperature, self.softcap)
+        """(B, h, r, S) scaled (capped, biased) scores of query rows r0..r1, before the mask."""
+        return scores(self.q[:, :, r0:r1], self.keys(), self.scale, temperature, self.softcap, self.bias)
 
     def weights(self, r0: int = 0, r1: int | None = None) -> torch.Tensor:
         """(B, h, r, S) the softmax weights of query rows r0..r1."""
         return softmax_weights(self.q[:, :, r0:r1], self.keys(), self.mask(r0, r1), self.scale,
-                               softcap=self.softcap)
+                               softcap=self.softcap, bias=self.bias)

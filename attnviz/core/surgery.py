@@ -1,7 +1,9 @@
 """Physical pruning: a NEW, smaller transformer without the removed heads; the original is untouched.
 
 Pruning a head removes its rows from the fused QKV projection and its columns from the output
-projection. With grouped K/V heads a K/V head stays while any kept query head reads it.
+projection. With grouped K/V heads a K/V head stays while any kept query head reads it. A QK-norm
+over the whole layer (OLMo 2) averages over every head's channels: the dropped heads' Q and K rows
+move to the layer's `q_rest` / `k_rest`, which only that norm reads.
 `Model.prune` wraps the result in a new `Model`.
 """
 from __future__ import annotations
@@ -51,6 +53,18 @@ def prune(net: Transformer, keep, kept: torch.Tensor) -> tuple[Transformer, torc
         sel = torch.tensor(rows(q_idx, 0) + rows(kv_idx, hq * dh) + rows(kv_idx, (hq + hkv) * dh),
                            dtype=torch.long)
         p = f"blocks.{i}.attn."
+        if cfg.qk_norm == "all":  # a layer-wide QK-norm: the dropped heads' Q and K rows still count in it
+            for name, dropped, base in (("q", [j for j in range(hq) if j not in q_idx], 0),
+                                        ("k", [j for j in range(hkv) if j not in kv_idx], hq * dh)):
+                gone = torch.tensor(rows(dropped, base), dtype=torch.long)
+                for part in ("weight", "bias"):
+                    if p + f"qkv.{part}" in state:
+                        moved = [state[p + f"{name}_rest.{part}"]] if p + f"{name}_rest.{part}" in state else []
+                        rest = torch.cat(moved + [state[p + f"qkv.{part}"][gone]])
+                        if len(rest):
+                            state[p + f"{name}_rest.{part}"] = rest
+                kept_rows = torch.tensor(rows(q_idx if name == "q" else kv_idx, 0), dtype=torch.long)
+                state[p + f"{name}_norm.weight"] = state[p + f"{name}_norm.weight"][kept_rows]
         state[p + "qkv.weight"] = state[p + "qkv.weight"][sel]
         if p + "qkv.bias" in state:
             state[p + "qkv.bias"] = state[p + "qkv.bias"][sel]

@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import TASKS, Config
-from attnviz.weights.families import (bart, bergamot, bert, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2, gpt_neox, gptj,
-                                      llama, marian, mistral, mixtral, phi, phi3, qwen2, qwen3, qwen3_moe, vit, whisper)
+from attnviz.weights.families import (bart, bergamot, bert, bloom, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2,
+                                      gpt_neo, gpt_neox, gptj, llama, marian, mistral, mixtral, olmo2, opt, phi, phi3,
+                                      qwen2, qwen3, qwen3_moe, vit, whisper)
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
@@ -46,6 +47,10 @@ FAMILIES = {f.NAME: f for f in (
     falcon,
     phi,
     phi3,
+    opt,
+    gpt_neo,
+    bloom,
+    olmo2,
     vit,
     dinov2,
     marian,

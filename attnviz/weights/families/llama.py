@@ -110,7 +110,7 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
                 m.norm(o + "norm2", p + "pre_feedforward_layernorm", bias=False)
         elif not cfg.parallel:
             m.norm(o + "norm2", p + "post_attention_layernorm", bias=False)
-        if cfg.qk_norm == "head":
+        if cfg.qk_norm != "none":  # over each head (Qwen3, Gemma 3) or over the layer's heads (OLMo 2)
             m.norm(o + "attn.q_norm", p + "self_attn.q_norm", bias=False)
             m.norm(o + "attn.k_norm", p + "self_attn.k_norm", bias=False)
         m.fused(o + "attn.qkv", [p + f"self_attn.{n}_proj" for n in "qkv"], bias=cfg.qkv_bias)
