@@ -77,7 +77,7 @@ def test_the_apple_sentence_shows_as_characters_on_every_text_model_that_reads_c
     at = _sample(_run(at), APPLE)
     shown = _token_caption(at).split(" tokens: ", 1)[1].replace("\\", "").split(" · ")
     assert not any(set(t) & set("�ÃèåæäçéïÂ") for t in shown), shown    # no byte garbage
-    assert "".join(completed(t) for t in shown if t not in ("&lt;s&gt;", "&lt;/s&gt;")).lstrip(SPACE) \
+    assert "".join(completed(t) for t in shown if t not in ("&lt;s&gt;", "&lt;/s&gt;", "&lt;bos&gt;", "<bos>")).lstrip(SPACE) \
         .replace(",", "，") == APPLE                         # e5-small: NFKC makes ， a ,
     assert "苹果" in shown or ["苹", "果"] == [t for t in shown if t in ("苹", "果")]
     assert not any("vocabulary" in w.value and "[UNK]" in w.value for w in at.warning)
@@ -126,9 +126,9 @@ def test_minilm_warning_names_the_bundled_model_that_reads_chinese():
     assert at.selectbox(key=PICKER).value == "minilm"
     warning = [w.value.replace("\\", "") for w in at.warning if "vocabulary" in w.value]
     assert len(warning) == 1 and "[UNK]" in warning[0]
-    assert "Of the bundled models, e5-small and smollm2 (its byte-level tokenizer spells every " \
+    assert "Of the bundled models, gemma3-270m, e5-small and smollm2 (its byte-level tokenizer spells every " \
            "character in UTF-8 bytes) read Chinese characters with no [UNK]: choose one" in warning[0]
-    assert catalogue.text_readers(main_script(APPLE)) == ["smollm2", "e5-small"]
+    assert catalogue.text_readers(main_script(APPLE)) == ["smollm2", "gemma3-270m", "e5-small"]
     # English text outside nothing: no note; Cyrillic on MiniLM names SmolLM2 for that script
     at = _sample(at, "The animal didn't cross the street because it was too tired.")
     assert not any("vocabulary" in w.value for w in at.warning)
@@ -143,7 +143,7 @@ def test_main_script_and_text_readers():
     assert main_script("hello 🍕 ｗｏｒｌｄ") == "Latin" and main_script("🍕 123") is None
     assert main_script("ひらがな") == "Kana" and main_script("한국어") == "Hangul"
     assert catalogue.text_readers("Latin") == ["minilm", "smollm2", "gemma3-270m", "e5-small"]
-    assert catalogue.text_readers("Ethiopic") == ["smollm2", "gemma3-270m"]   # byte-level or byte fallback: any script
+    assert catalogue.text_readers("Ethiopic") == ["smollm2"]       # byte-level: any script
     assert catalogue.text_readers(None) == []
     # only text models: the vision, translation and speech entries are never named
     assert set(catalogue.text_readers("Han")) <= {k for k, s in catalogue.BUNDLED.items()

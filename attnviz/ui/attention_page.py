@@ -72,7 +72,8 @@ def readers_note(model, text: str) -> str:
     words = tokens.SCRIPT_WORDS.get(script, f"{script} script")
     how = [f"{k} (its byte-level tokenizer spells every character in UTF-8 bytes)"
            if "*" in catalogue.BUNDLED[k]["scripts"] else k for k in others]
-    return (f" Of the bundled models, {' and '.join(how)} read{'s' if len(others) == 1 else ''} "
+    named = how[0] if len(how) == 1 else ", ".join(how[:-1]) + " and " + how[-1]
+    return (f" Of the bundled models, {named} read{'s' if len(others) == 1 else ''} "
             f"{words} with no [UNK]: choose {'it' if len(others) == 1 else 'one'} in the sidebar's "
             "Model picker.")
 

