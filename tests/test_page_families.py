@@ -1,0 +1,50 @@
+"""The app's pages open and run on a tiny model of every decoder family (AppTest): each laid out in
+a Hugging Face cache, picked by name in the sidebar, then the Attention, Heads, Lab and Readouts
+pages run on it without an error."""
+from pathlib import Path
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from attnviz.weights import hub
+from attnviz.weights.families import FAMILIES
+from tests import hub_cache
+from tests.test_parity import DECODERS
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PICK = "model_choice:encoder/lm/vision"
+PAGES = ["pages/1_Attention.py", "pages/2_Heads.py", "pages/5_Lab.py", "pages/8_Readouts.py"]
+# one row per family: the family's own name, or its first variant
+ROWS = [next(r for r in ["llama", *DECODERS] if r == name or r.startswith(name + "_"))
+        for name, f in FAMILIES.items() if f.TASK == "lm" and name != "gpt2"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    root = tmp_path_factory.mktemp("hf") / "hub"
+    mp.setenv("HF_HUB_CACHE", str(root))
+    mp.setattr(hub, "HfApi", None)                  # no Hub call can happen
+    mp.setattr(hub, "snapshot_download", None)
+    for row in ROWS:
+        folder = tmp_path_factory.mktemp(row)
+        hub_cache.model_folder(folder, row)
+        hub_cache.lay_out(root, f"org/{row}", folder)
+    yield root
+    mp.undo()
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_pages_run_on_every_family(row, cache):
+    st.cache_resource.clear()
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.session_state[PICK] = f"org/{row}"
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert f"Loaded: org/{row}" in [h.value.replace("\\", "") for h in at.subheader]
+    for page in PAGES:
+        at.switch_page(page).run()
+        assert not at.exception, (page, at.exception)
+        assert not at.error, (page, [e.value for e in at.error])
+        assert at.get("plotly_chart") or at.get("imgs"), page     # each page drew its figures
