@@ -273,3 +273,29 @@ def test_calibration_figure_draws_every_run_in_its_band():
     assert f"{len(runs)} published Pi runs" in fig.layout.title.text
     with pytest.raises(ValueError, match="no published runs"):
         calibration_figure(runs.iloc[:0])
+
+
+def test_the_decoder_families_structure_prices_what_the_blocks_run():
+    """Sliding windows cost O(n·w) (the local path the block takes), K/V groups and head width
+    count, and a mixture of experts does k experts' work per token but holds all E."""
+    from attnviz.core.config import Config
+    base = Config(family="x", task="lm", n_layers=6, n_heads=8, n_kv_heads=2, d_model=256, d_head=64, d_ff=512,
+                  vocab_size=1000, positional="rotary", causal=True, pre_norm=True, norm="rmsnorm",
+                  gated_mlp=True, activation="silu", max_positions=8192)
+
+    def attention_flops(cfg, n):
+        return sum(op.flops * count for op, count in costmodel.op_counts(cfg, n) if op.group == "attention")
+
+    windowed = base.replace(windows=(128,) * 6)
+    for n in (2048, 4096):
+        assert attention_flops(windowed, n) < attention_flops(base, n) / 4
+    ratio = attention_flops(windowed, 4096) / attention_flops(windowed, 2048)
+    assert 1.8 < ratio < 2.2                                     # linear in n, not quadratic
+    mixed = base.replace(windows=(128, 128, 0, 128, 128, 0))    # local and global layers priced apart
+    assert attention_flops(windowed, 4096) < attention_flops(mixed, 4096) < attention_flops(base, 4096)
+    wide = base.replace(d_head=128)
+    assert attention_flops(wide, 1024) > 1.9 * attention_flops(base, 1024)
+    moe = base.replace(n_experts=8, experts_per_token=2)
+    mlp = lambda cfg: sum(op.flops * c for op, c in costmodel.op_counts(cfg, 512) if op.group == "mlp")  # noqa: E731
+    assert 2.0 <= mlp(moe) / mlp(base) < 2.1                     # two experts' work, and the router
+    assert costmodel.weights_mb(moe) > 4 * costmodel.weights_mb(base)   # but all eight held

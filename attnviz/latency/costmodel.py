@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from attnviz.core.attention import Variant, parse_variant
+from attnviz.core.attention import Variant, parse_variant, with_window
 from attnviz.core.config import Config
 
 
@@ -202,11 +202,13 @@ def _norm(cfg: Config, n: int) -> Op:
     return Op("layernorm", "other", "vector", 8 * n * cfg.d_model, 2 * x)
 
 
-def layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int) -> list[Op]:
-    """The ops of one transformer block with h query heads and kv K/V heads."""
+def layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int, window: int = 0) -> list[Op]:
+    """The ops of one transformer block with h query heads and kv K/V heads; `window`: the layer's
+    own sliding window, run as the block runs it (`with_window`: the local path, O(n·w))."""
     d, dh, ff = cfg.d_model, cfg.d_head, cfg.d_ff
     x = F32 * n * d
-    ops = []
+    v = with_window(v, window, n, n)[0]
+    ops = [_norm(cfg, n)] * (2 * cfg.output_norms)
     if cfg.pre_norm:
         ops.append(_norm(cfg, n))
     if h:
@@ -221,11 +223,15 @@ def layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int) -> list[Op]:
         ops.append(Op("merge heads", "projections", "vector", 0, 2 * F32 * n * h * dh, calls=3))
     ops.append(gemm_op("output projection", "projections", n, h * dh, d, cfg.out_bias))
     width = 2 * ff if cfg.gated_mlp else ff
+    if cfg.n_experts:  # the router, then each token's chosen experts: k experts' work per token
+        ops.append(gemm_op("router", "mlp", n, d, cfg.n_experts, False))
+        n = n * cfg.experts_per_token
     ops.append(gemm_op("MLP in", "mlp", n, d, width, cfg.mlp_bias))
     act_calls, act_bytes = (3, 5 * F32 * n * ff) if cfg.gated_mlp else (1, 2 * F32 * n * ff)
     ops.append(Op("activation", "mlp", "vector", 10 * n * ff, act_bytes, calls=act_calls,
                   fresh=F32 * n * ff * cfg.gated_mlp))  # SwiGLU's act(gate) and x up are new tensors
     ops.append(gemm_op("MLP out", "mlp", n, ff, d, cfg.mlp_bias))
+    n = n // max(1, cfg.experts_per_token) if cfg.n_experts else n
     ops.append(Op("residual adds", "other", "vector", 2 * n * d, 6 * x, calls=2 + 2 * cfg.layer_scale))
     ops.append(_norm(cfg, n))
     if not cfg.pre_norm:
@@ -233,16 +239,16 @@ def layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int) -> list[Op]:
     return ops
 
 
-def _layer_runs(cfg: Config) -> list[tuple[int, int, int]]:
-    """(query heads, K/V heads, layers) for each run of consecutive identical layers: one run for
-    an unpruned or uniformly pruned model, whatever its depth."""
-    if not cfg.head_dims and not cfg.kv_dims:
-        return [(cfg.n_heads, cfg.n_kv_heads, cfg.n_layers)]
+def _layer_runs(cfg: Config) -> list[tuple[int, int, int, int]]:
+    """(query heads, K/V heads, window, layers) for each run of consecutive identical layers: one
+    run for an unpruned or uniformly pruned model without windows, whatever its depth."""
+    if not cfg.head_dims and not cfg.kv_dims and not cfg.windows:
+        return [(cfg.n_heads, cfg.n_kv_heads, 0, cfg.n_layers)]
     runs = []
     for i in range(cfg.n_layers):
-        shape = (cfg.heads_in(i), cfg.kv_heads_in(i))
-        if runs and runs[-1][:2] == shape:
-            runs[-1] = (*shape, runs[-1][2] + 1)
+        shape = (cfg.heads_in(i), cfg.kv_heads_in(i), cfg.window(i))
+        if runs and runs[-1][:3] == shape:
+            runs[-1] = (*shape, runs[-1][3] + 1)
         else:
             runs.append((*shape, 1))
     return runs
@@ -267,8 +273,8 @@ def op_counts(cfg: Config, n: int, variant: "str | Variant | None" = None) -> li
     if cfg.embedding_norm:
         ops.append(_norm(cfg, n))
     out = [(op, 1) for op in ops]
-    for h, kv, layers in _layer_runs(cfg):
-        out += [(op, layers) for op in layer_ops(cfg, n, v, h, kv)]
+    for h, kv, window, layers in _layer_runs(cfg):
+        out += [(op, layers) for op in layer_ops(cfg, n, v, h, kv, window)]
     tail = []
     if cfg.final_norm:
         tail.append(_norm(cfg, n))
@@ -357,7 +363,7 @@ def speedup_bound(cfg: Config, n: int, kept_fraction: float, profile: DeviceProf
 def weights_mb(cfg: Config) -> float:
     d, L = cfg.d_model, cfg.n_layers
     per_layer = d * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.d_head + cfg.n_heads * cfg.d_head * d
-    per_layer += d * cfg.d_ff * (3 if cfg.gated_mlp else 2)
+    per_layer += d * cfg.d_ff * (3 if cfg.gated_mlp else 2) * max(1, cfg.n_experts) + d * cfg.n_experts
     emb = cfg.vocab_size * d + cfg.max_positions * d * (cfg.positional == "learned")
     head = cfg.vocab_size * d * (cfg.task == "lm" and not cfg.tie_embeddings)
     return F32 * (L * per_layer + emb + head) / 2**20
