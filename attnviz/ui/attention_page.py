@@ -87,7 +87,7 @@ def use_sample():
 def text_input(cfg):
     """The sample picker and the text form; a Run with an empty box keeps the previous text."""
     ss = st.session_state
-    st.selectbox("Sample sentences", [OWN] + texts.seed_sentences(), **shared_view.linked(key("sample")),
+    st.selectbox("Sample sentences", **shared_view.linked(key("sample"), options=[OWN] + texts.seed_sentences()),
                  on_change=use_sample)
     with st.form(key("form")):
         st.text_area("Text", key=key("text_input"), height=100,
@@ -236,9 +236,9 @@ def head_selectors(cfg) -> tuple[int, int, bool]:
             ss[state_key] = 0
     st.subheader(f"Every head: {cfg.n_layers} layers × {cfg.n_heads} heads")
     col_l, col_h, col_scale = st.columns(3)
-    layer = col_l.selectbox("Layer", range(cfg.n_layers), **shared_view.linked(key("layer")))
-    head = col_h.selectbox("Head", range(cfg.n_heads), **shared_view.linked(key("head")))
-    per_head = col_scale.toggle("Scale each head to its own maximum", True, **shared_view.linked(key("per_head")))
+    layer = col_l.selectbox("Layer", **shared_view.linked(key("layer"), options=range(cfg.n_layers)))
+    head = col_h.selectbox("Head", **shared_view.linked(key("head"), options=range(cfg.n_heads)))
+    per_head = col_scale.toggle("Scale each head to its own maximum", True, **shared_view.linked(key("per_head"), kind=bool))
     return layer, head, per_head
 
 

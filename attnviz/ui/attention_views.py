@@ -230,8 +230,8 @@ def scores_view(s: Shown):
                  selection_mode="single-row",
                  column_config={c: st.column_config.ProgressColumn(
                      c, format="%.3f", min_value=0.0, max_value=1.0) for c in SCORE_COLUMNS})
-    shown = st.radio("Map of", SCORE_COLUMNS, horizontal=True,
-                     **shared_view.linked(key("hs_map"), format_func=lambda c: c.replace("_", "-") + " score"))
+    shown = st.radio("Map of", horizontal=True,
+                     **shared_view.linked(key("hs_map"), format_func=lambda c: c.replace("_", "-") + " score", options=SCORE_COLUMNS))
     grid = scores.pivot(index="layer", columns="head", values=shown).to_numpy()   # (L, H)
     st.plotly_chart(lab_figures.head_grid_figure(grid, f"{shown.replace('_', '-')} score: layer × head"),
                     key=key("hs_grid"))

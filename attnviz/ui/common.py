@@ -151,8 +151,8 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
     notice = st.empty()    # the main area's loading status (the sidebar's spinner is easy to miss)
     sidebar_nav()
     with st.sidebar:
-        choice = st.selectbox("Model", keys, **shared_view.linked(
-            page_key, format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})"))
+        choice = st.selectbox("Model", **shared_view.linked(
+            page_key, format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})", options=keys))
         st.session_state[SHARED_KEY] = choice
         typed = None
         if choice == LOCAL:
@@ -310,7 +310,7 @@ def view_choice(page: str, views: list[str], label: str = "View") -> str:
     key = names.session_key(page, "view")
     if st.session_state.get(key) not in views:
         st.session_state[key] = views[0]
-    return st.radio(label, views, horizontal=True, label_visibility="collapsed", **shared_view.linked(key))
+    return st.radio(label, horizontal=True, label_visibility="collapsed", **shared_view.linked(key, options=views))
 
 
 @st.cache_resource(show_spinner=False)

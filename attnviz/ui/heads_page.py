@@ -184,13 +184,13 @@ class View:
             # Each plotly chart adds to every redraw: one appears 0.6–0.7 s after Apply, all three
             # 0.9–1.1 s (bench/toggle_latency.py, SmolLM2 at 64 tokens). Its own row: its four
             # choices did not fit half of this column and the last was cut at the page's edge.
-            chart = st.segmented_control("chart", LIVE_CHARTS, default=LIVE_CHARTS[0], required=True,
-                                         **shared_view.linked(K("chart")), help="the chart redrawn after each Apply; "
+            chart = st.segmented_control("chart", default=LIVE_CHARTS[0], required=True,
+                                         **shared_view.linked(K("chart"), options=LIVE_CHARTS), help="the chart redrawn after each Apply; "
                                          "all three take about 0.3–0.5 s longer to appear")
         c1, c2, c3 = st.columns([1, 1, 2])
-        c1.selectbox("layer for the attention change", range(self.L), index=self.L - 1,
-                     **shared_view.linked(K(f"diff_layer:{self.shape}")))
-        head = c2.selectbox("head", range(self.H), **shared_view.linked(K(f"diff_head:{self.shape}")))
+        c1.selectbox("layer for the attention change", index=self.L - 1,
+                     **shared_view.linked(K(f"diff_layer:{self.shape}"), options=range(self.L)))
+        head = c2.selectbox("head", **shared_view.linked(K(f"diff_head:{self.shape}"), options=range(self.H)))
         if not self.lm:
             chart = "attention change"
             c3.text_area("sentences to rank by similarity (one per line)", "\n".join(SENTENCES),

@@ -303,6 +303,6 @@ def tools(view, keep, more=None):
     """One tool at a time: the choice is remembered across buttons and downloads, and only the
     chosen tool's widgets and work run. `more`: further tools, name -> tool(view, keep)."""
     chosen = {"Importance": importance_tool, "Pruning curve": curve_tool, "Real pruning": prune_tool, **(more or {})}
-    choice = st.segmented_control("tool", list(chosen), default=TOOLS[0], required=True, **shared_view.linked(K("tool")),
+    choice = st.segmented_control("tool", default=TOOLS[0], required=True, **shared_view.linked(K("tool"), options=list(chosen)),
                                   label_visibility="collapsed")
     chosen[choice](view, keep)

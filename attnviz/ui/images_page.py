@@ -100,7 +100,7 @@ def choose_photo(cfg):
     # In the main area, above the views: a newcomer looks for the uploader here, not in the sidebar.
     left, right = st.columns([1, 3], vertical_alignment="center")
     with left:
-        source = st.radio("Image", ["Sample photo", "Upload"], **shared_view.linked(K("source")), horizontal=True)
+        source = st.radio("Image", **shared_view.linked(K("source"), options=["Sample photo", "Upload"]), horizontal=True)
     upload = sample = None
     with right:
         if source == "Upload":
@@ -111,7 +111,7 @@ def choose_photo(cfg):
                      f"model) on each side, the longer side at most {LIMITS.max_image_aspect:g} times the "
                      "shorter.")
         else:
-            sample = st.selectbox("Sample photo (scikit-image)", list(samples), **shared_view.linked(K("sample")))
+            sample = st.selectbox("Sample photo (scikit-image)", **shared_view.linked(K("sample"), options=samples))
     chosen = None
     if upload is not None:
         chosen = (upload.name, upload_key(upload), upload.getvalue())
@@ -166,7 +166,7 @@ class View:
         st.caption(f"**{common.plain(self.label)}** · {w}×{h} px, {shape}resized to "
                    f"{self.size}×{self.size} · {self.grid}×{self.grid} patches of {self.cfg.patch_size} px · "
                    f"{tr.n} tokens" + (f" · {heads_off} heads off" if heads_off else ""))
-        choice = st.segmented_control("view", VIEWS, default=VIEWS[0], required=True, **shared_view.linked(K("view_choice")),
+        choice = st.segmented_control("view", default=VIEWS[0], required=True, **shared_view.linked(K("view_choice"), options=VIEWS),
                                       label_visibility="collapsed")
         off = (mask == 0)[tr.layers]
         head_mask = mask if heads_off else None
@@ -187,7 +187,7 @@ class View:
 
     def scale_choice(self) -> bool:
         """True when the tiles share one colour scale (the user's choice; default: own range)."""
-        return st.radio("Colour scale", list(SCALES), **shared_view.linked(K("scale")), horizontal=True,
+        return st.radio("Colour scale", **shared_view.linked(K("scale"), options=SCALES), horizontal=True,
                         help="own range: each tile from its own weakest (dark) to strongest (bright) "
                              "patch, so weak heads still show a pattern; one scale: tiles compare by "
                              "colour") == "one scale for all tiles"
@@ -201,10 +201,10 @@ class View:
             st.image(image_figures.colour_bar("tile's min", "tile's max", title=what + ", each tile its own range"))
 
     def cls_view(self, tr, off, head_mask):
-        every = st.radio("Show", ["One layer", "Every layer × head"], **shared_view.linked(K("view")), horizontal=True)
+        every = st.radio("Show", **shared_view.linked(K("view"), options=["One layer", "Every layer × head"]), horizontal=True)
         layer = None
         if every == "One layer":
-            layer = st.slider("Layer", 0, self.cfg.n_layers - 1, **shared_view.linked(K("layer")))
+            layer = st.slider("Layer", **shared_view.linked(K("layer"), bounds=(0, self.cfg.n_layers - 1)))
         outline = st.checkbox("Outline the high-norm artefact patches", key=K("outline"),
                               help="attention sinks, flagged as in the artefacts view")
         found = self.artefacts(tr) if outline else None
@@ -219,9 +219,9 @@ class View:
 
     def query_view(self, tr, off, head_mask):
         cols = st.columns(3)
-        row = int(cols[0].number_input("Patch row", 0, self.grid - 1, **shared_view.linked(K("row"))))
-        col = int(cols[1].number_input("Patch column", 0, self.grid - 1, **shared_view.linked(K("col"))))
-        q_layer = cols[2].slider("Layer", 0, self.cfg.n_layers - 1, **shared_view.linked(K("q_layer")))
+        row = int(cols[0].number_input("Patch row", **shared_view.linked(K("row"), bounds=(0, self.grid - 1))))
+        col = int(cols[1].number_input("Patch column", **shared_view.linked(K("col"), bounds=(0, self.grid - 1))))
+        q_layer = cols[2].slider("Layer", **shared_view.linked(K("q_layer"), bounds=(0, self.cfg.n_layers - 1)))
         query = vision.patch_query_maps(tr, row, col)                          # (L, H, gh, gw)
         marked = image_figures.mark_patches(self.shown, [(row, col)], tr.grid)
         shared = self.scale_choice()

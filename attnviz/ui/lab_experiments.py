@@ -135,9 +135,9 @@ def experiments_view(model):
                 "same toy without it at the same seed; both are scored on 2,000 held-out prompts.")
     with st.form(key("form")):
         c1, c2, c3 = st.columns([3, 1, 1])
-        choice = c1.selectbox("Experiment", list(CHOICES), **shared_view.linked(key("choice"), format_func=CHOICES.get))
-        steps = c2.number_input("Steps", 20, 1000, s.steps, 20, **shared_view.linked(key("steps")))
-        seed = c3.number_input("Seed", 0, 999, 0, 1, **shared_view.linked(key("seed")))
+        choice = c1.selectbox("Experiment", **shared_view.linked(key("choice"), format_func=CHOICES.get, options=CHOICES))
+        steps = c2.number_input("Steps", value=s.steps, step=20, **shared_view.linked(key("steps"), bounds=(20, 1000)))
+        seed = c3.number_input("Seed", value=0, step=1, **shared_view.linked(key("seed"), bounds=(0, 999)))
         go = st.form_submit_button("Run", key=key("go"))
     if go:
         run_choice(choice, int(steps), int(seed), model)

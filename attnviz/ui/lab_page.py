@@ -70,10 +70,11 @@ def variants_view(model):
         return
     ss = st.session_state
     with st.form(key("var_form")):
-        specs = st.multiselect("Variants", VARIANTS, ["temp:2", "local:16", "linear", "relu", "topk:16"],
-                               **shared_view.linked(key("var_specs")))
-        layers = st.multiselect("In layers", list(range(model.cfg.n_layers)),
-                                list(range(model.cfg.n_layers)), **shared_view.linked(key(f"var_layers_{model.info.key}")))
+        specs = st.multiselect("Variants", default=["temp:2", "local:16", "linear", "relu", "topk:16"],
+                               **shared_view.linked(key("var_specs"), options=VARIANTS, kind=list))
+        layers = st.multiselect("In layers", default=list(range(model.cfg.n_layers)),
+                                **shared_view.linked(key(f"var_layers_{model.info.key}"),
+                                                     options=range(model.cfg.n_layers), kind=list))
         var_text = st.text_area("Text", eval_text()[:700], key=key("var_text"), height=120,
                                 help=f"the first {LIMITS.lab_max_tokens} tokens are used", **kept_inputs.kept())
         measure = st.form_submit_button("Measure", key=key("var_go"))

@@ -75,10 +75,10 @@ def patches_section(_model):
         return
     cfg = vision.cfg
     c1, c2 = st.columns(2)
-    sample = c1.selectbox("Sample photo (scikit-image)", list(samples), **shared_view.linked(key("pat_sample")))
+    sample = c1.selectbox("Sample photo (scikit-image)", **shared_view.linked(key("pat_sample"), options=samples))
     sizes = resolution_options(cfg.patch_size)
     common.keep_in_options({key("pat_size"): (sizes, vision.image_size)})
-    size = c2.select_slider("Input side (pixels)", sizes, **shared_view.linked(key("pat_size")),
+    size = c2.select_slider("Input side (pixels)", **shared_view.linked(key("pat_size"), options=sizes),
                             help=f"{VISION} takes {vision.image_size} px; other sides change the patch count")
     try:
         photo, pt = patch_tokens(vision, sample, int(size))
@@ -143,8 +143,8 @@ def padding_section(model):
     clamp(key("pad_layer"), cfg.n_layers - 1)
     clamp(key("pad_head"), cfg.n_heads - 1)
     c1, c2 = st.columns(2)
-    layer = int(c1.number_input("Layer", 0, cfg.n_layers - 1, **shared_view.linked(key("pad_layer"))))
-    head = int(c2.number_input("Head", 0, cfg.n_heads - 1, **shared_view.linked(key("pad_head"))))
+    layer = int(c1.number_input("Layer", **shared_view.linked(key("pad_layer"), bounds=(0, cfg.n_layers - 1))))
+    head = int(c2.number_input("Head", **shared_view.linked(key("pad_head"), bounds=(0, cfg.n_heads - 1))))
     try:
         r = padding_result(model, texts, layer, head)
     except ValueError as err:
@@ -197,11 +197,11 @@ def padding_section(model):
 def sparse_section(model):
     d_head = model.cfg.d_head if model is not None else 64
     c1, c2, c3, c4, c5 = st.columns(5)
-    n = int(c1.select_slider("n (tokens)", LENGTHS, 64, **shared_view.linked(key("sp_n"))))
-    w = int(c2.slider("Local window w", 1, 128, 8, **shared_view.linked(key("sp_w")), help="keys with |i − j| < w"))
-    s = int(c3.slider("Stride s", 1, 128, 8, **shared_view.linked(key("sp_s")), help="keys with i − j a multiple of s"))
-    b = int(c4.slider("Block b", 1, 256, 16, **shared_view.linked(key("sp_b")), help="keys in the query's block of b"))
-    causal = c5.toggle("Causal", model is not None and model.cfg.causal, **shared_view.linked(key("sp_causal")),
+    n = int(c1.select_slider("n (tokens)", value=64, **shared_view.linked(key("sp_n"), options=LENGTHS)))
+    w = int(c2.slider("Local window w", value=8, **shared_view.linked(key("sp_w"), bounds=(1, 128)), help="keys with |i − j| < w"))
+    s = int(c3.slider("Stride s", value=8, **shared_view.linked(key("sp_s"), bounds=(1, 128)), help="keys with i − j a multiple of s"))
+    b = int(c4.slider("Block b", value=16, **shared_view.linked(key("sp_b"), bounds=(1, 256)), help="keys in the query's block of b"))
+    causal = c5.toggle("Causal", model is not None and model.cfg.causal, **shared_view.linked(key("sp_causal"), kind=bool),
                        help="also only keys j ≤ i")
     widths = {"full": 1, "local": w, "strided": s, "block": b}
     labels = {k: input_and_masks.pattern_name(k, widths[k]) for k in input_and_masks.PATTERNS}

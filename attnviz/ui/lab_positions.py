@@ -87,8 +87,8 @@ def permutation_view(model):
         perm_text = st.text_input("Sentence to shuffle", SHUFFLE_TEXT, key=key("perm_text"),
                                   help=f"the first {LIMITS.lab_max_tokens} tokens are used", **kept_inputs.kept())
         c1, c2 = st.columns(2)
-        seed = c1.number_input("Shuffle seed", 0, 999, 0, **shared_view.linked(key("perm_seed")))
-        layer = c2.number_input("Layer shown", 0, L - 1, 0, **shared_view.linked(key("perm_layer")))
+        seed = c1.number_input("Shuffle seed", value=0, **shared_view.linked(key("perm_seed"), bounds=(0, 999)))
+        layer = c2.number_input("Layer shown", value=0, **shared_view.linked(key("perm_layer"), bounds=(0, L - 1)))
         go = st.form_submit_button("Shuffle and compare", key=key("perm_go"))
     wanted = (f"{model.info.key}@{id(model)}", perm_text, int(seed), int(layer))
     if go:
@@ -135,8 +135,8 @@ def draw_permutation(model, result: Shuffled):
 
 
 def positions_view(model):
-    n_pos = st.slider("Positions shown", 8, 256, 64, 8, **shared_view.linked(key("npos")))
-    d_sin = st.select_slider("Sinusoidal width d", [16, 32, 64, 128, 256, 384], 128, **shared_view.linked(key("dsin")))
+    n_pos = st.slider("Positions shown", value=64, step=8, **shared_view.linked(key("npos"), bounds=(8, 256)))
+    d_sin = st.select_slider("Sinusoidal width d", value=128, **shared_view.linked(key("dsin"), options=[16, 32, 64, 128, 256, 384]))
     sin = position_tables.sinusoidal_table(n_pos, d_sin)
     sim_sin = position_tables.cosine_similarity(sin)
     curves = {"sinusoidal": position_tables.by_distance(sim_sin)}

@@ -52,9 +52,9 @@ def train_form():
     ss = st.session_state
     with st.form(key("form")):
         c1, c2, c3 = st.columns(3)
-        steps = c1.number_input("Steps", 20, 3000, 1500, 100, **shared_view.linked(key("steps")))
-        width = c2.select_slider("Width d_model", [16, 32, 48], 32, **shared_view.linked(key("width")))
-        seed = c3.number_input("Seed", 0, 999, 0, 1, **shared_view.linked(key("seed")))
+        steps = c1.number_input("Steps", value=1500, step=100, **shared_view.linked(key("steps"), bounds=(20, 3000)))
+        width = c2.select_slider("Width d_model", value=32, **shared_view.linked(key("width"), options=[16, 32, 48]))
+        seed = c3.number_input("Seed", value=0, step=1, **shared_view.linked(key("seed"), bounds=(0, 999)))
         go = st.form_submit_button("Train", key=key("train"))
     try:
         settings = reader_training.ReaderSettings(steps=int(steps), d_model=int(width), seed=int(seed))
@@ -132,9 +132,9 @@ def reader_view(_model=None):
     c2.metric("Held-out pictures", f"{len(image_reader.held_out_set()):,}",
               help="strings never drawn for training (CRC-32 a multiple of 5), every digit and the end right")
     c1, c2 = st.columns([2, 1])
-    sample = c2.selectbox("Sample", SAMPLES, **shared_view.linked(key("sample")))
+    sample = c2.selectbox("Sample", **shared_view.linked(key("sample"), options=SAMPLES))
     text = c1.text_input(f"Digits to draw ({image_reader.MIN_DIGITS}-{image_reader.MAX_DIGITS})", sample,
-                         **shared_view.linked(key(f"text_{sample}")))
+                         **shared_view.linked(key(f"text_{sample}"), kind=str))
     try:
         drawn = image_reader.draw(text)
     except ValueError as err:

@@ -103,16 +103,16 @@ def steps_view(model):
         st.info("Pick a text model in the sidebar.")
         return
     cfg = model.cfg
-    mode = st.radio("Show", MODES, **shared_view.linked(key("steps_mode")), horizontal=True,
+    mode = st.radio("Show", **shared_view.linked(key("steps_mode"), options=MODES), horizontal=True,
                     label_visibility="collapsed")
     text = st.text_input("Sentence", SENTENCE, key=key("text"), **kept_inputs.kept())
     opening = open_on_default_head(model, text)
     clamp_choice(model, key("layer"), cfg.n_layers - 1, "layer")
     clamp_choice(model, key("head"), cfg.n_heads - 1, "head")
     c1, c2, c3, c4 = st.columns(4)
-    layer = c1.number_input("Layer", 0, cfg.n_layers - 1, **shared_view.linked(key("layer")), on_change=chose_head)
-    head = c2.number_input("Head", 0, cfg.n_heads - 1, **shared_view.linked(key("head")), on_change=chose_head)
-    temperature = c3.slider("Temperature", 0.1, 5.0, 1.0, 0.1, **shared_view.linked(key("temp")),
+    layer = c1.number_input("Layer", **shared_view.linked(key("layer"), bounds=(0, cfg.n_layers - 1)), on_change=chose_head)
+    head = c2.number_input("Head", **shared_view.linked(key("head"), bounds=(0, cfg.n_heads - 1)), on_change=chose_head)
+    temperature = c3.slider("Temperature", value=1.0, step=0.1, **shared_view.linked(key("temp"), bounds=(0.1, 5.0)),
                             help="divides the scaled scores: < 1 sharpens, > 1 flattens")
     causal = c4.toggle("Causal mask", cfg.causal, key=key(f"causal_{cfg.causal}"),
                        help="queries see only earlier tokens")

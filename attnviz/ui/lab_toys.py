@@ -73,17 +73,17 @@ def train_form():
     settings = None
     with st.form(key("toy_form")):
         c1, c2, c3, c4 = st.columns(4)
-        task_name = c1.selectbox("Task", list(tasks.TASKS), **shared_view.linked(key("toy_task")))
-        length = c1.slider("Length", 2, 16, 8, **shared_view.linked(key("toy_len")))
-        heads = c2.select_slider("Heads", [2, 4, 8], 4, **shared_view.linked(key("toy_heads")))
-        n_layers = c2.slider("Layers", 1, 4, 2, **shared_view.linked(key("toy_layers")))
-        d_model = c3.select_slider("Width d_model", [32, 64, 128], 64, **shared_view.linked(key("toy_width")))
-        positional = c3.selectbox("Positions", list(tasks.POSITIONALS), 0, **shared_view.linked(key("toy_pos")))
-        variant = c4.selectbox("Attention", ["softmax", "linear", "relu", "local:4", "topk:4"],
-                               **shared_view.linked(key("toy_var")))
-        steps = c4.number_input("Steps", 50, 5000, 600, 50, **shared_view.linked(key("toy_steps")))
+        task_name = c1.selectbox("Task", **shared_view.linked(key("toy_task"), options=tasks.TASKS))
+        length = c1.slider("Length", value=8, **shared_view.linked(key("toy_len"), bounds=(2, 16)))
+        heads = c2.select_slider("Heads", value=4, **shared_view.linked(key("toy_heads"), options=[2, 4, 8]))
+        n_layers = c2.slider("Layers", value=2, **shared_view.linked(key("toy_layers"), bounds=(1, 4)))
+        d_model = c3.select_slider("Width d_model", value=64, **shared_view.linked(key("toy_width"), options=[32, 64, 128]))
+        positional = c3.selectbox("Positions", index=0, **shared_view.linked(key("toy_pos"), options=tasks.POSITIONALS))
+        variant = c4.selectbox("Attention",
+                               **shared_view.linked(key("toy_var"), options=["softmax", "linear", "relu", "local:4", "topk:4"]))
+        steps = c4.number_input("Steps", value=600, step=50, **shared_view.linked(key("toy_steps"), bounds=(50, 5000)))
         ckpt = st.toggle("Gradient checkpointing (recompute block activations in backward)",
-                         **shared_view.linked(key("toy_ckpt")))
+                         **shared_view.linked(key("toy_ckpt"), kind=bool))
         train_go = st.form_submit_button("Train", key=key("toy_train"))
     try:
         settings = training.TrainSettings(
@@ -177,7 +177,7 @@ def toy_details(toy, toy_key: str):
     c1.metric("Exact accuracy (2,000 held-out prompts)", f"{score.exact:.1%}")
     c2.metric("Token accuracy", f"{score.token:.1%}")
     c3.metric("Parameters", f"{toy.num_params():,}")
-    prompt = st.text_input("Try it: a prompt", toy.task.example_prompt(), **shared_view.linked(key(f"toy_prompt_{toy.task}")))
+    prompt = st.text_input("Try it: a prompt", toy.task.example_prompt(), **shared_view.linked(key(f"toy_prompt_{toy.task}"), kind=str))
     try:
         answer, truth = toy_answer(toy, toy_key, prompt)
         (st.success if answer == truth else st.error)(
@@ -253,17 +253,17 @@ def toys_view(model):
     """`model` (the sidebar's) is not used: the toys are their own models."""
     st.markdown("Synthetic tasks with exact answers, learnt by our own modules: "
                 + "; ".join(f"**{k}**: {v}" for k, v in tasks.TASKS.items()) + ".")
-    source = st.radio("Model", ["shipped checkpoint", "train one now"], horizontal=True,
-                      **shared_view.linked(key("toy_source")))
+    source = st.radio("Model", horizontal=True,
+                      **shared_view.linked(key("toy_source"), options=["shipped checkpoint", "train one now"]))
     toy, toy_key = None, None
     if source == "shipped checkpoint":
         if not tasks.TOYS:
             st.error("No toy checkpoints are installed (attnviz/data/toys is empty); run "
                      "scripts/train_toys.py.")
         else:
-            toy_key = st.selectbox("Checkpoint", list(tasks.TOYS), **shared_view.linked(
+            toy_key = st.selectbox("Checkpoint", **shared_view.linked(
                 key("toy_key"), format_func=lambda k: f"{k} — stated exact accuracy "
-                                                      f"{tasks.TOYS[k]['accuracy']['exact']:.1%}"))
+                                                      f"{tasks.TOYS[k]['accuracy']['exact']:.1%}", options=tasks.TOYS))
             toy = shipped_toy(toy_key)
     else:
         toy, toy_key = train_form()

@@ -50,10 +50,10 @@ def toy_translator_view(_model=None):
     st.caption("Trained by `python -m attnviz.toys.toy_translator` (about a minute on one core); "
                f"{toy_translator.HELD_OUT:.0%} of the {len(toy_translator.sentences()):,} possible sentences were never trained on.")
     cols = st.columns(4)
-    words = [cols[0].selectbox("Subject", toy_translator.SUBJECTS, **shared_view.linked(key("s"))),
-             cols[1].selectbox("Verb", toy_translator.VERBS, index=2, **shared_view.linked(key("v"))),
-             cols[2].selectbox("Adjective", toy_translator.ADJECTIVES, **shared_view.linked(key("a"))),
-             cols[3].selectbox("Object", toy_translator.OBJECTS, index=1, **shared_view.linked(key("o")))]
+    words = [cols[0].selectbox("Subject", **shared_view.linked(key("s"), options=toy_translator.SUBJECTS)),
+             cols[1].selectbox("Verb", index=2, **shared_view.linked(key("v"), options=toy_translator.VERBS)),
+             cols[2].selectbox("Adjective", **shared_view.linked(key("a"), options=toy_translator.ADJECTIVES)),
+             cols[3].selectbox("Object", index=1, **shared_view.linked(key("o"), options=toy_translator.OBJECTS))]
     source = " ".join(words)
     try:
         tr = model.translate(source)

@@ -81,8 +81,8 @@ def attention_maps(results):
     """One held-out image's chosen patch, what it attends to in every trained configuration."""
     held = toy_vit.held_out_set()
     c1, c2 = st.columns(2)
-    index = int(c1.number_input("Held-out image", 0, len(held.labels) - 1, 0, 1, **shared_view.linked(key("image"))))
-    mark = c2.radio("Query patch", ["first mark", "second mark"], horizontal=True, **shared_view.linked(key("mark")))
+    index = int(c1.number_input("Held-out image", value=0, step=1, **shared_view.linked(key("image"), bounds=(0, len(held.labels) - 1))))
+    mark = c2.radio("Query patch", horizontal=True, **shared_view.linked(key("mark"), options=["first mark", "second mark"]))
     row, col = (int(v) for v in held.marks[index, 0 if mark == "first mark" else 1])
     maps = {r.settings.label: toy_vit.patch_maps(r.net, held.pixels[index], row * toy_vit.GRID + col)
             for r in results}
@@ -111,9 +111,10 @@ def vit_view(_model=None):
     ss = st.session_state
     with st.form(key("form")):
         c1, c2 = st.columns(2)
-        steps = c1.number_input("Steps", 10, 600, 150, 10, **shared_view.linked(key("steps")))
-        seed = c2.number_input("Seed", 0, 999, 0, 1, **shared_view.linked(key("seed")))
-        chosen = st.multiselect("Configurations", list(LABELS), list(LABELS), **shared_view.linked(key("configs")))
+        steps = c1.number_input("Steps", value=150, step=10, **shared_view.linked(key("steps"), bounds=(10, 600)))
+        seed = c2.number_input("Seed", value=0, step=1, **shared_view.linked(key("seed"), bounds=(0, 999)))
+        chosen = st.multiselect("Configurations", default=list(LABELS),
+                                **shared_view.linked(key("configs"), options=LABELS, kind=list))
         go = st.form_submit_button("Train", key=key("train"))
     if go:
         if not chosen:

@@ -72,14 +72,15 @@ def sweep_form():
     with st.form(K("form"), enter_to_submit=False):  # Enter in a box must not start a run
         c1, c2, c3 = st.columns(3)
         one_pass = [k for k, s in BUNDLED.items() if s["task"] not in ("translation", "speech")]
-        picked = c1.multiselect("Models", one_pass, default=["minilm"],
-                                **shared_view.linked(K("models")))  # translators and Whisper: their own sections below
+        picked = c1.multiselect("Models", default=["minilm"],
+                                **shared_view.linked(K("models"), options=one_pass, kind=list))  # translators and Whisper: their own sections below
         specs = c1.text_area("Synthetic shapes (one per line)", key=K("synthetic"), height=68,
                              placeholder="synthetic:layers=6,d=384,heads=8",
                              help="Random weights, for timing: layers, d, heads; optional kv, dh, ff, vocab, "
                                   "positions, causal=1, family")
         form = dict(models=picked + [s.strip() for s in specs.splitlines() if s.strip()])
-        form["variants"] = c2.multiselect("Attention variants", VARIANTS, default=["fused"], **shared_view.linked(K("variants")))
+        form["variants"] = c2.multiselect("Attention variants", default=["fused"],
+                                          **shared_view.linked(K("variants"), options=VARIANTS, kind=list))
         form["seq"] = c2.text_input("Sequence lengths", "16,32,64,128,256", **shared_view.linked(K("seq"), 200))
         form["heads"] = c2.text_input("Heads kept per layer", "all", **shared_view.linked(K("heads"), 200),
                                       help="'all', or counts such as 4,8: the first k heads of every layer, pruned")
@@ -87,8 +88,8 @@ def sweep_form():
             "Threads", sorted(set(range(1, (os.cpu_count() or 1) + 1)) | {here}), default=[here], key=K("threads"),
             help=f"this server runs on {here}; other thread counts are measured in a separate process (torch's "
                  "thread count is shared by every session here)")
-        form["backends"] = c3.multiselect("Backends", ["cpu", "pi4", "pi5"], default=["cpu", "pi4", "pi5"],
-                                          **shared_view.linked(K("backends")))
+        form["backends"] = c3.multiselect("Backends", default=["cpu", "pi4", "pi5"],
+                                          **shared_view.linked(K("backends"), options=["cpu", "pi4", "pi5"], kind=list))
         form["pi_threads"] = c3.multiselect(
             "Pi threads", list(range(1, sweep.PI_CORES + 1)), default=[sweep.PI_CORES], key=K("pi_threads"),
             help=f"the modelled Pi rows run at these threads whatever this server has (a Pi has {sweep.PI_CORES} cores)")
@@ -100,7 +101,7 @@ def sweep_form():
                                             f"{e} {', '.join(d)}" for e, d in engines.ENGINE_DTYPES.items()))
         form["repeats"] = c3.number_input("Repeats", 1, 50, 3, key=K("repeats"))
         form["warmup"] = c3.number_input("Warm-up runs", 0, 10, 1, key=K("warmup"))
-        form["clock"] = c3.radio("Clock", ["wall", "cpu"], horizontal=True, **shared_view.linked(K("clock")),
+        form["clock"] = c3.radio("Clock", horizontal=True, **shared_view.linked(K("clock"), options=["wall", "cpu"]),
                                  help="cpu: this process's CPU time; ignores other programs on a busy machine "
                                       "(1 thread)")
         form["memory"] = c3.checkbox("Measure peak memory", True, key=K("memory"))

@@ -61,8 +61,8 @@ def view(model, page: str):
     clean = st.text_input("Clean prompt", **shared_view.linked(key("clean"), kept_inputs.LINK_CHARS))
     corrupted = st.text_input("Corrupted prompt", **shared_view.linked(key("corrupted"), kept_inputs.LINK_CHARS))
     if encoder:
-        metric = st.radio("Metric", patching.ENCODER_METRICS, horizontal=True,
-                          **shared_view.linked(key("metric"), format_func=patching.METRICS.get))
+        metric = st.radio("Metric", horizontal=True,
+                          **shared_view.linked(key("metric"), format_func=patching.METRICS.get, options=patching.ENCODER_METRICS))
         target = minus = None
     else:
         metric = None
@@ -70,8 +70,9 @@ def view(model, page: str):
         target = left.text_input("Target token", **shared_view.linked(key("target"), 100))
         minus = right.text_input("Minus token", **shared_view.linked(key("minus"), 100))
     kinds = list(patching.KIND_NAMES) + [PATH]
-    kind = st.radio("Patch", kinds, horizontal=True,
-                    **shared_view.linked(key("kind"), format_func=lambda k: patching.KIND_NAMES.get(k, "path to a head's Q / K / V")))
+    kind = st.radio("Patch", horizontal=True,
+                    **shared_view.linked(key("kind"), options=kinds,
+                                         format_func=lambda k: patching.KIND_NAMES.get(k, "path to a head's Q / K / V")))
     pair = patching.prepare(model, clean, corrupted, target, minus, metric=metric)
     receiver = receiver_picker(model, key) if kind == PATH else None
     runs = patching_paths.count(model, receiver[0]) if receiver else patching.count(model, kind, pair)

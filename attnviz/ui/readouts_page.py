@@ -130,8 +130,8 @@ def lens_view(model, text: str):
                               final_labels)
     st.plotly_chart(figure, key=chart_key, on_select="rerun", selection_mode="points", width="stretch")
     left, right = st.columns(2)
-    row = left.selectbox("Layer", range(n_rows), **shared_view.linked(row_key, format_func=lambda r: lens.rows[r]))
-    pos = right.selectbox("Position", range(n), **shared_view.linked(pos_key, format_func=lambda j: f"{j}: {lens.tokens[j]}"))
+    row = left.selectbox("Layer", **shared_view.linked(row_key, format_func=lambda r: lens.rows[r], options=range(n_rows)))
+    pos = right.selectbox("Position", **shared_view.linked(pos_key, format_func=lambda j: f"{j}: {lens.tokens[j]}", options=range(n)))
     cell = readouts.cell_top(lens, row, pos, tok)
     st.plotly_chart(attention_figures.bar_topk(list(cell["token"]), cell["probability"].to_numpy(),
                                  f"Top-10 after {lens.rows[row]} at position {pos} ({lens.tokens[pos]})"),
@@ -197,9 +197,9 @@ def switch_off(model, text: str, att, target: int, minus: int | None):
     cfg, mkey = model.cfg, model.info.key
     st.subheader("Switch the top contributors off")
     left, mid, right = st.columns([1, 2, 2], vertical_alignment="bottom")
-    k = left.number_input("k", 1, cfg.n_layers * cfg.n_heads, 5, **shared_view.linked(key("top_k")))
-    mode = mid.radio("Ablation", head_ablation.MODES, horizontal=True,
-                     **shared_view.linked(key("ablation"), format_func=lambda m: f"{m} ablation"))
+    k = left.number_input("k", value=5, **shared_view.linked(key("top_k"), bounds=(1, cfg.n_layers * cfg.n_heads)))
+    mode = mid.radio("Ablation", horizontal=True,
+                     **shared_view.linked(key("ablation"), format_func=lambda m: f"{m} ablation", options=head_ablation.MODES))
     right.button(f"Switch the top {int(k)} heads off", key=key("top_off"), type="primary",
                  on_click=lambda: head_editor.set_applied(cfg, PAGE, readouts.top_off_mask(att, int(k)), mkey))
     full = common.cached_result(results(), ("logits", model_id(model), text),
@@ -256,8 +256,8 @@ def pair_view(model):
                         {key("pair_layer"): layer0, key("pair_head"): head0})
     common.keep_in_options({key("pair_layer"): (range(L), layer0), key("pair_head"): (range(H), head0)})
     one, two = st.columns(2)
-    layer = one.selectbox("Layer", range(L), **shared_view.linked(key("pair_layer")))
-    head = two.selectbox("Head", range(H), **shared_view.linked(key("pair_head")),
+    layer = one.selectbox("Layer", **shared_view.linked(key("pair_layer"), options=range(L)))
+    head = two.selectbox("Head", **shared_view.linked(key("pair_head"), options=range(H)),
                          help="opens on the head whose pattern differs most")
     name = names.head_name(layer, head)
     cols = st.columns(2)

@@ -1,6 +1,6 @@
 """Views you can share: a page's whole state in its link, a "Copy link" box and a saved-view file.
 
-    st.selectbox("Layer", range(L), **shared_view.linked(key("layer")))   # a choice in the link
+    st.selectbox("Layer", **shared_view.linked(key("layer"), options=range(L)))   # a choice in the link
     shared_view.keep_text(key("text"), text, DEFAULT_TEXT)                # a plain text value
     shared_view.share_bar(PAGE)                                            # last, on every page
 
@@ -13,8 +13,10 @@ run, is the view: opening it in a fresh browser seeds every widget from it.
 A text too long for a link (over kept_inputs.LINK_CHARS characters) is left out of it, with a
 message; the saved file holds everything, the full text too. The file is JSON (schema version,
 page, state); opening one checks it and sets the page's session state, so the widgets show it on
-the next run. A value whose widget is not drawn yet (another view of the page) waits until the
-widget is drawn. Nothing in a file is ever executed or unpickled.
+the next run. A widget's value waits until the widget is drawn (another view of the page may draw
+it later); then it is checked against what that widget accepts (its options, its bounds and number
+kind, its longest text, true/false), as the link's values are by Streamlit, and one that does not
+fit is left out with a note, the rest of the file kept. Nothing in a file is executed or unpickled.
 """
 from __future__ import annotations
 
@@ -32,28 +34,117 @@ APP = "attnviz view"
 MASK = "heads"                          # the head editor's link parameter
 MODEL_PREFIX = "model_choice:"          # the sidebar pickers' keys (common.MODEL_KEY + tasks)
 PENDING = "shared_view.pending"         # values from a file whose widget has not been drawn yet
-NOTE = "shared_view.note"
-FORMATS = "shared_view.formats"         # per session: a linked widget's key -> its option labels               # what the last opened file did: (kind, message)
+NOTE = "shared_view.note"               # what the last opened file did: (kind, message)
+FORMATS = "shared_view.formats"         # per session: a linked widget's key -> its option labels
 FILE_BYTES = 4 * LIMITS.max_text_chars + 2**16   # a file with every text at its longest fits
 # Keys linked since the server started: names the code makes (a page's namespace + a widget),
 # so the set is bounded by the code, not by what users send.
 _LINKED: dict[str, None] = {}
+_TEXTS: dict[str, None] = {}             # of those, the plain texts (keep_text, saved): not widgets
 
 
-def linked(key: str, chars: int | None = None, format_func=None) -> dict:
-    """Keyword arguments of a widget whose value is part of the shared view (replaces key=...);
-    `chars`: a text input's longest value (a text in the link is at most kept_inputs.LINK_CHARS);
+def linked(key: str, chars: int | None = None, format_func=None, *, options=None, bounds=None,
+           kind=None) -> dict:
+    """Keyword arguments of a widget whose value is part of the shared view (replaces key=...),
+    with what the widget accepts, which a value from an opened file must fit (`fits`):
+    `options`: a selectbox's, radio's, select_slider's or segmented control's (with kind=list, a
+    multiselect's); `bounds=(lo, hi)`: a slider's or number_input's (int or float as the bounds
+    are, unless `kind` says); `kind=bool`: a toggle's; `chars` or kind=str: a text's, `chars` its
+    longest value (a text in the link is at most kept_inputs.LINK_CHARS).
     `format_func`: the widget's own (the link names an option by its label, as Streamlit does).
-    A value from an opened file for this widget is set just before it is drawn."""
+    The widget takes its options (options=) and bounds (min_value=, max_value=) from here, so the
+    check and the widget cannot differ. A value from an opened file for this widget is checked
+    and set just before it is drawn; one that does not fit is left out, with a note."""
+    if chars is not None:
+        chars = min(chars, kept_inputs.LINK_CHARS)
+        kind = kind or str
+    if options is not None:
+        options = list(options)
+    if options is None and bounds is None and kind is None:
+        raise TypeError(f"linked({key!r}) needs what its widget accepts: options, bounds, kind or chars")
     _LINKED[key] = None
     ss = st.session_state
     pending = ss.get(PENDING)
     if pending and key in pending:
-        ss[key] = pending.pop(key)
+        value, why = fits(pending.pop(key), options=options, bounds=bounds, kind=kind, chars=chars)
+        if why is None:
+            ss[key] = value
+        else:
+            left_out(key, value, why)
     ss.setdefault(FORMATS, {})[key] = format_func or str
     return dict(key=key, bind="query-params", persist_state="session",
-                **({} if chars is None else dict(max_chars=min(chars, kept_inputs.LINK_CHARS))),
+                **({} if chars is None else dict(max_chars=chars)),
+                **({} if options is None else dict(options=options)),
+                **({} if bounds is None else dict(min_value=bounds[0], max_value=bounds[1])),
                 **({} if format_func is None else dict(format_func=format_func)))
+
+
+# ---------------------------------------------------------------- what a widget accepts
+def _option(value, options: list):
+    """The index of `value` among `options` (a bool matches only a bool: True == 1 in Python), or None."""
+    for i, option in enumerate(options):
+        try:
+            if isinstance(option, bool) == isinstance(value, bool) and bool(option == value):
+                return i
+        except (TypeError, ValueError):     # an option that does not compare with a plain value
+            continue
+    return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def fits(value, *, options=None, bounds=None, kind=None, chars=None) -> tuple[object, str | None]:
+    """(the value as the widget takes it, None) when `value` fits a widget that accepts these (as
+    `linked` takes them), else (value, why not). The one check of a saved view's values: a link's
+    go through Streamlit's own, which drops what its widget would refuse."""
+    if options is not None:
+        choices = value if kind is list else [value]
+        if kind is list and not isinstance(value, list):
+            return value, "it is not a list of choices"
+        found = [_option(v, options) for v in choices]
+        for v, i in zip(choices, found):
+            if i is None:
+                return value, f"{_short(v)} is not one of its {len(options)} choices"
+        if len(set(found)) < len(found):
+            return value, "it names a choice twice"
+        picked = [options[i] for i in found]
+        return (picked if kind is list else picked[0]), None
+    if isinstance(value, bool) != (kind is bool):
+        return value, "it is true/false" if isinstance(value, bool) else "it is not true/false"
+    if kind is bool:
+        return value, None
+    if bounds is not None:
+        lo, hi = bounds
+        whole = kind is int or (kind is None and not isinstance(lo, float) and not isinstance(hi, float))
+        if whole and not isinstance(value, int):
+            return value, "it is not a whole number"
+        if not isinstance(value, (int, float)):
+            return value, "it is not a number"
+        if not lo <= value <= hi:
+            return value, f"it is outside {lo:g} to {hi:g}"
+        return (value if whole else float(value)), None
+    if kind is str:
+        if not isinstance(value, str):
+            return value, "it is not text"
+        if chars is not None and len(value) > chars:
+            return value, f"it is {len(value):,} characters; this box takes at most {chars:,}"
+        return value, None
+    raise TypeError(f"nothing to check {_short(value)} against: give options, bounds, kind or chars")
+
+
+def left_out(key: str, value, why: str):
+    """Say that a value from an opened file was left out: with the file's note when the file was
+    opened in this run (the sidebar shows it at the end of the run), else as a toast."""
+    message = f"Left out {key} = {_short(value)}: {why}; it keeps the value it had."
+    ss = st.session_state
+    if NOTE in ss:
+        kind, text = ss[NOTE]
+        ss[NOTE] = ("error" if kind == "error" else "warning", f"{text} {message}")
+    else:
+        st.toast(message, icon=":material/warning:")
 
 
 def namespace(key: str) -> str:
@@ -64,7 +155,7 @@ def namespace(key: str) -> str:
 def saved(key: str):
     """Keep `key` (a widget's or a plain value's) in the saved file, not in the link: a text box
     in a form, whose committed text the link carries under another key."""
-    _LINKED[key] = None
+    _LINKED[key] = _TEXTS[key] = None
 
 
 def first_visit(key: str) -> bool:
@@ -85,7 +176,7 @@ def keep_text(key: str, text: str, default: str = "", chars: int = kept_inputs.L
     """Put `text` in the page's link under `key` (left out at its default). A text longer than
     `chars` is left out of the link, with a message to share it as a saved view instead.
     Returns whether the link carries it."""
-    _LINKED[key] = None
+    _LINKED[key] = _TEXTS[key] = None
     # the link is written only when it changes: each write sends the whole query string, which
     # would undo a linked widget's value that the browser has put in the URL since the run began
     if text == default or len(text) > chars:
@@ -153,14 +244,6 @@ def is_plain(value) -> bool:
     return value is None or isinstance(value, (str, int, bool))
 
 
-def same_kind(old, new) -> bool:
-    """A value may replace another of its kind (a number another number), never a bool."""
-    if isinstance(old, bool) or isinstance(new, bool):
-        return False
-    number = (int, float)
-    return (isinstance(old, number) and isinstance(new, number)) or type(old) is type(new)
-
-
 def page_state(page: str, state, params: dict[str, str]) -> dict:
     """The page's shareable state: its linked keys (widgets and texts) in `state` whose values
     are plain, the sidebar's model choice, and the head mask from the link."""
@@ -217,17 +300,25 @@ def read_view_file(data: bytes, page: str) -> tuple[dict, list[str]]:
     return kept, ignored
 
 
-def restore(page: str, state: dict, ss, params):
-    """Set a checked saved view's `state` in the session `ss` and the link `params`."""
+def restore(page: str, state: dict, ss, params) -> list[tuple[str, object, str]]:
+    """Set a checked saved view's `state` in the session `ss` and the link `params`: a widget's
+    value waits in PENDING, checked against the widget when it is drawn (`linked`). Returns the
+    (key, value, why) of the values left out now."""
     pending = ss.setdefault(PENDING, {})
+    out = []
     for k, v in state.items():
         if k == MASK:
             params[MASK] = v
             ss.pop(f"{page}.link_read", None)      # the head editor reads the link again
-        elif k in _LINKED or (k in ss and same_kind(ss[k], v)):
-            ss[k] = v       # never a value of another kind: a button's state (a bool) cannot be set
+        elif k in _TEXTS:
+            value, why = fits(v, kind=str)
+            if why is None:
+                ss[k] = value
+            else:
+                out.append((k, v, why))
         else:
-            pending[k] = v  # a widget of another view: set when it is drawn
+            pending[k] = v  # never set here: a widget's own options and bounds are known only as it is drawn
+    return out
 
 
 def open_view(page: str, uploader_key: str):
@@ -241,11 +332,13 @@ def open_view(page: str, uploader_key: str):
     except ValueError as err:
         ss[NOTE] = ("error", f"{uploaded.name}: {err} Nothing was changed.")
         return
-    restore(page, state, ss, st.query_params)
-    message = f"Opened {uploaded.name}: {len(state)} value(s) restored."
+    dropped = restore(page, state, ss, st.query_params)
+    message = f"Opened {uploaded.name}: {len(state)} value(s) read."
     if ignored:
         message += f" Ignored {len(ignored)} name(s) this page does not have: {', '.join(ignored[:8])}."
     ss[NOTE] = ("warning" if ignored else "success", message)
+    for k, v, why in dropped:
+        left_out(k, v, why)
 
 
 def share_bar(page: str):

@@ -39,7 +39,7 @@ def inputs():
     """Sidebar source and the audio -> (model, audio bytes), or None after showing why."""
     sidebar_nav()
     with st.sidebar:
-        source = st.radio("Audio", SOURCES, **shared_view.linked(key("source")))
+        source = st.radio("Audio", **shared_view.linked(key("source"), options=SOURCES))
         st.caption(f"Limits: {LIMITS.max_audio_bytes / 1e6:.0f} MB per file, {LIMITS.max_audio_seconds:.0f} s "
                    "(Whisper hears 30 s at a time: a longer file is cut to its first 30 s), "
                    f"{LIMITS.max_transcribe_seconds:g} s per transcription.")
@@ -177,7 +177,7 @@ def rows_of(model, tr, choice: str):
 
 
 def attention(model, tr):
-    choice = st.selectbox("Cross-attention of", head_options(model), **shared_view.linked(key("head")),
+    choice = st.selectbox("Cross-attention of", **shared_view.linked(key("head"), options=head_options(model)),
                           help="★ marks the alignment heads (config.json) that time the words.")
     fig = speech_figures.spectrogram_and_attention(tr.features, rows_of(model, tr, choice), tr.tokens, tr.audio_frames,
                                          tr.words, title=f"cross-attention · {choice} · tokens × time")

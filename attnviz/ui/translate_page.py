@@ -41,12 +41,12 @@ def inputs():
     keys = directions() + ([LOCAL] if local_folders_allowed() else [])
     sidebar_nav()
     with st.sidebar:
-        direction = st.radio("Direction", keys, horizontal=True,
-                             **shared_view.linked(key("direction"), format_func=lambda k: k.replace("-", " → ")))
+        direction = st.radio("Direction", horizontal=True,
+                             **shared_view.linked(key("direction"), format_func=lambda k: k.replace("-", " → "), options=keys))
         typed = st.text_input("Marian (opus-mt) or BART folder", key=key("folder"),
                               help="A Hugging Face folder inside this server's allowed model folders") \
             if direction == LOCAL else ""
-        beam = st.select_slider("Beam size", options=[1, 2, 3, 4, 5], value=1, **shared_view.linked(key("beam")),
+        beam = st.select_slider("Beam size", value=1, **shared_view.linked(key("beam"), options=[1, 2, 3, 4, 5]),
                                 help="1 is greedy decoding. Beams are ranked by log-probability per "
                                      "token (Marian's length normalisation).")
         st.caption(f"Limits: {LIMITS.max_source_tokens} source tokens (longer text is cut), at most "
@@ -162,8 +162,8 @@ def _same_words(tr) -> bool:
 # ---------------------------------------------------------------- views
 def _layer_head(tr, name: str, n_layers: int, n_heads: int, default_layer: int):
     c1, c2 = st.columns(2)
-    layer = c1.selectbox("Layer", list(range(n_layers)), index=default_layer, **shared_view.linked(key(f"{name}_layer")))
-    head = c2.selectbox("Head", [AVERAGE] + list(range(n_heads)), **shared_view.linked(key(f"{name}_head")))
+    layer = c1.selectbox("Layer", index=default_layer, **shared_view.linked(key(f"{name}_layer"), options=range(n_layers)))
+    head = c2.selectbox("Head", **shared_view.linked(key(f"{name}_head"), options=[AVERAGE] + list(range(n_heads))))
     return layer, head
 
 
@@ -182,7 +182,7 @@ def cross_attention(model, tr):
 
 def alignment_lines(model, tr):
     c = model.cfg
-    layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, **shared_view.linked(key("align_layer")))
+    layer = st.selectbox("Layer", index=c.n_dec_layers - 1, **shared_view.linked(key("align_layer"), options=range(c.n_dec_layers)))
     tgt_words, src_words, m = alignment.word_alignment(tr.cross_attentions[layer].mean(0),
                                                        tr.source_tokens, tr.target_tokens)
     st.caption("Source words on top, target words below; a line per head-averaged weight ≥ "
@@ -195,10 +195,10 @@ def alignment_lines(model, tr):
 def steps(model, tr):
     c = model.cfg
     if tr.n_tgt > 1:
-        step = st.slider("Step", 0, tr.n_tgt - 1, 0, **shared_view.linked(key("step")))
+        step = st.slider("Step", value=0, **shared_view.linked(key("step"), bounds=(0, tr.n_tgt - 1)))
     else:
         step = 0
-    layer = st.selectbox("Layer", list(range(c.n_dec_layers)), index=c.n_dec_layers - 1, **shared_view.linked(key("step_layer")))
+    layer = st.selectbox("Layer", index=c.n_dec_layers - 1, **shared_view.linked(key("step_layer"), options=range(c.n_dec_layers)))
     written = "".join(tr.target_tokens[:step]).replace("▁", " ").strip() or "(nothing yet)"
     st.markdown(f"Written so far: **{plain(written)}** — now choosing **{plain(tr.target_tokens[step])}** "
                 f"(log-probability {float(tr.logprobs[step]):.3f})")
@@ -218,8 +218,8 @@ def encoder(model, tr):
     st.caption("The encoder's self-attention over the source, with the Attention page's views.")
     st.plotly_chart(attention_figures.overview_figure(tr.encoder_attentions), key=key("enc_overview"))
     c1, c2 = st.columns(2)
-    layer = c1.selectbox("Layer", list(range(c.n_enc_layers)), index=c.n_enc_layers - 1, **shared_view.linked(key("enc_layer")))
-    head = c2.selectbox("Head", list(range(c.n_heads)), **shared_view.linked(key("enc_head")))
+    layer = c1.selectbox("Layer", index=c.n_enc_layers - 1, **shared_view.linked(key("enc_layer"), options=range(c.n_enc_layers)))
+    head = c2.selectbox("Head", **shared_view.linked(key("enc_head"), options=range(c.n_heads)))
     st.plotly_chart(attention_figures.head_heatmap(tr.encoder_attentions[layer, head], tr.source_tokens,
                                      title=names.head_name(layer, head)), key=key("enc_heatmap"))
     st.plotly_chart(attention_figures.lines_figure(tr.encoder_attentions[layer], tr.source_tokens, [head],
