@@ -123,3 +123,22 @@ def test_head_mask_prune_and_mean_ablation_agree(model):
 def test_every_language_model_family_has_a_row():
     lms = [n for n, f in REGISTERED.items() if f.TASK == "lm"]
     assert all(any(row == n or row.startswith(n + "_") for row in FAMILIES) for n in lms), lms
+
+
+def test_patching_the_only_difference_restores_the_clean_run(model):
+    """The corrupted prompt differs from the clean one in one token: patching the clean residual
+    into block 0 there makes the runs identical (recovered exactly 1), through every family's
+    windows, norms and caps; every head's output patch gives a finite score."""
+    from attnviz.analysis import patching
+    clean = ids()
+    corrupted = clean.clone()
+    corrupted[-2] = (int(clean[-2]) + 1) % 99      # within every tiny window of the last token
+    if not all(block.additive for block in model.net.blocks):
+        with pytest.raises(ValueError, match="pre-norm"):
+            patching.prepare(model, clean, corrupted, target=3, minus=4)
+        return
+    pair = patching.prepare(model, clean, corrupted, target=3, minus=4)
+    restored = patching.patch_map(model, pair, "resid_pre", units={0: [LONG - 2]})
+    assert abs(float(restored.recovered[0, LONG - 2]) - 1) < 1e-4
+    heads = patching.patch_map(model, pair, "z", units={1: list(range(model.cfg.n_heads))})
+    assert torch.isfinite(heads.recovered[1]).all()
