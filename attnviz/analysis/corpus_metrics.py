@@ -29,11 +29,8 @@ import torch
 from PIL import Image
 
 from attnviz.analysis.corpus import PAIR, CorpusLimits
-from attnviz.analysis.importance import is_lm
 from attnviz.analysis.vision import saliency_iou
-from attnviz.core.speech_model import SpeechModel
 from attnviz.core.transformer import sentence_embedding
-from attnviz.core.translator import Seq2SeqModel
 
 TOP_K = 64            # next-token candidates kept per position (KL's buckets)
 BOOTSTRAP = 1000      # resamples for the confidence intervals
@@ -81,13 +78,7 @@ def primary(kind: str, reference: str = "full") -> str:
 
 def model_kind(model) -> str:
     """"lm" | "encoder" | "translator" | "speech" | "vision"."""
-    if isinstance(model, SpeechModel):
-        return "speech"
-    if isinstance(model, Seq2SeqModel):
-        return "translator"
-    if model.cfg.is_vision:
-        return "vision"
-    return "lm" if is_lm(model) else "encoder"
+    return model.kind
 
 
 # ---------------------------------------------------------------- one item
@@ -96,7 +87,7 @@ def _ids(model, text: str, max_tokens: int) -> tuple[torch.Tensor, int]:
     ids, _ = model.encode_text(text)
     cut = max(0, len(ids) - max_tokens)
     if cut:
-        ids = ids[:max_tokens] if is_lm(model) else torch.cat([ids[:max_tokens - 1], ids[-1:]])
+        ids = ids[:max_tokens] if model.next_token else torch.cat([ids[:max_tokens - 1], ids[-1:]])
     return ids, cut
 
 

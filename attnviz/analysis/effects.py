@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from attnviz.analysis import head_ablation
-from attnviz.analysis.importance import is_lm, plain_ids
+from attnviz.analysis.importance import plain_ids
 from attnviz.core.tokens import LEADING_SPACE_MARKS, check_text, labels, piece_bytes, tokenizer_kind
 from attnviz.core.transformer import sentence_embedding
 
@@ -138,7 +138,7 @@ def _continue(model, x: torch.Tensor, start: int, mask: torch.Tensor, layer: int
     attention of `layer` or None)."""
     net = model.net
     run = net.run_blocks(x[None], start, head_mask=mask, capture=(layer,), states=True, head_fill=fill)
-    hidden, logits = net.finish(run.x, logits=is_lm(model))
+    hidden, logits = net.finish(run.x, logits=model.next_token)
     att = run.weights.get(layer)
     return ([s[0] for s in run.states], hidden[0], None if logits is None else logits[0],
             None if att is None else att[0])
@@ -161,7 +161,7 @@ def _stateful_outputs(model, x, head_mask, layer: int, bases, ablation: str = "z
         s = first_change(mask, base, key, layer)
         if s > start:
             best, start = base, s
-    lm = is_lm(model)
+    lm = model.next_token
     with torch.inference_mode():
         if best is not None and start >= cfg.n_layers and best.layer == layer:
             return best  # the same mask on the same text: nothing to compute
@@ -201,7 +201,7 @@ def outputs(model, x, head_mask=None, layer: int | None = None,
     layer = model.cfg.n_layers - 1 if layer is None else int(layer)
     if not 0 <= layer < model.cfg.n_layers:
         raise ValueError(f"layer must lie in 0..{model.cfg.n_layers - 1}")
-    if not is_lm(model) and sentences:
+    if not model.next_token and sentences:
         return _encoder_outputs(model, x, head_mask, layer, sentences, ablation, means)
     if not model.cfg.is_vision:
         bases = [] if base is None else list(base) if isinstance(base, (list, tuple)) else [base]

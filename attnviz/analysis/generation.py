@@ -25,7 +25,6 @@ import torch
 
 from attnviz.analysis import head_ablation
 from attnviz.analysis.effects import token_names
-from attnviz.analysis.importance import is_lm
 from attnviz.base import jobs, memory
 from attnviz.base.limits import LIMITS
 
@@ -99,7 +98,7 @@ def generate(model, prompt, max_new: int = 20, *, temperature: float = 0.0, top_
              seed: int = 0, head_mask=None, ablation: str = "zero", means=None, stop_at_eos: bool = True,
              cancel=None) -> Generation:
     """Up to `max_new` tokens after `prompt` (text or ids); see the module docstring."""
-    if not is_lm(model):
+    if not model.next_token:
         raise ValueError(f"{model.info.key} is not a language model: pick SmolLM2, GPT-2 or a toy LM")
     check_settings(temperature, top_k, top_p, max_new)
     mask = model.check_head_mask(head_mask)

@@ -46,7 +46,7 @@ def pretrained_heads(model, max_tokens: int = MAX_TOKENS, max_seconds: float | N
     with torch.inference_mode():
         out = model.net(input_ids=data.ids[:1], need_weights=True, logits=False)
     collapse = head_measures.Collapse(head_measures.diagonal_mass(out.attentions, causal=model.cfg.causal))
-    measure = head_measures.GRADIENT if importance.is_lm(model) else \
+    measure = head_measures.GRADIENT if model.next_token else \
         "the second-order estimate of each head's loss rise (the encoder's gradient is 0 at the full mask)"
     return PretrainedHeads(model.info.key, result.objective, measure, grad, collapse, data.n_tokens, result.done,
                            result.total)

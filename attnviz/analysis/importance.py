@@ -114,10 +114,6 @@ class Reference:
     embedding: torch.Tensor | None = None  # encoder: [W, d] L2-normalised mean-pooled hidden
 
 
-def is_lm(model) -> bool:
-    return model.net.lm_head is not None and model.cfg.task == "lm"
-
-
 def _check_mask(model, head_mask) -> torch.Tensor:
     m = model.check_head_mask(head_mask)
     return model.kept.float() if m is None else m * model.kept.float()
@@ -129,9 +125,9 @@ def reference(model, data: EvalSet, batch: int = 2) -> Reference:
     outs = []
     with torch.inference_mode():
         for ids in data.ids.split(batch):
-            out = model.net(input_ids=ids, head_mask=mask, logits=is_lm(model))
-            outs.append(out.logits.float().log_softmax(-1) if is_lm(model) else sentence_embedding(out.hidden))
-    if is_lm(model):
+            out = model.net(input_ids=ids, head_mask=mask, logits=model.next_token)
+            outs.append(out.logits.float().log_softmax(-1) if model.next_token else sentence_embedding(out.hidden))
+    if model.next_token:
         lp = torch.cat(outs)
         return Reference(logprobs=lp.half(), top1=lp.argmax(-1))
     return Reference(embedding=torch.cat(outs))
@@ -146,7 +142,7 @@ def evaluate(model, data: EvalSet, head_mask=None, ref: Reference | None = None,
     mask = _check_mask(model, head_mask)
     fill = head_ablation.fill(mask, ablation, head_ablation.resolve_means(model, ablation, means))
     ref = ref or reference(model, data, batch)
-    lm = is_lm(model)
+    lm = model.next_token
     sums = dict(nll=0.0, kl=0.0, agree=0.0, cos=0.0)
     n_pred = n_pos = 0
     with torch.inference_mode():
@@ -172,12 +168,12 @@ def evaluate(model, data: EvalSet, head_mask=None, ref: Reference | None = None,
 
 def primary_metric(model) -> str:
     """The metric curves and ablation rank by: perplexity for LMs, embedding cosine for encoders."""
-    return "perplexity" if is_lm(model) else "cosine"
+    return "perplexity" if model.next_token else "cosine"
 
 
 def damage(model, metrics: dict[str, float]) -> float:
     """One number that grows as the model gets worse: loss (LM) or 1 - cosine (encoder)."""
-    return metrics["loss"] if is_lm(model) else 1.0 - metrics["cosine"]
+    return metrics["loss"] if model.next_token else 1.0 - metrics["cosine"]
 
 
 # ---------------------------------------------------------------- importance
@@ -295,7 +291,7 @@ def gradient_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
     start = _check_mask(model, head_mask)
     means = head_ablation.resolve_means(model, ablation, means)
     alive = start > 0
-    lm = is_lm(model)
+    lm = model.next_token
     if not lm and ref is None:
         ref = reference(model, data)
     gen = torch.Generator().manual_seed(seed)
@@ -352,7 +348,7 @@ def ablation_importance(model, data: EvalSet, head_mask=None, ref: Reference | N
     heads = [(i, h) for i, h in zip(*torch.nonzero(start > 0, as_tuple=True))]
     raw = torch.full_like(start, float("nan"))
     rows = []
-    result = Importance("ablation", "rise of " + ("the next-token loss (nats/token)" if is_lm(model)
+    result = Importance("ablation", "rise of " + ("the next-token loss (nats/token)" if model.next_token
                         else "1 - cosine to the full embedding") + " when the head alone is removed",
                         raw, raw, 0, len(heads), baseline=base, max_seconds=stop.deadline.seconds,
                         ablation=ablation)

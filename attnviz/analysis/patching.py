@@ -123,7 +123,7 @@ def prepare(model, clean, corrupted, target=None, minus=None, check=None, metric
     target is not one token, or the two prompts give the same metric (nothing to recover). A
     language model's metric is the logit difference (target, minus); an encoder's `metric` is
     "distance" (the default) or "cosine" of the sentence embedding with the clean run's."""
-    encoder = model.cfg.task == "encoder"
+    encoder = model.kind == "encoder"
     metric = metric or ("distance" if encoder else "logit_diff")
     if metric not in (ENCODER_METRICS if encoder else ("logit_diff",)):
         raise ValueError(f"metric {metric!r} does not fit {model.info.key}: "

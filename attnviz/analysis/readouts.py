@@ -20,7 +20,6 @@ import pandas as pd
 import torch
 
 from attnviz.analysis.effects import single_token, token_names
-from attnviz.analysis.importance import is_lm
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 from attnviz.core.layers import frozen
@@ -38,7 +37,7 @@ class Run:
 
 
 def check_lm(model):
-    if not is_lm(model):
+    if not model.next_token:
         raise ValueError(f"{model.info.key} is not a language model: readouts need next-token logits "
                          "(pick SmolLM2, GPT-2 or a toy LM)")
     if not all(block.additive for block in model.net.blocks):

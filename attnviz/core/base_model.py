@@ -94,6 +94,17 @@ class BaseModel:
     def has_tokenizer(self) -> bool:
         raise NotImplementedError
 
+    # Model-kind questions are asked of the model, never switched on across the library.
+    @property
+    def kind(self) -> str:
+        """"lm" | "encoder" | "vision" | "translator" | "speech": what the model reads and writes."""
+        raise NotImplementedError
+
+    @property
+    def next_token(self) -> bool:
+        """Whether the model predicts the next token of its own input (a language-model head)."""
+        return False
+
     @property
     def mask_layers(self) -> int:
         """The rows of `head_mask`: the layers whose heads it switches."""

@@ -66,6 +66,14 @@ class Model(BaseModel):
         return self.tokenizer is not None
 
     @property
+    def kind(self) -> str:
+        return "vision" if self.cfg.is_vision else "lm" if self.next_token else "encoder"
+
+    @property
+    def next_token(self) -> bool:
+        return self.net.lm_head is not None and self.cfg.task == "lm"
+
+    @property
     def id_limit(self) -> int:
         return self.max_tokens
 

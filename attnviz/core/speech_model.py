@@ -106,6 +106,10 @@ class SpeechModel(Seq2SeqModel):
                 f"x {c.n_heads} heads)")
 
     @property
+    def kind(self) -> str:
+        return "speech"
+
+    @property
     def alignment_heads(self) -> list[tuple[int, int]]:
         return [tuple(lh) for lh in self.cfg.alignment_heads]
 

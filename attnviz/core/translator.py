@@ -61,6 +61,10 @@ class Seq2SeqModel(BaseModel):
         return self.pieces is not None
 
     @property
+    def kind(self) -> str:
+        return "translator"
+
+    @property
     def mask_layers(self) -> int:
         return self.cfg.n_dec_layers   # `head_mask` switches the decoder's cross-attention heads
 

@@ -258,7 +258,7 @@ def embedding(model_id: str, text: str, _model) -> torch.Tensor:
 
 def model_output(s: Shown):
     cap = s.cap
-    if s.cfg.task == "lm":
+    if s.model.next_token:
         position = st.selectbox("After position", range(cap.n), key=key("pos"),
                                 format_func=token_name(cap.tokens), persist_state="page")
         ids, probs = capture.next_token_topk(s.model, cap.hidden[position], k=10)

@@ -91,7 +91,7 @@ class View:
         self.model, self.cfg = model, model.cfg
         self.L, self.H, self.mkey = model.cfg.n_layers, model.cfg.n_heads, model.info.key
         self.shape = f"{self.mkey}:{self.L}x{self.H}"  # settings naming a layer or head: per model
-        self.lm = importance.is_lm(model)
+        self.lm = model.next_token
         self.text = ""
         self.ablation = "zero"  # how the mask's heads are removed: zero | mean (analysis.ablation)
 

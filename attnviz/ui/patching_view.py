@@ -52,7 +52,7 @@ def _bar():
 
 def view(model, page: str):
     key = (lambda name: f"{page}.patch_{name}")
-    encoder = model.cfg.task == "encoder"
+    encoder = model.kind == "encoder"
     st.caption(ENCODER_CONVENTIONS if encoder else CONVENTIONS)
     st.session_state.setdefault(key("clean"), patching.SAMPLE_CLEAN)
     st.session_state.setdefault(key("corrupted"), patching.SAMPLE_CORRUPTED)

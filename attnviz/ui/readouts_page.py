@@ -66,7 +66,7 @@ def page():
     model = common.model_picker(tasks=("encoder", "lm"), default="smollm2")
     if model is None:
         st.stop()
-    if model.cfg.task == "encoder":
+    if model.kind == "encoder":
         st.caption("An encoder has no next-token logits: of this page's views, patching (with an embedding "
                    "metric) is the one that applies.")
     view = common.view_choice(PAGE, VIEWS if model.cfg.task != "encoder" else ["Patching"])

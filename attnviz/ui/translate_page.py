@@ -15,7 +15,6 @@ from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
-from attnviz.core.translator import Seq2SeqModel
 from attnviz.ui import kept_inputs, patching_view, shared_view
 from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
@@ -72,7 +71,7 @@ def inputs():
     except ValueError as err:
         st.error(plain(str(err)))
         return None
-    if not isinstance(model, Seq2SeqModel) or model.info.task != "translation":
+    if model.kind != "translator":
         st.error(f"{plain(typed)} holds a {plain(model.info.family)} model, not a translator: "
                  "give a Marian (opus-mt) or BART folder.")
         return None
