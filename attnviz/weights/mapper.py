@@ -70,3 +70,14 @@ class Mapper:
 
     def norm(self, ours: str, theirs: str, bias=True):
         self.linear(ours, theirs, bias=bias)
+
+    def output_head(self, cfg, name: str = "lm_head.weight") -> dict:
+        """The language-model output layer, which sits beside the base model: its weight unless
+        tied to the embeddings, its bias where the config has one (its own even when tied).
+        Returns the mapped state."""
+        self.prefix = ""
+        if not cfg.tie_embeddings:
+            self.put("lm_head.weight", self.take(name))
+        if cfg.lm_head_bias:
+            self.put("lm_head.bias", self.take("lm_head.bias"))
+        return self.out

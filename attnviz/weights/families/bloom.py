@@ -64,7 +64,4 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
         m.linear(o + "mlp.fc_in", p + "mlp.dense_h_to_4h")
         m.linear(o + "mlp.fc_out", p + "mlp.dense_4h_to_h")
     m.norm("norm", "ln_f")
-    if not cfg.tie_embeddings:
-        m.prefix = ""  # the output head sits beside the base model
-        m.put("lm_head.weight", m.take("lm_head.weight"))
-    return m.out
+    return m.output_head(cfg)

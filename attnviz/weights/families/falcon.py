@@ -104,7 +104,4 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
         m.linear(o + "mlp.fc_in", p + "mlp.dense_h_to_4h", bias=cfg.mlp_bias)
         m.linear(o + "mlp.fc_out", p + "mlp.dense_4h_to_h", bias=cfg.mlp_bias)
     m.norm("norm", "ln_f")
-    if not cfg.tie_embeddings:
-        m.prefix = ""  # the output layer sits beside the base model
-        m.put("lm_head.weight", m.take("lm_head.weight"))
-    return m.out
+    return m.output_head(cfg)

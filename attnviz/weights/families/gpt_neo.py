@@ -62,7 +62,4 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
         m.linear(o + "mlp.fc_in", p + "mlp.c_fc")
         m.linear(o + "mlp.fc_out", p + "mlp.c_proj")
     m.norm("norm", "ln_f")
-    if not cfg.tie_embeddings:
-        m.prefix = ""  # the output head sits beside the base model
-        m.put("lm_head.weight", m.take("lm_head.weight"))
-    return m.out
+    return m.output_head(cfg)

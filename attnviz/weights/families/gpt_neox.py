@@ -60,7 +60,5 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
         m.linear(o + "mlp.fc_in", p + "mlp.dense_h_to_4h")
         m.linear(o + "mlp.fc_out", p + "mlp.dense_4h_to_h")
     m.norm("norm", "final_layer_norm")
-    if not cfg.tie_embeddings:
-        m.prefix = ""  # the output layer sits beside the base model: `embed_out` in the original checkpoints
-        m.put("lm_head.weight", m.take("lm_head.weight" if m.has("lm_head.weight") else "embed_out.weight"))
-    return m.out
+    m.prefix = ""  # `embed_out` in the original checkpoints
+    return m.output_head(cfg, "lm_head.weight" if m.has("lm_head.weight") else "embed_out.weight")

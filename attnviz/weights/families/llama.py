@@ -121,10 +121,7 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
             m.fused(o + "mlp.fc_in", [p + "mlp.gate_proj", p + "mlp.up_proj"], bias=cfg.mlp_bias)
             m.linear(o + "mlp.fc_out", p + "mlp.down_proj", bias=cfg.mlp_bias)
     m.norm("norm", "norm", bias=False)
-    if not cfg.tie_embeddings:
-        m.prefix = ""  # the output head sits beside the base model
-        m.put("lm_head.weight", m.take("lm_head.weight"))
-    return m.out
+    return m.output_head(cfg)
 
 
 def experts(m: Mapper, ours: str, layer: str, n: int):

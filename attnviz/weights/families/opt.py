@@ -60,7 +60,4 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
         m.linear(o + "mlp.fc_out", p + "fc2", bias=cfg.mlp_bias)
     if cfg.final_norm:
         m.norm("norm", "final_layer_norm")
-    if not cfg.tie_embeddings:
-        m.prefix = ""  # the output head sits beside the base model
-        m.put("lm_head.weight", m.take("lm_head.weight"))
-    return m.out
+    return m.output_head(cfg)

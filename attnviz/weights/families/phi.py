@@ -54,8 +54,4 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
         m.linear(o + "mlp.fc_in", p + "mlp.fc1")
         m.linear(o + "mlp.fc_out", p + "mlp.fc2")
     m.norm("norm", "final_layernorm")
-    m.prefix = ""  # the output layer sits beside the base model; its bias is its own even when tied
-    if not cfg.tie_embeddings:
-        m.put("lm_head.weight", m.take("lm_head.weight"))
-    m.put("lm_head.bias", m.take("lm_head.bias"))
-    return m.out
+    return m.output_head(cfg)
