@@ -142,3 +142,15 @@ def test_patching_the_only_difference_restores_the_clean_run(model):
     assert abs(float(restored.recovered[0, LONG - 2]) - 1) < 1e-4
     heads = patching.patch_map(model, pair, "z", units={1: list(range(model.cfg.n_heads))})
     assert torch.isfinite(heads.recovered[1]).all()
+
+
+def test_mean_ablation_by_a_heads_own_mean_changes_nothing(model):
+    """On one token every head's output is its value at that token, so its mean over that text is
+    itself: mean-ablating every head with those means gives the model's own logits exactly."""
+    from attnviz.analysis import head_ablation
+    x = ids(1)
+    means = head_ablation.head_means(model, x)
+    off = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
+    ablated = head_ablation.logits(model, x, off, "mean", means)
+    assert (ablated - model.trace(x).logits).abs().max() < 1e-5
+    assert (head_ablation.logits(model, x, off, "zero") - model.trace(x).logits).abs().max() > 1e-4
