@@ -237,7 +237,7 @@ def test_a_long_text_goes_in_the_saved_file_and_comes_back(page, server, fresh, 
     sidebar.get_by_text("Share this view", exact=True).click()
     sidebar.locator('input[type="file"]').set_input_files(str(path))
     wait_idle(other)
-    expect(sidebar.get_by_text("value(s) restored", exact=False)).to_be_visible()
+    expect(sidebar.get_by_text("value(s) read", exact=False)).to_be_visible()
     expect(other.locator('textarea[aria-label="Text"]')).to_have_value(text)
     selected(other, "Head", "5")
     assert_no_errors(other)

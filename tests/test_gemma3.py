@@ -36,7 +36,7 @@ def test_our_gemma3_matches_transformers_gguf(ours, reference):
     assert (cfg.family, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_head) == ("gemma3_text", 18, 4, 1, 256)
     assert cfg.windows.count(512) == 15 and cfg.qk_norm == "head" and cfg.local_rope_theta == 10000.0
     assert "quantization" in ours.info.source and "Gemma Terms" in ours.info.licence
-    ids = torch.tensor(ours.inputs(PROMPT)["ids"])
+    ids = ours.inputs(PROMPT)["ids"]
     tr = ours.trace(ids)
     with torch.no_grad():
         out = reference(input_ids=ids[None], output_attentions=True)
