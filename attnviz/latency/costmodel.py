@@ -223,15 +223,14 @@ def layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int, window: int = 0)
         ops.append(Op("merge heads", "projections", "vector", 0, 2 * F32 * n * h * dh, calls=3))
     ops.append(gemm_op("output projection", "projections", n, h * dh, d, cfg.out_bias))
     width = 2 * ff if cfg.gated_mlp else ff
-    if cfg.n_experts:  # the router, then each token's chosen experts: k experts' work per token
+    rows = n * cfg.experts_per_token if cfg.n_experts else n   # a mixture of experts: k experts' rows per token
+    if cfg.n_experts:
         ops.append(gemm_op("router", "mlp", n, d, cfg.n_experts, False))
-        n = n * cfg.experts_per_token
-    ops.append(gemm_op("MLP in", "mlp", n, d, width, cfg.mlp_bias))
-    act_calls, act_bytes = (3, 5 * F32 * n * ff) if cfg.gated_mlp else (1, 2 * F32 * n * ff)
-    ops.append(Op("activation", "mlp", "vector", 10 * n * ff, act_bytes, calls=act_calls,
-                  fresh=F32 * n * ff * cfg.gated_mlp))  # SwiGLU's act(gate) and x up are new tensors
-    ops.append(gemm_op("MLP out", "mlp", n, ff, d, cfg.mlp_bias))
-    n = n // max(1, cfg.experts_per_token) if cfg.n_experts else n
+    ops.append(gemm_op("MLP in", "mlp", rows, d, width, cfg.mlp_bias))
+    act_calls, act_bytes = (3, 5 * F32 * rows * ff) if cfg.gated_mlp else (1, 2 * F32 * rows * ff)
+    ops.append(Op("activation", "mlp", "vector", 10 * rows * ff, act_bytes, calls=act_calls,
+                  fresh=F32 * rows * ff * cfg.gated_mlp))  # SwiGLU's act(gate) and x up are new tensors
+    ops.append(gemm_op("MLP out", "mlp", rows, ff, d, cfg.mlp_bias))
     ops.append(Op("residual adds", "other", "vector", 2 * n * d, 6 * x, calls=2 + 2 * cfg.layer_scale))
     ops.append(_norm(cfg, n))
     if not cfg.pre_norm:
