@@ -113,3 +113,34 @@ def test_gguf_files_of_the_families(row, tmp_path, monkeypatch):
     torch.manual_seed(1)
     ids = torch.randint(0, VOCAB, (11,))
     assert (model.trace(ids).logits - reference_logits(hf, ids)).abs().max() < TOL
+
+
+def test_the_apps_local_entry_loads_a_gguf_file_inside_the_allow_list_only(tmp_path, monkeypatch, set_limits):
+    from streamlit.testing.v1 import AppTest
+    import streamlit as st
+    from attnviz.ui.common import plain
+    from tests.test_loading import APP, PICK
+    monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path / "converted"))
+    models, outside = tmp_path / "models", tmp_path / "elsewhere"
+    models.mkdir()
+    outside.mkdir()
+    hf = tiny("qwen2", tie_word_embeddings=True, use_sliding_window=False)
+    write_gguf(hf, "qwen2", False, models / "tiny.gguf")
+    write_gguf(hf, "qwen2", False, outside / "secret.gguf")
+    (models / "escape.gguf").symlink_to(outside / "secret.gguf")
+    set_limits(allowed_model_dirs=str(models))
+
+    def page(typed):
+        st.cache_resource.clear()
+        at = AppTest.from_file(APP, default_timeout=300)
+        at.session_state[PICK] = "local folder…"
+        at.session_state["model_custom_dir"] = typed
+        return at.run()
+    at = page("tiny.gguf")
+    assert not at.exception and not at.error
+    assert any(plain("tiny.gguf") in h.value and h.value.startswith("Loaded") for h in at.subheader)
+    for typed in ("escape.gguf", str(outside / "secret.gguf"), "missing.gguf", "../elsewhere/secret.gguf"):
+        at = page(typed)
+        assert not at.exception
+        [message] = [e.value for e in at.error]
+        assert "is not a" in message and "elsewhere" not in message.replace(plain(repr(typed)), "")

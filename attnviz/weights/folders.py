@@ -360,6 +360,33 @@ def allowed_folder(typed: str, limits=None) -> tuple[Path, str]:
     return resolved, local_folder_name(resolved, limits)
 
 
+def allowed_path(typed: str, limits=None) -> Path:
+    """For the app: the resolved folder, or `.gguf` file, that `typed` names inside the deployment's
+    allow-list; ValueError otherwise, one message for every refusal of a file (outside the list,
+    missing, a link leading out of it, not a regular file), naming only what was typed."""
+    limits = limits or LIMITS
+    typed = str(typed).strip()
+    if not typed.lower().endswith(".gguf"):
+        return allowed_folder(typed, limits)[0]
+    refusal = ValueError(f"{typed!r} is not a GGUF file in a folder this deployment loads models from")
+    parent = Path(typed).expanduser().parent
+    if not limits.allowed_model_dirs.strip():
+        limits.check_model_dir(parent, required=True)   # this server loads no local models: it says so
+    try:
+        folder = limits.check_model_dir(parent, required=True) if str(parent) != "." else None
+    except ValueError:
+        raise refusal from None
+    candidates = [folder / Path(typed).name] if folder else [r / typed for r in limits.allowed_dirs()]
+    for candidate in candidates:
+        try:   # the file itself, links followed, must lie in an allowed folder too
+            resolved = candidate.resolve()
+            if resolved.is_file() and limits.check_model_dir(resolved.parent, required=True) == resolved.parent:
+                return resolved
+        except (OSError, RuntimeError, ValueError):
+            continue
+    raise refusal
+
+
 def load_allowed(typed: str, limits=None) -> Model | Seq2SeqModel:
     """What the app loads for a typed folder: only inside the allow-list (uncached; the app's
     cache keys on the resolved folder)."""
