@@ -122,6 +122,8 @@ DECODERS = {
     "opt": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37)),
     "opt_post_ln": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37, do_layer_norm_before=False, enable_bias=False,
                                                         tie_word_embeddings=False)),
+    # OPT-350m's shape: word embeddings narrower than the blocks (project_in / project_out), post-norm
+    "opt_350m": ("OPTForCausalLM", "OPTConfig", dict(ffn_dim=37, word_embed_proj_dim=16, do_layer_norm_before=False)),
     "gpt_neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(attention_types=[[["local", "global"], 1]], window_size=4)),
     "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=48, num_attention_heads=6)),  # slopes of 6 heads
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(rope_theta=500.0, attention_bias=True)),
@@ -342,7 +344,8 @@ def test_layers_subset_captures_only_those():
 
 
 # Options a row's family reads that the rows above leave at their defaults: logits against eager.
-OPTIONS = [("opt", dict(_remove_final_layer_norm=True))]
+OPTIONS = [("opt", dict(_remove_final_layer_norm=True)),
+           ("opt", dict(word_embed_proj_dim=16, tie_word_embeddings=False))]
 
 
 @pytest.mark.parametrize("row,over", OPTIONS)
@@ -356,8 +359,7 @@ def test_family_options_match_reference(row, over):
 
 
 # What a family does not implement is refused by name, never ignored.
-REFUSED = [("opt", dict(word_embed_proj_dim=16), "word_embed_proj_dim"),
-           ("bloom", dict(apply_residual_connection_post_layernorm=True), "apply_residual_connection_post_layernorm"),
+REFUSED = [("bloom", dict(apply_residual_connection_post_layernorm=True), "apply_residual_connection_post_layernorm"),
            ("opt", dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine")]
 
 

@@ -1,6 +1,12 @@
 """OPT (OPTModel, OPTForCausalLM): GPT-2's decoder with ReLU MLPs, separate q/k/v projections, a
 position table offset by 2 (folded at load), and a post-norm variant (`do_layer_norm_before=False`)
-with no final norm."""
+with no final norm.
+
+OPT-350m's narrower word embeddings (`word_embed_proj_dim` < `hidden_size`, with `project_in` after
+the lookup and `project_out` before the tied output layer) are folded at load: the projections are
+linear and touch nothing else, so the embedding table becomes E·W_inᵀ and the output layer E·W_out,
+both hidden_size wide. Logits and every attention are the model's; the last hidden state shown is
+the one before `project_out`."""
 from __future__ import annotations
 
 import torch
@@ -20,9 +26,7 @@ OFFSET = 2
 # ---------------------------------------------------------------- config half
 def config(hf, sd: dict) -> Config:
     d, h = get(hf, "hidden_size"), get(hf, "num_attention_heads")
-    if (get(hf, "word_embed_proj_dim") or d) != d:
-        raise ValueError("OPT's word_embed_proj_dim different from hidden_size (project_in / project_out, "
-                         "OPT-350m) is not supported")
+    projected = (get(hf, "word_embed_proj_dim") or d) != d
     if not get(hf, "layer_norm_elementwise_affine", True):
         raise ValueError("OPT's layer_norm_elementwise_affine=False (LayerNorms without weights) is not supported")
     pre = bool(get(hf, "do_layer_norm_before", True))
@@ -34,7 +38,8 @@ def config(hf, sd: dict) -> Config:
                   qkv_bias=bias, out_bias=bias, mlp_bias=bias,
                   # post-norm blocks end normed; a pre-norm OPT may drop its final norm (old checkpoints)
                   final_norm=pre and not get(hf, "_remove_final_layer_norm", False),
-                  tie_embeddings=bool(get(hf, "tie_word_embeddings", True)))
+                  # folded projections give the input and output tables each their own values
+                  tie_embeddings=bool(get(hf, "tie_word_embeddings", True)) and not projected)
 
 
 def size(hf, b) -> int:
@@ -42,13 +47,22 @@ def size(hf, b) -> int:
     d, h, L = b.width("hidden_size"), b.heads("num_attention_heads"), b.layers("num_hidden_layers")
     vocab, positions = b.vocab("vocab_size"), b.positions("max_position_embeddings")
     params = b.blocks(L, d, h, h, None, b.ff("ffn_dim"), gated=False) + (vocab + positions + OFFSET) * d
+    if (get(hf, "word_embed_proj_dim") or d) != d:   # folded at load: two tables hidden_size wide
+        return params + vocab * d
     return params + (0 if get(hf, "tie_word_embeddings", True) else vocab * d)
 
 
 # ---------------------------------------------------------------- weights half
 def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
     m = Mapper(sd, PREFIXES)
-    m.put("tok.weight", m.take("embed_tokens.weight"))
+    table = m.take("embed_tokens.weight")
+    if table.shape[1] != cfg.d_model:   # OPT-350m: the projections folded into the two tables
+        w_in, w_out = m.take("project_in.weight"), m.take("project_out.weight")
+        out_table = sd["lm_head.weight"].float() if "lm_head.weight" in sd else table   # the output layer, tied or not
+        m.put("tok.weight", table.double().matmul(w_in.double().t()).to(table.dtype))
+        m.put("lm_head.weight", out_table.double().matmul(w_out.double()).to(table.dtype))
+    else:
+        m.put("tok.weight", table)
     m.put("pos.weight", m.take("embed_positions.weight")[OFFSET:])
     for i in range(cfg.n_layers):
         p, o = f"layers.{i}.", f"blocks.{i}."
@@ -60,4 +74,4 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
         m.linear(o + "mlp.fc_out", p + "fc2", bias=cfg.mlp_bias)
     if cfg.final_norm:
         m.norm("norm", "final_layer_norm")
-    return m.output_head(cfg)
+    return m.out if "lm_head.weight" in m.out else m.output_head(cfg)
