@@ -48,10 +48,19 @@ def test_folder_and_hub_cache_round_trip(row, cache, tmp_path):
 
 
 # ---------------------------------------------------------------- GGUF files
-# llama.cpp's architecture names, and whether its converter stores Gemma's norms as 1 + w
-GGUF_ROWS = {"qwen2": ("qwen2", False), "qwen3": ("qwen3", False), "gemma3_text": ("gemma3", True),
-             "gemma2": ("gemma2", True)}
-
+# llama.cpp's architecture names, whether its converter stores Gemma's norms as 1 + w, and what the
+# row's tiny model changes to be what a GGUF's metadata can say (transformers reads the rest as defaults)
+GEMMA_GGUF = dict(sliding_window=4, query_pre_attn_scalar=256, rope_parameters=None, layer_types=None)
+GGUF_ROWS = {
+    "llama": ("llama", False, {}),
+    "mistral": ("llama", False, dict(sliding_window=None)),      # llama.cpp writes Mistral as llama
+    "qwen2": ("qwen2", False, {}),
+    "qwen3": ("qwen3", False, dict(head_dim=128)),                # no head width in a qwen3 GGUF: 128
+    "gemma3_text": ("gemma3", True, GEMMA_GGUF),
+    "gemma2": ("gemma2", True, dict(GEMMA_GGUF, attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    "phi3": ("phi3", False, dict(sliding_window=None, rope_parameters=dict(rope_theta=500.0))),
+    "falcon_7b": ("falcon", False, dict(ffn_hidden_size=128)),    # a falcon GGUF's MLP is 4 d wide
+}
 
 def write_gguf(hf, arch: str, plus_one: bool, path):
     """A float32 GGUF of a transformers model, named and laid out as llama.cpp's converter does
@@ -64,15 +73,22 @@ def write_gguf(hf, arch: str, plus_one: bool, path):
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
+    w.add_feed_forward_length(getattr(c, "intermediate_size", None) or c.ffn_hidden_size)
     w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_head_count_kv(getattr(c, "num_key_value_heads", None) or c.num_kv_heads)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    rope = c.rope_parameters.get("full_attention", c.rope_parameters)
-    w.add_rope_freq_base(rope["rope_theta"])
+    if hasattr(c, "rms_norm_eps"):
+        w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    else:
+        w.add_layer_norm_eps(c.layer_norm_epsilon)
+    rope = getattr(c, "rope_parameters", None)
+    if rope:
+        rope = rope.get("full_attention", rope)
+        w.add_rope_freq_base(rope["rope_theta"])
+        w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    w.add_pad_token_id(0)
     if plus_one:  # Gemma: the windowed layers' width (Qwen2's files cannot say which layers have one)
         w.add_sliding_window(c.sliding_window)
     tokens = [f"t{i}" for i in range(c.vocab_size)]
@@ -87,6 +103,10 @@ def write_gguf(hf, arch: str, plus_one: bool, path):
         data = tensor.detach().float().numpy()
         if plus_one and key.endswith("norm.weight"):
             data = data + 1.0      # llama.cpp stores Gemma's (1 + w)
+        if arch == "llama" and key.endswith(("q_proj.weight", "k_proj.weight")):
+            # llama.cpp's converter reorders each head's rows from rotate-half to interleaved pairs
+            heads = c.num_attention_heads if "q_proj" in key else c.num_key_value_heads
+            data = data.reshape(heads, 2, -1, data.shape[-1]).swapaxes(1, 2).reshape(data.shape)
         w.add_tensor(name, np.ascontiguousarray(data))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -97,14 +117,8 @@ def write_gguf(hf, arch: str, plus_one: bool, path):
 @pytest.mark.parametrize("row", list(GGUF_ROWS))
 def test_gguf_files_of_the_families(row, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path / "converted"))
-    arch, plus_one = GGUF_ROWS[row]
-    over = {"tie_word_embeddings": True, "use_sliding_window": False}
-    if row == "qwen3":   # transformers reads no head width from a qwen3 GGUF: its default, 128
-        over.update(head_dim=128)
-    if row in ("gemma2", "gemma3_text"):   # what llama.cpp's GGUF metadata can say: the defaults for the rest
-        over.update(sliding_window=4, query_pre_attn_scalar=256, rope_parameters=None, layer_types=None)
-    if row == "gemma2":
-        over.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    arch, plus_one, row_over = GGUF_ROWS[row]
+    over = dict({"tie_word_embeddings": True, "use_sliding_window": False}, **row_over)
     hf = tiny(row, **over)
     path = tmp_path / f"{row}.gguf"
     write_gguf(hf, arch, plus_one, path)
