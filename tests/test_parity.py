@@ -46,6 +46,10 @@ def tiny(family: str, **over):
         cls_name, make, fields = DECODERS[family]
         cfg = getattr(tf, make)(**{**DECODER_BASE, **fields, **over})
         cls = getattr(tf, cls_name)
+    elif family in ENCODERS:
+        cls_name, make, fields = ENCODERS[family]
+        cfg = getattr(tf, make)(**{**ENCODER_BASE, **fields, **over})
+        cls = getattr(tf, cls_name)
     cfg._attn_implementation = "eager"
     if hasattr(cfg, "_experts_implementation"):
         cfg._experts_implementation = "eager"  # the loop over experts, as ours (grouped kernels need aligned widths)
@@ -126,8 +130,25 @@ DECODERS = {
     "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=48, num_attention_heads=6)),  # slopes of 6 heads
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(rope_theta=500.0, attention_bias=True)),
 }
-LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
-FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
+
+# The encoder families: a row each, as DECODERS. A masked-LM row (its logits checked as well as
+# its hidden states) and a base-model row where a family has both; padding ids other than
+# RoBERTa's 1 so the offset is read, not assumed.
+ENCODER_BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                    num_attention_heads=4, max_position_embeddings=64)
+ENCODERS = {
+    "roberta": ("RobertaForMaskedLM", "RobertaConfig", dict(type_vocab_size=1, layer_norm_eps=1e-5)),
+    "roberta_base": ("RobertaModel", "RobertaConfig", dict(pad_token_id=3, type_vocab_size=2)),
+    "xlm-roberta": ("XLMRobertaForMaskedLM", "XLMRobertaConfig", dict(pad_token_id=2, type_vocab_size=1)),
+    "distilbert": ("DistilBertForMaskedLM", "DistilBertConfig", dict(hidden_dim=37)),
+    "distilbert_base": ("DistilBertModel", "DistilBertConfig", dict(hidden_dim=37, activation="relu")),
+    "electra": ("ElectraForMaskedLM", "ElectraConfig", dict(embedding_size=16)),
+    "electra_base": ("ElectraModel", "ElectraConfig", dict(embedding_size=24, hidden_act="gelu_new")),
+}
+ENCODER_MLMS = [r for r, (cls_name, _, _) in ENCODERS.items() if cls_name.endswith("MaskedLM")]
+LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS, *ENCODER_MLMS]
+FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS,
+            *ENCODERS]
 
 
 # Options a family has that we do not implement: each refused by its name, never ignored
@@ -192,15 +213,16 @@ def reference(model, x, head_mask=None):
 
 
 def out_projections(model):
-    base = next((getattr(model, n) for n in ("bert", "transformer", "model", "gpt_neox") if hasattr(model, n)), model)
+    base = model.base_model
     base = getattr(base, "decoder", base)  # OPT
-    layers = getattr(base, "h", None) or getattr(base, "layers", None) or base.encoder.layer
+    encoder = getattr(base, "encoder", None) or getattr(base, "transformer", None)  # DistilBERT: transformer
+    layers = getattr(base, "h", None) or getattr(base, "layers", None) or encoder.layer
     return [output_projection(layer) for layer in layers]
 
 
 def output_projection(module):
     """The linear layer that mixes the heads' outputs, under whichever name the family gives it."""
-    for name in ("c_proj", "o_proj", "out_proj", "dense"):
+    for name in ("c_proj", "o_proj", "out_proj", "dense", "out_lin", "o", "Wo"):
         if hasattr(getattr(module, name, None), "weight"):  # Linear, or GPT-2's Conv1D
             return getattr(module, name)
     for name in ("attn", "self_attn", "self_attention", "attention", "output"):
@@ -396,3 +418,37 @@ def test_gpt_neo_attention_types_are_read_or_refused_by_name():
         gpt_neo.config(dict(hf, attention_types=[[["global", "sparse"], 1], [["local"], 1]]), {})
     with pytest.raises(ValueError, match="lists 2 layers"):
         gpt_neo.config(dict(hf, attention_types=[[["global", "local"], 1]]), {})
+
+
+@pytest.mark.parametrize("row", ENCODER_MLMS)
+def test_masked_lm_encoders_hidden_states_match(row):
+    """The rows above compare a masked-LM model's logits; its hidden states too."""
+    hf = tiny(row)
+    x = inputs(hf)
+    hidden, _, _ = reference(hf, x)
+    close(attnviz.from_hf(hf).trace(x).hidden, hidden)
+
+
+@pytest.mark.parametrize("row", ["roberta", "roberta_base", "xlm-roberta"])
+def test_padding_tokens_take_the_padding_position(row):
+    """RoBERTa's positions count only tokens other than padding, which reads its own row."""
+    hf = tiny(row)
+    pad = hf.config.pad_token_id
+    x = torch.tensor([0, 5, pad, 7, pad, pad, 9, 2])
+    hidden, att, _ = reference(hf, x)
+    tr = attnviz.from_hf(hf).trace(x)
+    close(tr.hidden, hidden)
+    close(tr.attentions, att)
+
+
+ENCODER_REFUSED = [("roberta_base", dict(is_decoder=True), "is_decoder"),
+                   ("electra", dict(hidden_act="relu"), "hidden_act"),
+                   ("roberta_base", dict(pad_token_id=None), "pad_token_id")]
+
+
+@pytest.mark.parametrize("row,over,option", ENCODER_REFUSED)
+def test_encoder_options_we_do_not_implement_are_refused_by_name(row, over, option):
+    hf = tiny(row)
+    hf.config.update(over)   # set after building: transformers itself would not build some of these
+    with pytest.raises(ValueError, match=option):
+        attnviz.from_hf(hf)

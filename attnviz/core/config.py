@@ -63,6 +63,15 @@ class Config:
     embedding_norm: bool = False  # a norm after the embeddings (BERT, BLOOM)
     final_norm: bool = True      # BERT has none after the last block
     mlm_head: bool = False       # BERT masked-LM head (transform + tied decoder)
+    # encoders
+    pad_position: int = -1       # RoBERTa, MPNet: tokens of this id (padding_idx) read this row of the position
+                                 # table; the others count from the row after it, skipping such tokens; -1: none
+    d_embed: int = 0             # the embeddings' width, projected up to d_model (ELECTRA); 0: d_model
+    relative_buckets: int = 0    # a score bias per head from log-bucketed relative positions, one table shared
+                                 # by every layer (MPNet); 0: none
+    relative_max_distance: int = 128  # distances past this share the last bucket
+    first_input_norm: bool = True  # pre-norm: the first block norms its attention input (ModernBERT's does not:
+                                   # its embeddings are normed already)
     # vision
     image_size: int = 0
     patch_size: int = 0
@@ -101,6 +110,8 @@ class Config:
             raise ValueError("a block without input norms normalises its outputs (output_norms=True)")
         if self.n_experts and not 1 <= self.experts_per_token <= self.n_experts:
             raise ValueError(f"experts_per_token must lie in 1..{self.n_experts}")
+        if self.d_embed < 0 or self.relative_buckets < 0 or self.pad_position < -1:
+            raise ValueError("d_embed and relative_buckets must be >= 0, pad_position >= -1")
         if not 0 <= self.rotary_dim <= self.d_head or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim must be an even number in 0..{self.d_head}; got {self.rotary_dim}")
 
@@ -112,6 +123,11 @@ class Config:
     def group(self) -> int:
         """Query heads per K/V head."""
         return self.n_heads // self.n_kv_heads
+
+    @property
+    def embed_width(self) -> int:
+        """Width of the token (and position, type) embeddings."""
+        return self.d_embed or self.d_model
 
     @property
     def rope_kind(self) -> str:

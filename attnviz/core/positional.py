@@ -145,3 +145,16 @@ def interpolate_grid(pos: torch.Tensor, src: int, h: int, w: int) -> torch.Tenso
     grid = pos.reshape(1, src, src, d).permute(0, 3, 1, 2)  # (1, d, src, src)
     grid = F.interpolate(grid.to(torch.float32), size=(h, w), mode="bicubic", align_corners=False)
     return grid.to(pos.dtype).permute(0, 2, 3, 1).reshape(1, h * w, d)
+
+
+def relative_bucket(distance: torch.Tensor, n_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """Log-bucketed relative positions, both directions (MPNet's, after T5's bidirectional buckets):
+    half the buckets for keys after the query; in each half, exact distances below a quarter of the
+    buckets, then logarithmic bins up to `max_distance`, past which all share the last.
+    `distance`: key position - query position (an integer tensor)."""
+    half = n_buckets // 2
+    out = (distance > 0).long() * half
+    n = distance.abs()
+    exact = half // 2
+    large = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
+    return out + torch.where(n < exact, n, large.clamp_max(half - 1))

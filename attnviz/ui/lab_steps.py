@@ -21,7 +21,7 @@ PAGE = "lab"
 SENTENCE = "The animal didn't cross the street because it was too tired."
 MODES = ("Guided: follow one token", "All steps")
 STAGES = (("input", "normed"), ("W_Q", "W_K", "W_V"), ("Q", "K", "V"), ("Q_norm", "K_norm"), ("Q_rot", "K_rot"),
-          ("scores", "scaled"), ("mask", "masked"), ("softmax", "weighted"), ("W_O", "output"))
+          ("scores", "position_bias", "scaled"), ("mask", "masked"), ("softmax", "weighted"), ("W_O", "output"))
 
 
 def key(name: str) -> str:
