@@ -169,7 +169,13 @@ def test_encoder_step_by_step_head_equals_the_trace(encoder):
     x = ids()
     assert head_recompute.verify(encoder, x) < 1e-5
     tr = encoder.trace(x, states=True, layers=[1])
-    assert head_recompute.head_steps(encoder, tr, 1, 2).output_diff < 1e-5
+    steps = head_recompute.head_steps(encoder, tr, 1, 2)
+    assert steps.output_diff < 1e-5
+    if encoder.cfg.relative_buckets:   # the position terms, viewable apart, are what the scores add
+        bias = steps.steps["position_bias"].value
+        scaled = steps.steps["scores"].value * encoder.cfg.d_head ** -0.5 + bias
+        assert (steps.steps["scaled"].value - scaled).abs().max() < 1e-5
+        assert (bias[:, None] - bias[None, :]).abs().max() > 0   # it depends on the distance
 
 
 def test_encoder_long_capture_equals_the_trace(encoder, monkeypatch):

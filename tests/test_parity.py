@@ -8,7 +8,7 @@ import transformers as tf
 import attnviz
 from attnviz.weights.families import convert
 from attnviz.core.attention import attend, parse_variant
-from attnviz.core.positional import alibi_slopes
+from attnviz.core.positional import alibi_slopes, relative_bucket
 from attnviz.weights.families import gpt_neo
 
 TOL = 1e-4
@@ -144,6 +144,9 @@ ENCODERS = {
     "distilbert_base": ("DistilBertModel", "DistilBertConfig", dict(hidden_dim=37, activation="relu")),
     "electra": ("ElectraForMaskedLM", "ElectraConfig", dict(embedding_size=16)),
     "electra_base": ("ElectraModel", "ElectraConfig", dict(embedding_size=24, hidden_act="gelu_new")),
+    # N tokens reach past MPNet's 8 exact relative-position buckets each way into its logarithmic ones
+    "mpnet": ("MPNetForMaskedLM", "MPNetConfig", dict(layer_norm_eps=1e-5)),
+    "mpnet_base": ("MPNetModel", "MPNetConfig", dict(hidden_act="relu")),
 }
 ENCODER_MLMS = [r for r, (cls_name, _, _) in ENCODERS.items() if cls_name.endswith("MaskedLM")]
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS, *ENCODER_MLMS]
@@ -429,7 +432,7 @@ def test_masked_lm_encoders_hidden_states_match(row):
     close(attnviz.from_hf(hf).trace(x).hidden, hidden)
 
 
-@pytest.mark.parametrize("row", ["roberta", "roberta_base", "xlm-roberta"])
+@pytest.mark.parametrize("row", ["roberta", "roberta_base", "xlm-roberta", "mpnet"])
 def test_padding_tokens_take_the_padding_position(row):
     """RoBERTa's positions count only tokens other than padding, which reads its own row."""
     hf = tiny(row)
@@ -443,7 +446,8 @@ def test_padding_tokens_take_the_padding_position(row):
 
 ENCODER_REFUSED = [("roberta_base", dict(is_decoder=True), "is_decoder"),
                    ("electra", dict(hidden_act="relu"), "hidden_act"),
-                   ("roberta_base", dict(pad_token_id=None), "pad_token_id")]
+                   ("roberta_base", dict(pad_token_id=None), "pad_token_id"),
+                   ("mpnet_base", dict(relative_attention_num_buckets=16), "relative_attention_num_buckets")]
 
 
 @pytest.mark.parametrize("row,over,option", ENCODER_REFUSED)
@@ -452,3 +456,10 @@ def test_encoder_options_we_do_not_implement_are_refused_by_name(row, over, opti
     hf.config.update(over)   # set after building: transformers itself would not build some of these
     with pytest.raises(ValueError, match=option):
         attnviz.from_hf(hf)
+
+
+def test_relative_buckets_are_mpnets():
+    """Far past the tiny texts: every distance up to twice the max distance, both ways."""
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+    d = torch.arange(-300, 301)
+    assert torch.equal(relative_bucket(d), MPNetEncoder.relative_position_bucket(d))
