@@ -147,6 +147,16 @@ ENCODERS = {
     # N tokens reach past MPNet's 8 exact relative-position buckets each way into its logarithmic ones
     "mpnet": ("MPNetForMaskedLM", "MPNetConfig", dict(layer_norm_eps=1e-5)),
     "mpnet_base": ("MPNetModel", "MPNetConfig", dict(hidden_act="relu")),
+    # local layers of 2 keys either side (every third layer global: layer 0 here), two RoPE bases;
+    # the base row with every bias ModernBERT can switch on
+    "modernbert": ("ModernBertForMaskedLM", "ModernBertConfig", dict(local_attention=4, pad_token_id=0,
+                                                                     bos_token_id=1, eos_token_id=2,
+                                                                     cls_token_id=1, sep_token_id=2)),
+    "modernbert_base": ("ModernBertModel", "ModernBertConfig", dict(
+        local_attention=6, global_attn_every_n_layers=2, norm_bias=True, attention_bias=True, mlp_bias=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=500.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=50.0)})),
 }
 ENCODER_MLMS = [r for r, (cls_name, _, _) in ENCODERS.items() if cls_name.endswith("MaskedLM")]
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS, *ENCODER_MLMS]
