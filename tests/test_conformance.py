@@ -171,11 +171,14 @@ def test_encoder_step_by_step_head_equals_the_trace(encoder):
     tr = encoder.trace(x, states=True, layers=[1])
     steps = head_recompute.head_steps(encoder, tr, 1, 2)
     assert steps.output_diff < 1e-5
-    if encoder.cfg.relative_buckets:   # the position terms, viewable apart, are what the scores add
-        bias = steps.steps["position_bias"].value
-        scaled = steps.steps["scores"].value * encoder.cfg.d_head ** -0.5 + bias
+    if encoder.cfg.relative_buckets or encoder.cfg.disentangled:   # the position terms, viewable apart,
+        bias = steps.steps["position_bias"].value                      # are what the scores add
+        scaled = steps.steps["scores"].value * encoder.cfg.scale + bias
         assert (steps.steps["scaled"].value - scaled).abs().max() < 1e-5
         assert (bias[:, None] - bias[None, :]).abs().max() > 0   # it depends on the distance
+        terms = [steps.steps[t].value for t in encoder.cfg.disentangled]
+        if terms:   # DeBERTa: content→position and position→content, each apart, add up to the bias
+            assert (sum(terms) - bias).abs().max() < 1e-6
 
 
 def test_encoder_long_capture_equals_the_trace(encoder, monkeypatch):

@@ -8,7 +8,7 @@ import transformers as tf
 import attnviz
 from attnviz.weights.families import convert
 from attnviz.core.attention import attend, parse_variant
-from attnviz.core.positional import alibi_slopes, relative_bucket
+from attnviz.core.positional import alibi_slopes, log_bucket, relative_bucket
 from attnviz.weights.families import gpt_neo
 
 TOL = 1e-4
@@ -157,6 +157,20 @@ ENCODERS = {
         pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
         rope_parameters={"full_attention": dict(rope_type="default", rope_theta=500.0),
                          "sliding_attention": dict(rope_type="default", rope_theta=50.0)})),
+    # DeBERTa-v3's layout (both terms through the layer's own projections, log buckets that N tokens
+    # reach past, normed position embeddings, no input positions); v2's own projections, clamped
+    # distances, one term, input positions and types; the newer masked-LM head. Weights ten times
+    # the default spread, so that the position terms weigh in the scores
+    "deberta-v2": ("DebertaV2ForMaskedLM", "DebertaV2Config", dict(
+        relative_attention=True, pos_att_type="p2c|c2p", share_att_key=True, position_buckets=8,
+        max_relative_positions=16, norm_rel_ebd="layer_norm", position_biased_input=False, layer_norm_eps=1e-7,
+        initializer_range=0.2)),
+    "deberta-v2_base": ("DebertaV2Model", "DebertaV2Config", dict(
+        relative_attention=True, pos_att_type=["c2p"], max_relative_positions=6, type_vocab_size=2,
+        initializer_range=0.2)),
+    "deberta-v2_lm": ("DebertaV2ForMaskedLM", "DebertaV2Config", dict(
+        relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=6, max_relative_positions=12,
+        legacy=False, position_biased_input=False, initializer_range=0.2)),
 }
 ENCODER_MLMS = [r for r, (cls_name, _, _) in ENCODERS.items() if cls_name.endswith("MaskedLM")]
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS, *ENCODER_MLMS]
@@ -457,7 +471,11 @@ def test_padding_tokens_take_the_padding_position(row):
 ENCODER_REFUSED = [("roberta_base", dict(is_decoder=True), "is_decoder"),
                    ("electra", dict(hidden_act="relu"), "hidden_act"),
                    ("roberta_base", dict(pad_token_id=None), "pad_token_id"),
-                   ("mpnet_base", dict(relative_attention_num_buckets=16), "relative_attention_num_buckets")]
+                   ("mpnet_base", dict(relative_attention_num_buckets=16), "relative_attention_num_buckets"),
+                   ("deberta-v2_base", dict(conv_kernel_size=3), "conv_kernel_size"),
+                   ("deberta-v2_base", dict(embedding_size=16), "embedding_size"),
+                   ("deberta-v2_base", dict(pos_att_type=["c2p", "p2p"]), "p2p"),
+                   ("deberta-v2", dict(norm_rel_ebd="layer_norm|other"), "norm_rel_ebd")]
 
 
 @pytest.mark.parametrize("row,over,option", ENCODER_REFUSED)
@@ -473,3 +491,10 @@ def test_relative_buckets_are_mpnets():
     from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
     d = torch.arange(-300, 301)
     assert torch.equal(relative_bucket(d), MPNetEncoder.relative_position_bucket(d))
+
+
+@pytest.mark.parametrize("span,max_position", [(256, 512), (8, 16), (6, 12)])
+def test_log_buckets_are_debertas(span, max_position):
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+    d = torch.arange(-3 * max_position, 3 * max_position + 1)
+    assert torch.equal(log_bucket(d, span, max_position), make_log_bucket_position(d, span, max_position).long())

@@ -72,6 +72,12 @@ class Config:
     relative_max_distance: int = 128  # distances past this share the last bucket
     first_input_norm: bool = True  # pre-norm: the first block norms its attention input (ModernBERT's does not:
                                    # its embeddings are normed already)
+    disentangled: tuple = ()     # position terms each layer adds to q·kᵀ from relative-position embeddings the
+                                 # layers share (DeBERTa): "c2p" (query·position key), "p2c" (key·position query)
+    rel_span: int = 0            # those embeddings cover relative positions -rel_span..rel_span-1
+    rel_log_max: int = 0         # > 0: distances log-bucketed into the span, up to this one; 0: clamped as they are
+    rel_shared_proj: bool = False  # the layer's own Q and K projections read the position embeddings
+    rel_norm: bool = False       # the position embeddings are normed (LayerNorm) before use
     # vision
     image_size: int = 0
     patch_size: int = 0
@@ -83,7 +89,7 @@ class Config:
 
     def __post_init__(self):
         # a config read back from JSON (the conversion cache) has lists where tuples were
-        for f in ("rope_scaling", "windows", "head_dims", "kv_dims"):
+        for f in ("rope_scaling", "windows", "head_dims", "kv_dims", "disentangled"):
             value = getattr(self, f)
             if isinstance(value, list):
                 value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
@@ -112,6 +118,9 @@ class Config:
             raise ValueError(f"experts_per_token must lie in 1..{self.n_experts}")
         if self.d_embed < 0 or self.relative_buckets < 0 or self.pad_position < -1:
             raise ValueError("d_embed and relative_buckets must be >= 0, pad_position >= -1")
+        if not set(self.disentangled) <= {"c2p", "p2c"} or (self.disentangled and self.rel_span < 1):
+            raise ValueError(f"disentangled position terms are c2p and p2c, over a span of at least 1; "
+                             f"got {self.disentangled!r:.40} over {self.rel_span}")
         if not 0 <= self.rotary_dim <= self.d_head or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim must be an even number in 0..{self.d_head}; got {self.rotary_dim}")
 

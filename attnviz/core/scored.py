@@ -34,6 +34,7 @@ class Scored:
     k_normed: torch.Tensor | None = None
     bias: torch.Tensor | None = None      # (1, h, 1 or T, S) added to the scaled scores (ALiBi: slope · key
                                           # position; a relative-position bias: one row per query)
+    bias_parts: dict | None = None        # the bias's named parts, each like it (DeBERTa: "c2p", "p2c")
 
     @property
     def scale_value(self) -> float:

@@ -17,7 +17,7 @@ from attnviz.core.attention import padding_mask
 from attnviz.core.base_model import adopt_state
 from attnviz.core.blocks import ACTIVATIONS, Block, Linear, iter_layers, make_norm
 from attnviz.core.config import Config
-from attnviz.core.positional import interpolate_grid, relative_bucket, rope_cos_sin, sinusoidal
+from attnviz.core.positional import interpolate_grid, relative_bucket, relative_index, rope_cos_sin, sinusoidal
 
 ROPE_CACHE_MAX = 8192  # positions precomputed; longer inputs compute their table on the fly
 
@@ -74,6 +74,9 @@ class Transformer(nn.Module):
         self.embed_proj = Linear(cfg.d_embed, d) if cfg.d_embed else None
         # one table of per-head score biases by relative-position bucket, read by every layer (MPNet)
         self.rel_bias = nn.Embedding(cfg.relative_buckets, cfg.n_heads) if cfg.relative_buckets else None
+        # relative-position embeddings every layer projects into its position terms (DeBERTa)
+        self.rel_emb = nn.Embedding(2 * cfg.rel_span, d) if cfg.disentangled else None
+        self.rel_norm = make_norm(cfg) if cfg.disentangled and cfg.rel_norm else None
         self.blocks = nn.ModuleList(
             Block(cfg, None if heads is None else heads[i], None if kv_heads is None else kv_heads[i], i)
             for i in range(cfg.n_layers))
@@ -167,6 +170,12 @@ class Transformer(nn.Module):
                "causal": cfg.causal, "rope": None}
         if self.rel_bias is not None:
             out["position_bias"] = self.relative_bias(n, offset)
+        if self.rel_emb is not None:
+            if offset:
+                raise ValueError("disentangled position terms are computed over a whole text, not after a cache")
+            emb = self.rel_emb.weight
+            out["rel_pos"] = (emb if self.rel_norm is None else self.rel_norm(emb),
+                              relative_index(n, cfg.rel_span, cfg.rel_log_max).to(emb.device))
         if cfg.positional == "rotary":  # absolute positions offset..offset+n-1
             cos, sin = self.rope(offset + n)
             out["rope"] = (cos[offset:], sin[offset:])
