@@ -51,3 +51,19 @@ def test_pages_run_on_every_family(row, pages, cache):
         assert not at.exception, (page, at.exception)
         assert not at.error, (page, [e.value for e in at.error])
         assert at.get("plotly_chart") or at.get("imgs"), page     # each page drew its figures
+
+
+@pytest.mark.parametrize("row,terms", [("mpnet", set()), ("deberta-v2", {"content → position", "position → content"})])
+def test_the_lab_shows_an_encoders_position_terms_apart(row, terms, cache):
+    """The attention map is the one the model uses; the Lab's step-by-step head shows what the
+    relative positions add to its scores (DeBERTa: each disentangled term) as steps of their own."""
+    st.cache_resource.clear()
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.session_state[PICK] = f"org/{row}"
+    at.run()
+    at.switch_page("pages/5_Lab.py").run()
+    at.radio(key="lab.steps_mode").set_value("All steps").run()
+    assert not at.exception, at.exception
+    steps = next(d.value for d in at.dataframe if "shape" in d.value.columns)
+    assert {"position bias", *terms} <= set(steps["step"])
+    assert "equals the pattern the model captured" in " ".join(s.value for s in at.success)

@@ -17,7 +17,7 @@ TASK = "encoder"
 PREFIXES = ("deberta.",)
 TERMS = ("c2p", "p2c")
 SYNTHETIC = dict(bert.SYNTHETIC, type_vocab_size=0, norm_eps=1e-7, positional="none", disentangled=TERMS,
-                 rel_span=256, rel_log_max=512, rel_shared_proj=True, rel_norm=True, attn_scale=0.0)
+                 rel_span=256, rel_log_max=512, rel_shared_proj=True, rel_norm=True)
 
 
 def has_mlm_head(sd: dict) -> bool:
