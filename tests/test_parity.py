@@ -475,7 +475,9 @@ ENCODER_REFUSED = [("roberta_base", dict(is_decoder=True), "is_decoder"),
                    ("deberta-v2_base", dict(conv_kernel_size=3), "conv_kernel_size"),
                    ("deberta-v2_base", dict(embedding_size=16), "embedding_size"),
                    ("deberta-v2_base", dict(pos_att_type=["c2p", "p2p"]), "p2p"),
-                   ("deberta-v2", dict(norm_rel_ebd="layer_norm|other"), "norm_rel_ebd")]
+                   ("deberta-v2", dict(norm_rel_ebd="layer_norm|other"), "norm_rel_ebd"),
+                   ("roberta", dict(tie_word_embeddings=False), "tie_word_embeddings"),
+                   ("distilbert", dict(tie_word_embeddings=False), "tie_word_embeddings")]
 
 
 @pytest.mark.parametrize("row,over,option", ENCODER_REFUSED)

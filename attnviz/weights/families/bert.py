@@ -19,6 +19,14 @@ def has_mlm_head(sd: dict) -> bool:
     return any(k.startswith("cls.predictions.transform") for k in sd)
 
 
+def tied_mlm(hf, has_head: bool) -> bool:
+    """Whether the checkpoint has a masked-LM head, whose output layer is the token embeddings;
+    one of its own is refused by name."""
+    if has_head and get(hf, "tie_word_embeddings", True) is False:
+        raise ValueError("tie_word_embeddings=False (a masked-LM output layer of its own) is not supported")
+    return has_head
+
+
 # ---------------------------------------------------------------- config half
 def config(hf, sd: dict) -> Config:
     """BERT's config, and the parent of every encoder family written as its difference."""
@@ -28,7 +36,7 @@ def config(hf, sd: dict) -> Config:
     if get(hf, "is_decoder", False):
         raise ValueError("is_decoder (an encoder run as a causal decoder) is not supported")
     d, h = get(hf, "hidden_size"), get(hf, "num_attention_heads")
-    mlm = has_mlm_head(sd)
+    mlm = tied_mlm(hf, has_mlm_head(sd))
     return Config(family=NAME, task=TASK, n_layers=get(hf, "num_hidden_layers"), n_heads=h, n_kv_heads=h,
                   d_model=d, d_head=d // h, d_ff=get(hf, "intermediate_size"),
                   vocab_size=get(hf, "vocab_size"), max_positions=get(hf, "max_position_embeddings"),

@@ -20,10 +20,6 @@ SYNTHETIC = dict(bert.SYNTHETIC, type_vocab_size=0, norm_eps=1e-7, positional="n
                  rel_span=256, rel_log_max=512, rel_shared_proj=True, rel_norm=True)
 
 
-def has_mlm_head(sd: dict) -> bool:
-    return any(k.startswith(("cls.predictions.transform", "lm_predictions.")) for k in sd)
-
-
 def config(hf, sd: dict) -> Config:
     if get(hf, "conv_kernel_size", 0):
         raise ValueError("conv_kernel_size (DeBERTa-v2's convolution beside the first layer) is not supported")
@@ -43,7 +39,8 @@ def config(hf, sd: dict) -> Config:
     max_rel = get(hf, "max_relative_positions", -1)
     max_rel = max_rel if max_rel >= 1 else get(hf, "max_position_embeddings")
     buckets = get(hf, "position_buckets", -1)
-    mlm = has_mlm_head(sd)
+    # the newer head reads the token embeddings whatever tie_word_embeddings says; the legacy one ties by it
+    mlm = bert.tied_mlm(hf, bert.has_mlm_head(sd)) or any(k.startswith("lm_predictions.") for k in sd)
     # the scale counts the listed terms even where relative_attention leaves them out
     return bert.config(hf, sd).replace(
         family=NAME, attn_scale=(d // h * (1 + len(set(kinds)))) ** -0.5,

@@ -20,7 +20,7 @@ def has_mlm_head(sd: dict) -> bool:
 
 def config(hf, sd: dict) -> Config:
     d, h = get(hf, "dim"), get(hf, "n_heads")
-    mlm = has_mlm_head(sd)
+    mlm = bert.tied_mlm(hf, has_mlm_head(sd))
     return bert.config(dict(hidden_size=d, num_attention_heads=h, num_hidden_layers=get(hf, "n_layers"),
                             intermediate_size=get(hf, "hidden_dim"), vocab_size=get(hf, "vocab_size"),
                             max_position_embeddings=get(hf, "max_position_embeddings")), sd).replace(

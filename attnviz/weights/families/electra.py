@@ -21,7 +21,7 @@ def has_mlm_head(sd: dict) -> bool:
 
 
 def config(hf, sd: dict) -> Config:
-    mlm = has_mlm_head(sd)
+    mlm = bert.tied_mlm(hf, has_mlm_head(sd))
     cfg = bert.config(hf, sd)
     if mlm and cfg.activation != "gelu":  # the generator's head applies GELU whatever hidden_act says
         raise ValueError(f"hidden_act {get(hf, 'hidden_act')!r:.40} with ELECTRA's masked-LM head is not supported")

@@ -24,7 +24,7 @@ def config(hf, sd: dict) -> Config:
     if buckets != BUCKETS:
         raise ValueError(f"relative_attention_num_buckets {buckets!r:.20} is not supported (MPNet computes "
                          f"its buckets with {BUCKETS})")
-    mlm = has_mlm_head(sd)
+    mlm = bert.tied_mlm(hf, has_mlm_head(sd))
     cfg = bert.config(hf, sd)
     if mlm and cfg.activation != "gelu":  # its masked-LM head applies GELU whatever hidden_act says
         raise ValueError(f"hidden_act {get(hf, 'hidden_act')!r:.40} with MPNet's masked-LM head is not supported")

@@ -24,7 +24,7 @@ def config(hf, sd: dict) -> Config:
     pad = get(hf, "pad_token_id")
     if type(pad) is not int or pad < 0:
         raise ValueError(f"pad_token_id must be a token id (RoBERTa's positions count from it); got {pad!r:.40}")
-    mlm = has_mlm_head(sd)
+    mlm = bert.tied_mlm(hf, has_mlm_head(sd))
     return bert.config(hf, sd).replace(family=NAME, pad_position=pad, mlm_head=mlm, tie_embeddings=mlm,
                                        max_positions=get(hf, "max_position_embeddings") - pad - 1)
 
