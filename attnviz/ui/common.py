@@ -205,9 +205,8 @@ def bundled_models():
             "licence": st.column_config.TextColumn("licence", width="medium")})
     if local_folders_allowed():
         st.caption("A local Hugging Face folder (config.json + model.safetensors) of a supported architecture "
-                   "(Llama, Qwen, Mistral, Gemma, Phi, GPT-NeoX, Falcon, OPT, BLOOM, OLMo 2, BERT, RoBERTa, "
-                   "DeBERTa, ViT… the README lists them) works too: choose “local folder…” in the sidebar and "
-                   "type its name.")
+                   "(Llama, Qwen, Mistral, Gemma, Phi, GPT-NeoX, Falcon, OPT, BLOOM, OLMo 2, BERT, ViT… the README "
+                   "lists them) works too: choose “local folder…” in the sidebar and type its name.")
     else:
         st.caption("This server offers the models above. Its operator can also let users load local "
                    "Hugging Face folders (ATTNVIZ_ALLOWED_MODEL_DIRS, see the README). Nothing is "

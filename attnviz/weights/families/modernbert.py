@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from attnviz.core.config import Config
+from attnviz.core.config import Config, rope_pairs
 from attnviz.weights.families import bert, llama
 from attnviz.weights.mapper import Mapper, activation, get
 
@@ -42,7 +42,7 @@ def config(hf, sd: dict) -> Config:
                   max_positions=get(hf, "max_position_embeddings"), norm_eps=get(hf, "norm_eps", 1e-5),
                   norm_bias=bool(get(hf, "norm_bias", False)), positional="rotary",
                   rope_theta=float(full.get("rope_theta", get(hf, "global_rope_theta", 160_000.0))),
-                  rope_scaling=llama._scaling(hf, full), pre_norm=True, activation=act, gated_mlp=True,
+                  rope_scaling=rope_pairs(full), pre_norm=True, activation=act, gated_mlp=True,
                   qkv_bias=bias, out_bias=bias, mlp_bias=bool(get(hf, "mlp_bias", False)),
                   windows=windows, local_rope_theta=float(local.get("rope_theta", 10_000.0)) if windows else 0.0,
                   embedding_norm=True, first_input_norm=False, mlm_head=mlm,
