@@ -22,11 +22,13 @@ def has_mlm_head(sd: dict) -> bool:
 
 def config(hf, sd: dict) -> Config:
     pad = get(hf, "pad_token_id")
-    if type(pad) is not int or pad < 0:
-        raise ValueError(f"pad_token_id must be a token id (RoBERTa's positions count from it); got {pad!r:.40}")
+    table = get(hf, "max_position_embeddings")
+    if type(pad) is not int or not 0 <= pad < table - 1:
+        raise ValueError(f"pad_token_id must be a row of the position table before its last (RoBERTa's "
+                         f"positions count from it); got {pad!r:.40}")
     mlm = bert.tied_mlm(hf, has_mlm_head(sd))
     return bert.config(hf, sd).replace(family=NAME, pad_position=pad, mlm_head=mlm, tie_embeddings=mlm,
-                                       max_positions=get(hf, "max_position_embeddings") - pad - 1)
+                                       max_positions=table - pad - 1)
 
 
 def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
