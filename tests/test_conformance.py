@@ -8,7 +8,7 @@ import attnviz
 from attnviz.analysis import capture, generation, head_recompute, readouts
 from attnviz.core.attention import Variant
 from attnviz.weights.families import FAMILIES as REGISTERED
-from tests.test_parity import DECODERS, tiny
+from tests.test_parity import DECODERS, ENCODERS, tiny
 
 FAMILIES = ["gpt2", "llama", *DECODERS]
 LONG = 13  # tokens: past every tiny window (4, 5), so windows and two RoPE bases matter
@@ -154,3 +154,57 @@ def test_mean_ablation_by_a_heads_own_mean_changes_nothing(model):
     ablated = head_ablation.logits(model, x, off, "mean", means)
     assert (ablated - model.trace(x).logits).abs().max() < 1e-5
     assert (head_ablation.logits(model, x, off, "zero") - model.trace(x).logits).abs().max() > 1e-4
+
+
+# ---------------------------------------------------------------- encoders
+# The analyses an encoder has (step-by-step head, long capture, masks, pruning and mean ablation),
+# on every encoder family's tiny model: the padding offset, the projected embeddings and a
+# relative-position bias reach them through the blocks, as a decoder's windows do.
+@pytest.fixture(scope="module", params=list(ENCODERS))
+def encoder(request):
+    return attnviz.from_hf(tiny(request.param))
+
+
+def test_encoder_step_by_step_head_equals_the_trace(encoder):
+    x = ids()
+    assert head_recompute.verify(encoder, x) < 1e-5
+    tr = encoder.trace(x, states=True, layers=[1])
+    steps = head_recompute.head_steps(encoder, tr, 1, 2)
+    assert steps.output_diff < 1e-5
+    if encoder.cfg.relative_buckets or encoder.cfg.disentangled:   # the position terms, viewable apart,
+        bias = steps.steps["position_bias"].value                      # are what the scores add
+        scaled = steps.steps["scores"].value * encoder.cfg.scale + bias
+        assert (steps.steps["scaled"].value - scaled).abs().max() < 1e-5
+        assert (bias[:, None] - bias[None, :]).abs().max() > 0   # it depends on the distance
+        terms = [steps.steps[t].value for t in encoder.cfg.disentangled]
+        if terms:   # DeBERTa: content→position and position→content, each apart, add up to the bias
+            assert (sum(terms) - bias).abs().max() < 1e-6
+
+
+def test_encoder_long_capture_equals_the_trace(encoder, monkeypatch):
+    x = ids()
+    full = encoder.trace(x).attentions
+    for floats in (capture.CHUNK_FLOATS, 4 * LONG * 5):
+        monkeypatch.setattr(capture, "CHUNK_FLOATS", floats)
+        got = capture.capture_text(encoder, x, max_window=LONG)
+        assert (got.attentions - full).abs().max() < 1e-5, floats
+
+
+def test_encoder_head_mask_prune_and_mean_ablation_agree(encoder):
+    from attnviz.analysis import head_ablation
+    x = ids()
+    keep = torch.ones(encoder.cfg.n_layers, encoder.cfg.n_heads, dtype=torch.bool)
+    keep[1, 0] = keep[0, 3] = False
+    masked, pruned = encoder.trace(x, head_mask=keep.float()), encoder.prune(keep).trace(x)
+    assert (masked.hidden - pruned.hidden).abs().max() < 1e-4
+    assert (masked.attentions[keep] - pruned.attentions[keep]).abs().max() < 1e-5
+    if encoder.trace(x).logits is not None:   # a masked-LM head: mean ablation by each head's own mean
+        one = ids(1)
+        off = torch.zeros(encoder.cfg.n_layers, encoder.cfg.n_heads)
+        ablated = head_ablation.logits(encoder, one, off, "mean", head_ablation.head_means(encoder, one))
+        assert (ablated - encoder.trace(one).logits).abs().max() < 1e-5
+
+
+def test_every_encoder_family_has_a_row():
+    encoders = [n for n, f in REGISTERED.items() if f.TASK == "encoder" and n != "bert"]
+    assert all(any(row == n or row.startswith(n + "_") for row in ENCODERS) for n in encoders), encoders

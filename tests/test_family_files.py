@@ -9,7 +9,7 @@ import torch
 import attnviz
 from attnviz.weights import hub
 from tests.hub_cache import lay_out, model_folder
-from tests.test_parity import DECODERS, TOL, VOCAB, tiny
+from tests.test_parity import DECODERS, ENCODERS, TOL, VOCAB, tiny
 
 ROWS = ["llama", *DECODERS]
 
@@ -158,3 +158,25 @@ def test_the_apps_local_entry_loads_a_gguf_file_inside_the_allow_list_only(tmp_p
         assert not at.exception
         [message] = [e.value for e in at.error]
         assert "is not a" in message and "elsewhere" not in message.replace(plain(repr(typed)), "")
+
+
+@pytest.mark.parametrize("row", list(ENCODERS))
+def test_encoder_folder_and_hub_cache_round_trip(row, cache, tmp_path):
+    """Each encoder family from a saved folder and by name from the cache: its hidden states (and
+    masked-LM logits, where it has the head) equal transformers eager."""
+    folder = tmp_path / row
+    hf = model_folder(folder, row)
+    torch.manual_seed(1)
+    ids = torch.randint(0, VOCAB, (11,))
+    with torch.no_grad():
+        out = hf(input_ids=ids[None], output_hidden_states=True)
+    from_folder = attnviz.load_model(str(folder))
+    lay_out(cache, f"org/{row}", folder)
+    by_name = attnviz.load_model(f"org/{row}")
+    assert by_name.cfg == from_folder.cfg
+    for model in (from_folder, by_name):
+        tr = model.trace(ids)
+        assert (tr.hidden - out.hidden_states[-1][0]).abs().max() < TOL
+        if hasattr(out, "logits"):
+            assert (tr.logits - out.logits[0]).abs().max() < TOL
+        assert model.has_tokenizer   # the folder's own tokenizer came with it

@@ -8,7 +8,7 @@ import transformers as tf
 import attnviz
 from attnviz.weights.families import convert
 from attnviz.core.attention import attend, parse_variant
-from attnviz.core.positional import alibi_slopes
+from attnviz.core.positional import alibi_slopes, log_bucket, relative_bucket
 from attnviz.weights.families import gpt_neo
 
 TOL = 1e-4
@@ -45,6 +45,10 @@ def tiny(family: str, **over):
     elif family in DECODERS:
         cls_name, make, fields = DECODERS[family]
         cfg = getattr(tf, make)(**{**DECODER_BASE, **fields, **over})
+        cls = getattr(tf, cls_name)
+    elif family in ENCODERS:
+        cls_name, make, fields = ENCODERS[family]
+        cfg = getattr(tf, make)(**{**ENCODER_BASE, **fields, **over})
         cls = getattr(tf, cls_name)
     cfg._attn_implementation = "eager"
     if hasattr(cfg, "_experts_implementation"):
@@ -128,8 +132,52 @@ DECODERS = {
     "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=48, num_attention_heads=6)),  # slopes of 6 heads
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(rope_theta=500.0, attention_bias=True)),
 }
-LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
-FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
+
+# The encoder families: a row each, as DECODERS. A masked-LM row (its logits checked as well as
+# its hidden states) and a base-model row where a family has both; padding ids other than
+# RoBERTa's 1 so the offset is read, not assumed.
+ENCODER_BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                    num_attention_heads=4, max_position_embeddings=64)
+ENCODERS = {
+    "roberta": ("RobertaForMaskedLM", "RobertaConfig", dict(type_vocab_size=1, layer_norm_eps=1e-5)),
+    "roberta_base": ("RobertaModel", "RobertaConfig", dict(pad_token_id=3, type_vocab_size=2)),
+    "xlm-roberta": ("XLMRobertaForMaskedLM", "XLMRobertaConfig", dict(pad_token_id=2, type_vocab_size=1)),
+    "distilbert": ("DistilBertForMaskedLM", "DistilBertConfig", dict(hidden_dim=37)),
+    "distilbert_base": ("DistilBertModel", "DistilBertConfig", dict(hidden_dim=37, activation="relu")),
+    "electra": ("ElectraForMaskedLM", "ElectraConfig", dict(embedding_size=16)),
+    "electra_base": ("ElectraModel", "ElectraConfig", dict(embedding_size=24, hidden_act="gelu_new")),
+    # N tokens reach past MPNet's 8 exact relative-position buckets each way into its logarithmic ones
+    "mpnet": ("MPNetForMaskedLM", "MPNetConfig", dict(layer_norm_eps=1e-5)),
+    "mpnet_base": ("MPNetModel", "MPNetConfig", dict(hidden_act="relu")),
+    # local layers of 2 keys either side (every third layer global: layer 0 here), two RoPE bases;
+    # the base row with every bias ModernBERT can switch on
+    "modernbert": ("ModernBertForMaskedLM", "ModernBertConfig", dict(local_attention=4, pad_token_id=0,
+                                                                     bos_token_id=1, eos_token_id=2,
+                                                                     cls_token_id=1, sep_token_id=2)),
+    "modernbert_base": ("ModernBertModel", "ModernBertConfig", dict(
+        local_attention=6, global_attn_every_n_layers=2, norm_bias=True, attention_bias=True, mlp_bias=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=500.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=50.0)})),
+    # DeBERTa-v3's layout (both terms through the layer's own projections, log buckets that N tokens
+    # reach past, normed position embeddings, no input positions); v2's own projections, clamped
+    # distances, one term, input positions and types; the newer masked-LM head. Weights ten times
+    # the default spread, so that the position terms weigh in the scores
+    "deberta-v2": ("DebertaV2ForMaskedLM", "DebertaV2Config", dict(
+        relative_attention=True, pos_att_type="p2c|c2p", share_att_key=True, position_buckets=8,
+        max_relative_positions=16, norm_rel_ebd="layer_norm", position_biased_input=False, layer_norm_eps=1e-7,
+        initializer_range=0.2)),
+    "deberta-v2_base": ("DebertaV2Model", "DebertaV2Config", dict(
+        relative_attention=True, pos_att_type=["c2p"], max_relative_positions=6, type_vocab_size=2,
+        initializer_range=0.2)),
+    "deberta-v2_lm": ("DebertaV2ForMaskedLM", "DebertaV2Config", dict(
+        relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=6, max_relative_positions=12,
+        legacy=False, position_biased_input=False, initializer_range=0.2)),
+}
+ENCODER_MLMS = [r for r, (cls_name, _, _) in ENCODERS.items() if cls_name.endswith("MaskedLM")]
+LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS, *ENCODER_MLMS]
+FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS,
+            *ENCODERS]
 
 
 # Options a family has that we do not implement: each refused by its name, never ignored
@@ -194,15 +242,16 @@ def reference(model, x, head_mask=None):
 
 
 def out_projections(model):
-    base = next((getattr(model, n) for n in ("bert", "transformer", "model", "gpt_neox") if hasattr(model, n)), model)
+    base = model.base_model
     base = getattr(base, "decoder", base)  # OPT
-    layers = getattr(base, "h", None) or getattr(base, "layers", None) or base.encoder.layer
+    encoder = getattr(base, "encoder", None) or getattr(base, "transformer", None)  # DistilBERT: transformer
+    layers = getattr(base, "h", None) or getattr(base, "layers", None) or encoder.layer
     return [output_projection(layer) for layer in layers]
 
 
 def output_projection(module):
     """The linear layer that mixes the heads' outputs, under whichever name the family gives it."""
-    for name in ("c_proj", "o_proj", "out_proj", "dense"):
+    for name in ("c_proj", "o_proj", "out_proj", "dense", "out_lin", "o", "Wo"):
         if hasattr(getattr(module, name, None), "weight"):  # Linear, or GPT-2's Conv1D
             return getattr(module, name)
     for name in ("attn", "self_attn", "self_attention", "attention", "output"):
@@ -398,3 +447,59 @@ def test_gpt_neo_attention_types_are_read_or_refused_by_name():
         gpt_neo.config(dict(hf, attention_types=[[["global", "sparse"], 1], [["local"], 1]]), {})
     with pytest.raises(ValueError, match="lists 2 layers"):
         gpt_neo.config(dict(hf, attention_types=[[["global", "local"], 1]]), {})
+
+
+@pytest.mark.parametrize("row", ENCODER_MLMS)
+def test_masked_lm_encoders_hidden_states_match(row):
+    """The rows above compare a masked-LM model's logits; its hidden states too."""
+    hf = tiny(row)
+    x = inputs(hf)
+    hidden, _, _ = reference(hf, x)
+    close(attnviz.from_hf(hf).trace(x).hidden, hidden)
+
+
+@pytest.mark.parametrize("row", ["roberta", "roberta_base", "xlm-roberta", "mpnet"])
+def test_padding_tokens_take_the_padding_position(row):
+    """RoBERTa's positions count only tokens other than padding, which reads its own row."""
+    hf = tiny(row)
+    pad = hf.config.pad_token_id
+    x = torch.tensor([0, 5, pad, 7, pad, pad, 9, 2])
+    hidden, att, _ = reference(hf, x)
+    tr = attnviz.from_hf(hf).trace(x)
+    close(tr.hidden, hidden)
+    close(tr.attentions, att)
+
+
+ENCODER_REFUSED = [("roberta_base", dict(is_decoder=True), "is_decoder"),
+                   ("electra", dict(hidden_act="relu"), "hidden_act"),
+                   ("roberta_base", dict(pad_token_id=None), "pad_token_id"),
+                   ("roberta_base", dict(pad_token_id=70), "pad_token_id"),   # past the 64-row position table
+                   ("mpnet_base", dict(relative_attention_num_buckets=16), "relative_attention_num_buckets"),
+                   ("deberta-v2_base", dict(conv_kernel_size=3), "conv_kernel_size"),
+                   ("deberta-v2_base", dict(embedding_size=16), "embedding_size"),
+                   ("deberta-v2_base", dict(pos_att_type=["c2p", "p2p"]), "p2p"),
+                   ("deberta-v2", dict(norm_rel_ebd="layer_norm|other"), "norm_rel_ebd"),
+                   ("roberta", dict(tie_word_embeddings=False), "tie_word_embeddings"),
+                   ("distilbert", dict(tie_word_embeddings=False), "tie_word_embeddings")]
+
+
+@pytest.mark.parametrize("row,over,option", ENCODER_REFUSED)
+def test_encoder_options_we_do_not_implement_are_refused_by_name(row, over, option):
+    hf = tiny(row)
+    hf.config.update(over)   # set after building: transformers itself would not build some of these
+    with pytest.raises(ValueError, match=option):
+        attnviz.from_hf(hf)
+
+
+def test_relative_buckets_are_mpnets():
+    """Far past the tiny texts: every distance up to twice the max distance, both ways."""
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+    d = torch.arange(-300, 301)
+    assert torch.equal(relative_bucket(d), MPNetEncoder.relative_position_bucket(d))
+
+
+@pytest.mark.parametrize("span,max_position", [(256, 512), (8, 16), (6, 12)])
+def test_log_buckets_are_debertas(span, max_position):
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+    d = torch.arange(-3 * max_position, 3 * max_position + 1)
+    assert torch.equal(log_bucket(d, span, max_position), make_log_bucket_position(d, span, max_position).long())

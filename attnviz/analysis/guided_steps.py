@@ -183,6 +183,11 @@ def step_sentences(result: HeadSteps, query: int) -> dict[str, tuple[str, torch.
                      f"({st['scores'].value[query, hi]:.2f} → {row[hi]:.2f}), and the row's spread "
                      f"{peaked} from {before:.2f} to {after:.2f}, so softmax will be "
                      f"{'less' if after <= before else 'more'} peaked than on the raw scores.", row, hi)
+    if "position_bias" in st:  # a bias by distance can change which key leads
+        lead = argmax(row)
+        out["scaled"] = (f"Every score is divided by {by}, then the head adds its bias for each "
+                         f"query-key distance: {quoted(tokens, lead, query)} now leads ({row[lead]:.2f}), "
+                         f"and the row's spread is {after:.2f} (it was {before:.2f}).", row, lead)
 
     row = st["masked"].value[query]
     best = argmax(row)

@@ -11,6 +11,12 @@ import torch
 
 from attnviz.core.model import Model, Trace
 
+# Disentangled attention's position terms (DeBERTa), each shown as its own step: (title, what it is)
+POSITION_TERMS = {
+    "c2p": ("content → position", "the query · the key projection of its distance to each key (scaled)"),
+    "p2c": ("position → content", "each key · the query projection of its distance to the query (scaled)"),
+}
+
 
 @dataclass
 class Step:
@@ -119,9 +125,17 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
         cap = f", then soft-capped: {scored.softcap:g}·tanh(s / {scored.softcap:g})" if scored.softcap else ""
         t_note = f", then divided by the temperature {temperature:g}" if temperature != 1 else ""
         alibi = ""
-        if scored.bias is not None:  # ALiBi: the head's slope times each key's position
+        if scored.bias is not None and attn.slopes is not None:  # ALiBi: the head's slope times each key's position
             how += " + ALiBi"
             alibi = f", plus the head's ALiBi bias {float(attn.slopes[local]):.4g} × key position"
+        elif scored.bias is not None:  # a bias by relative position, shown apart from the content scores
+            how += " + position bias"
+            alibi = ", plus the head's bias for each query-key distance"
+            add("position_bias", "position bias", scored.bias_rows()[0, local].expand(n, -1), "tokens", "tokens",
+                "what the head adds to each score for the distance between query and key" +
+                (" (the sum of the terms beside it)" if scored.bias_parts else ""))
+            for name, part in (scored.bias_parts or {}).items():
+                add(name, POSITION_TERMS[name][0], part[0, local], "tokens", "tokens", POSITION_TERMS[name][1])
         add("scaled", f"scaled = scores {how}" + (f" / {temperature:g}" if temperature != 1 else ""),
             scaled, "tokens", "tokens", f"multiplied by {scored.scale_value:.4g}{cap}{alibi}{t_note}")
         allowed = replace(scored, causal=causal).mask()

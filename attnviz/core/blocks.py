@@ -22,7 +22,7 @@ from attnviz.core.attention import SOFTMAX, Variant, attend
 from attnviz.core.config import Config
 from attnviz.core.layers import (ACTIVATIONS, MLP, Experts, HeadsRMSNorm, LayerScale, Linear, RMSNorm, frozen,
                                  make_norm)
-from attnviz.core.positional import alibi_slopes, apply_rope
+from attnviz.core.positional import alibi_slopes, apply_rope, disentangled_terms
 from attnviz.core.scored import Scored
 
 __all__ = ["ACTIVATIONS", "Attention", "Block", "BlockStep", "Linear", "MLP", "RMSNorm", "iter_layers", "make_norm"]
@@ -72,13 +72,19 @@ class Attention(nn.Module):
         # ALiBi: each head's slope, by its ORIGINAL index (a pruned layer keeps its heads' own slopes)
         slopes = alibi_slopes(cfg.n_heads, device="cpu")[heads] if cfg.positional == "alibi" else None
         self.register_buffer("slopes", slopes, persistent=False)
+        # DeBERTa's position terms: the position embeddings through the layer's own Q / K projections,
+        # or through projections of their own (rows per head, pruned with the heads)
+        self.terms, self.rel_shared_proj = cfg.disentangled, cfg.rel_shared_proj
+        own = cfg.disentangled and not cfg.rel_shared_proj
+        self.pos_q = Linear(d, h) if own and "p2c" in cfg.disentangled else None
+        self.pos_k = Linear(d, h) if own and "c2p" in cfg.disentangled else None
         # Uniform grouping lets the fused kernel handle GQA; a pruned, uneven one indexes K/V explicitly.
         self.uniform_groups = (self.n_kv > 0 and self.n_heads % self.n_kv == 0 and
                                kv_of_head == [i // (self.n_heads // self.n_kv) for i in range(self.n_heads)])
 
     def forward(self, x, *, rope=None, allowed=None, causal=False, head_mask=None,
                 need_weights=False, variant: Variant = SOFTMAX, heads_out=None, head_fill=None, past=None,
-                kv=None, patch=None, rope_local=None):
+                kv=None, patch=None, rope_local=None, position_bias=None, rel_pos=None):
         """`past`: this layer's K/V cache, a dict ("k", "v": (B, hkv, S, dh), rope applied) that is
         extended in place (incremental decoding); `kv`: keys and values computed once from another
         source (`keys_values`: cross-attention), then only the queries come from x; `heads_out`: a
@@ -86,7 +92,9 @@ class Attention(nn.Module):
         (logit attribution); `head_fill` [H, dh]: added to each head's output after the mask
         (mean ablation); `patch(name, t) -> t`: this call's edit of "q" (B, h, T, dh), "k" and "v"
         (B, hkv, T, dh, rope applied) and "z" (the per-head outputs, after mask and fill):
-        activation patching, never a change to the module."""
+        activation patching, never a change to the module; `position_bias` (1, H, T, S): every
+        original head's score bias from relative positions (MPNet), shared by the layers; `rel_pos`:
+        the relative-position embeddings and each query-key pair's row of them (DeBERTa)."""
         B, T, _ = x.shape
         if self.n_heads == 0:  # every head of this layer pruned: the layer adds only the output bias
             return self.out(x.new_zeros(B, T, 0)), None
@@ -100,7 +108,9 @@ class Attention(nn.Module):
             if "k" in past:
                 k, v = torch.cat([past["k"], k], 2), torch.cat([past["v"], v], 2)  # (B, hkv, S, dh)
             past["k"], past["v"] = k, v
-        bias = self.score_bias(k.shape[2])
+        bias = self.score_bias(k.shape[2], position_bias)
+        if self.terms and rel_pos is not None:
+            bias = sum(self.position_terms(q, k, rel_pos).values())
         if not self.uniform_groups:
             k, v = k[:, self.kv_of_head], v[:, self.kv_of_head]
         y, att = attend(q, k, v, causal=causal, allowed=allowed, variant=variant, need_weights=need_weights,
@@ -117,14 +127,32 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, -1)      # (B, T, h*dh)
         return self.out(y), att
 
-    def score_bias(self, S: int):
-        """(1, h, 1, S) what each head adds to its scaled scores: ALiBi's slope · key position, the
-        keys at positions 0..S-1 (a cached prefix's included), as BLOOM builds it (softmax ignores
-        the part that is constant along a row, so this is -slope · distance up to that); None
-        without ALiBi."""
+    def score_bias(self, S: int, position_bias=None):
+        """What each of this layer's heads adds to its scaled scores: ALiBi's slope · key position
+        (1, h, 1, S), the keys at positions 0..S-1 (a cached prefix's included), as BLOOM builds it
+        (softmax ignores the part that is constant along a row, so this is -slope · distance up to
+        that); or this layer's heads' rows of a relative-position bias (1, h, T, S) the model
+        shares among its layers (MPNet); None without either."""
+        if position_bias is not None:
+            return position_bias[:, self.heads]
         if self.slopes is None:
             return None
         return (self.slopes[:, None, None] * torch.arange(S, device=self.slopes.device))[None]
+
+    def position_terms(self, q, k, rel_pos) -> dict[str, torch.Tensor]:
+        """DeBERTa's "c2p" and "p2c" terms of each head's scores (B, h, T, T), already scaled as
+        the content score q·kᵀ is, so their sum is the bias the scores add."""
+        emb, index = rel_pos                                    # (2·span, d), (T, T)
+        P, h, dh = emb.shape[0], self.n_heads, self.d_head
+        if self.rel_shared_proj:
+            pq, pk, _ = self.qkv(emb).split([h * dh, self.n_kv * dh, self.n_kv * dh], dim=-1)
+            pq, pk = (pq if "p2c" in self.terms else None), (pk if "c2p" in self.terms else None)
+        else:
+            pq = self.pos_q(emb) if self.pos_q is not None else None
+            pk = self.pos_k(emb) if self.pos_k is not None else None
+        heads = [None if t is None else t.view(P, -1, dh).transpose(0, 1) for t in (pq, pk)]  # (h, 2·span, dh)
+        scale = self.scale or dh ** -0.5
+        return {name: t * scale for name, t in disentangled_terms(q, k, *heads, index).items()}
 
     def queries(self, x):
         """x (B, T, d) -> q (B, h, T, dh) (an un-fused layer: the keys and values come from elsewhere)."""
@@ -162,15 +190,20 @@ class Attention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-    def explain(self, x, *, rope=None, rope_local=None, allowed=None, causal=False, **_) -> Scored:
+    def explain(self, x, *, rope=None, rope_local=None, allowed=None, causal=False, position_bias=None,
+                rel_pos=None, **_) -> Scored:
         """What this layer computes for x (B, T, d), its input: the queries, keys and values as
         scored, with the scale, cap, window and mask it applies (see `Scored`), so analyses read
         the attention instead of rebuilding it."""
         steps: dict = {}
         rope = rope_local if self.local_rope else rope
         q, k, v = self.project(x, rope, steps)
+        bias, parts = self.score_bias(k.shape[2], position_bias), None
+        if self.terms and rel_pos is not None:
+            parts = self.position_terms(q, k, rel_pos)
+            bias = sum(parts.values())
         return Scored(x, q, k, v, self.kv_of_head, self.scale, self.softcap, self.window, causal, allowed,
-                      rotated=rope is not None, bias=self.score_bias(k.shape[2]), **steps)
+                      rotated=rope is not None, bias=bias, bias_parts=parts, **steps)
 
 
 class Block(nn.Module):
@@ -184,7 +217,7 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm, self.parallel = cfg.pre_norm, cfg.parallel
         self.shared_norm, self.input_norms = cfg.shared_norm, cfg.input_norms
-        self.norm1 = make_norm(cfg) if cfg.input_norms else None
+        self.norm1 = make_norm(cfg) if cfg.input_norms and (layer or cfg.first_input_norm) else None
         self.norm2 = make_norm(cfg) if cfg.input_norms and not cfg.shared_norm else None
         self.norm1_out = make_norm(cfg) if cfg.output_norms else None
         self.norm2_out = make_norm(cfg) if cfg.output_norms else None

@@ -63,6 +63,21 @@ class Config:
     embedding_norm: bool = False  # a norm after the embeddings (BERT, BLOOM)
     final_norm: bool = True      # BERT has none after the last block
     mlm_head: bool = False       # BERT masked-LM head (transform + tied decoder)
+    # encoders
+    pad_position: int = -1       # RoBERTa, MPNet: tokens of this id (padding_idx) read this row of the position
+                                 # table; the others count from the row after it, skipping such tokens; -1: none
+    d_embed: int = 0             # the embeddings' width, projected up to d_model (ELECTRA); 0: d_model
+    relative_buckets: int = 0    # a score bias per head from log-bucketed relative positions, one table shared
+                                 # by every layer (MPNet); 0: none
+    relative_max_distance: int = 128  # distances past this share the last bucket
+    first_input_norm: bool = True  # pre-norm: the first block norms its attention input (ModernBERT's does not:
+                                   # its embeddings are normed already)
+    disentangled: tuple = ()     # position terms each layer adds to q·kᵀ from relative-position embeddings the
+                                 # layers share (DeBERTa): "c2p" (query·position key), "p2c" (key·position query)
+    rel_span: int = 0            # those embeddings cover relative positions -rel_span..rel_span-1
+    rel_log_max: int = 0         # > 0: distances log-bucketed into the span, up to this one; 0: clamped as they are
+    rel_shared_proj: bool = False  # the layer's own Q and K projections read the position embeddings
+    rel_norm: bool = False       # the position embeddings are normed (LayerNorm) before use
     # vision
     image_size: int = 0
     patch_size: int = 0
@@ -74,7 +89,7 @@ class Config:
 
     def __post_init__(self):
         # a config read back from JSON (the conversion cache) has lists where tuples were
-        for f in ("rope_scaling", "windows", "head_dims", "kv_dims"):
+        for f in ("rope_scaling", "windows", "head_dims", "kv_dims", "disentangled"):
             value = getattr(self, f)
             if isinstance(value, list):
                 value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
@@ -101,6 +116,11 @@ class Config:
             raise ValueError("a block without input norms normalises its outputs (output_norms=True)")
         if self.n_experts and not 1 <= self.experts_per_token <= self.n_experts:
             raise ValueError(f"experts_per_token must lie in 1..{self.n_experts}")
+        if self.d_embed < 0 or self.relative_buckets < 0 or self.pad_position < -1:
+            raise ValueError("d_embed and relative_buckets must be >= 0, pad_position >= -1")
+        if not set(self.disentangled) <= {"c2p", "p2c"} or (self.disentangled and self.rel_span < 1):
+            raise ValueError(f"disentangled position terms are c2p and p2c, over a span of at least 1; "
+                             f"got {self.disentangled!r:.40} over {self.rel_span}")
         if not 0 <= self.rotary_dim <= self.d_head or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim must be an even number in 0..{self.d_head}; got {self.rotary_dim}")
 
@@ -112,6 +132,11 @@ class Config:
     def group(self) -> int:
         """Query heads per K/V head."""
         return self.n_heads // self.n_kv_heads
+
+    @property
+    def embed_width(self) -> int:
+        """Width of the token (and position, type) embeddings."""
+        return self.d_embed or self.d_model
 
     @property
     def rope_kind(self) -> str:

@@ -145,3 +145,51 @@ def interpolate_grid(pos: torch.Tensor, src: int, h: int, w: int) -> torch.Tenso
     grid = pos.reshape(1, src, src, d).permute(0, 3, 1, 2)  # (1, d, src, src)
     grid = F.interpolate(grid.to(torch.float32), size=(h, w), mode="bicubic", align_corners=False)
     return grid.to(pos.dtype).permute(0, 2, 3, 1).reshape(1, h * w, d)
+
+
+def relative_bucket(distance: torch.Tensor, n_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """Log-bucketed relative positions, both directions (MPNet's, after T5's bidirectional buckets):
+    half the buckets for keys after the query; in each half, exact distances below a quarter of the
+    buckets, then logarithmic bins up to `max_distance`, past which all share the last.
+    `distance`: key position - query position (an integer tensor)."""
+    half = n_buckets // 2
+    out = (distance > 0).long() * half
+    n = distance.abs()
+    exact = half // 2
+    large = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
+    return out + torch.where(n < exact, n, large.clamp_max(half - 1))
+
+
+def log_bucket(distance: torch.Tensor, span: int, max_position: int) -> torch.Tensor:
+    """DeBERTa's log-bucketed relative positions: distances within span/2 as they are, longer ones
+    on a log scale that reaches ±span at `max_position`. `distance`: query position - key position."""
+    sign = torch.sign(distance)
+    mid = span // 2
+    near = (distance < mid) & (distance > -mid)
+    size = torch.where(near, torch.tensor(mid - 1).type_as(distance), distance.abs())
+    log_pos = torch.ceil(torch.log(size / mid) / torch.log(torch.tensor((max_position - 1) / mid)) * (mid - 1)) + mid
+    return torch.where(size <= mid, distance.type_as(log_pos), log_pos * sign).long()
+
+
+def relative_index(n: int, span: int, log_max: int = 0) -> torch.Tensor:
+    """(n, n) long: the row of the (2·span, d) relative-position embeddings each query-key pair
+    reads (query position - key position, log-bucketed when `log_max` > 0, clamped to the span)."""
+    pos = torch.arange(n)
+    distance = pos[:, None] - pos[None, :]
+    if log_max > 0:
+        distance = log_bucket(distance, span, log_max)
+    return (distance + span).clamp(0, 2 * span - 1)
+
+
+def disentangled_terms(q, k, pos_q, pos_k, index) -> dict[str, torch.Tensor]:
+    """DeBERTa's position terms of every head's scores, before the scale: "c2p", query i · the
+    position key of its distance to key j; "p2c", key j · the position query of that distance
+    (the distance is antisymmetric and its buckets odd, so one index serves both).
+    q, k (B, h, T, dh); pos_q, pos_k (h, 2·span, dh) or None; index (T, T) -> each (B, h, T, T)."""
+    out = {}
+    B, h, T, _ = q.shape
+    if pos_k is not None:
+        out["c2p"] = torch.gather(q @ pos_k.transpose(-1, -2), -1, index.expand(B, h, T, T))
+    if pos_q is not None:
+        out["p2c"] = torch.gather(k @ pos_q.transpose(-1, -2), -1, index.T.expand(B, h, T, T)).transpose(-1, -2)
+    return out

@@ -65,6 +65,10 @@ def prune(net: Transformer, keep, kept: torch.Tensor) -> tuple[Transformer, torc
                             state[p + f"{name}_rest.{part}"] = rest
                 kept_rows = torch.tensor(rows(q_idx if name == "q" else kv_idx, 0), dtype=torch.long)
                 state[p + f"{name}_norm.weight"] = state[p + f"{name}_norm.weight"][kept_rows]
+        for name in ("pos_q", "pos_k"):  # DeBERTa's own position projections: rows per query head
+            for part in ("weight", "bias"):
+                if p + f"{name}.{part}" in state:
+                    state[p + f"{name}.{part}"] = state[p + f"{name}.{part}"][torch.tensor(rows(q_idx, 0))]
         state[p + "qkv.weight"] = state[p + "qkv.weight"][sel]
         if p + "qkv.bias" in state:
             state[p + "qkv.bias"] = state[p + "qkv.bias"][sel]

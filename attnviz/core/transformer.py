@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from attnviz.core.attention import padding_mask
 from attnviz.core.base_model import adopt_state
-from attnviz.core.blocks import Block, Linear, iter_layers, make_norm
+from attnviz.core.blocks import ACTIVATIONS, Block, Linear, iter_layers, make_norm
 from attnviz.core.config import Config
-from attnviz.core.positional import interpolate_grid, rope_cos_sin, sinusoidal
+from attnviz.core.positional import interpolate_grid, relative_bucket, relative_index, rope_cos_sin, sinusoidal
 
 ROPE_CACHE_MAX = 8192  # positions precomputed; longer inputs compute their table on the fly
 
@@ -64,20 +64,30 @@ class Transformer(nn.Module):
             self.pos = nn.Parameter(torch.zeros(1, 1 + cfg.grid ** 2, d))
             self.registers = nn.Parameter(torch.zeros(1, cfg.n_registers, d)) if cfg.n_registers else None
         else:
-            self.tok = nn.Embedding(cfg.vocab_size, d)
-            self.pos = nn.Embedding(cfg.max_positions, d) if cfg.positional == "learned" else None
-            self.types = nn.Embedding(cfg.type_vocab_size, d) if cfg.type_vocab_size else None
-        self.emb_norm = make_norm(cfg) if cfg.embedding_norm else None
+            e = cfg.embed_width
+            self.tok = nn.Embedding(cfg.vocab_size, e)
+            # RoBERTa's table starts with padding's rows (`pad_position`): the positions come after them
+            rows = cfg.max_positions + cfg.pad_position + 1
+            self.pos = nn.Embedding(rows, e) if cfg.positional == "learned" else None
+            self.types = nn.Embedding(cfg.type_vocab_size, e) if cfg.type_vocab_size else None
+        self.emb_norm = make_norm(cfg, cfg.embed_width) if cfg.embedding_norm else None
+        self.embed_proj = Linear(cfg.d_embed, d) if cfg.d_embed else None
+        # one table of per-head score biases by relative-position bucket, read by every layer (MPNet)
+        self.rel_bias = nn.Embedding(cfg.relative_buckets, cfg.n_heads) if cfg.relative_buckets else None
+        # relative-position embeddings every layer projects into its position terms (DeBERTa)
+        self.rel_emb = nn.Embedding(2 * cfg.rel_span, d) if cfg.disentangled else None
+        self.rel_norm = make_norm(cfg) if cfg.disentangled and cfg.rel_norm else None
         self.blocks = nn.ModuleList(
             Block(cfg, None if heads is None else heads[i], None if kv_heads is None else kv_heads[i], i)
             for i in range(cfg.n_layers))
         self.norm = make_norm(cfg) if cfg.final_norm else None
         self.lm_head = None
         if cfg.mlm_head:
-            self.mlm_transform = Linear(d, d)
-            self.mlm_norm = make_norm(cfg)
+            self.mlm_transform = Linear(d, cfg.embed_width)
+            self.mlm_norm = make_norm(cfg, cfg.embed_width)
         if cfg.task == "lm" or cfg.mlm_head:
-            self.lm_head = Linear(d, cfg.vocab_size, bias=cfg.mlm_head or cfg.lm_head_bias)
+            self.lm_head = Linear(cfg.embed_width if cfg.mlm_head else d, cfg.vocab_size,
+                                  bias=cfg.mlm_head or cfg.lm_head_bias)
             if cfg.tie_embeddings:
                 self.lm_head.weight = self.tok.weight
         if cfg.positional == "rotary":
@@ -108,14 +118,24 @@ class Transformer(nn.Module):
         x = self.tok(ids)
         if self.cfg.embed_scale != 1.0:  # Gemma: √d_model, rounded to the weights' dtype as transformers does
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
-        if self.pos is not None:
+        if self.pos is not None and self.cfg.pad_position >= 0:
+            x = x + self.pos(self.positions(ids))
+        elif self.pos is not None:
             x = x + self.pos.weight[offset:offset + T]
         elif self.cfg.positional == "sinusoidal":
             x = x + sinusoidal(offset + T, self.cfg.d_model)[offset:].to(x.dtype)
         if self.types is not None:
             types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids
             x = x + self.types(types)
-        return self.emb_norm(x) if self.emb_norm is not None else x
+        x = self.emb_norm(x) if self.emb_norm is not None else x
+        return self.embed_proj(x) if self.embed_proj is not None else x
+
+    def positions(self, ids):
+        """(B, T) rows of the position table RoBERTa's ids read: a padding token reads the
+        padding row; the others count on from the row after it, padding not counted."""
+        pad = self.cfg.pad_position
+        real = ids != pad
+        return torch.cumsum(real, dim=1) * real + pad
 
     def embed_image(self, pixels):
         cfg = self.cfg
@@ -148,6 +168,14 @@ class Transformer(nn.Module):
         cfg = self.cfg
         out = {"allowed": padding_mask(attention_mask) if attention_mask is not None else None,
                "causal": cfg.causal, "rope": None}
+        if self.rel_bias is not None:
+            out["position_bias"] = self.relative_bias(n, offset)
+        if self.rel_emb is not None:
+            if offset:
+                raise ValueError("disentangled position terms are computed over a whole text, not after a cache")
+            emb = self.rel_emb.weight
+            out["rel_pos"] = (emb if self.rel_norm is None else self.rel_norm(emb),
+                              relative_index(n, cfg.rel_span, cfg.rel_log_max).to(emb.device))
         if cfg.positional == "rotary":  # absolute positions offset..offset+n-1
             cos, sin = self.rope(offset + n)
             out["rope"] = (cos[offset:], sin[offset:])
@@ -155,6 +183,15 @@ class Transformer(nn.Module):
                 cos, sin = self.rope(offset + n, local=True)
                 out["rope_local"] = (cos[offset:], sin[offset:])
         return out
+
+    def relative_bias(self, n: int, offset: int = 0) -> torch.Tensor:
+        """(1, H, n, offset + n) every head's score bias for queries at positions offset..offset+n-1
+        and keys at 0..offset+n-1, read from the shared table by relative-position bucket."""
+        cfg = self.cfg
+        keys = torch.arange(offset + n, device=self.rel_bias.weight.device)
+        buckets = relative_bucket(keys[None, :] - keys[offset:, None], cfg.relative_buckets,
+                                  cfg.relative_max_distance)
+        return self.rel_bias(buckets).permute(2, 0, 1)[None]
 
     # ---------------------------------------------------------------- the forward loop
     def iter_blocks(self, x, start: int = 0, stop: int | None = None, *, head_mask=None, capture=(),
@@ -196,7 +233,7 @@ class Transformer(nn.Module):
             x = self.norm(x)
         if not logits or self.lm_head is None:
             return x, None
-        h = self.mlm_norm(F.gelu(self.mlm_transform(x))) if self.cfg.mlm_head else x
+        h = self.mlm_norm(ACTIVATIONS[self.cfg.activation](self.mlm_transform(x))) if self.cfg.mlm_head else x
         logits = self.lm_head(h)
         cap = self.cfg.final_softcap if softcap else 0.0
         return x, logits if not cap else torch.tanh(logits / cap) * cap

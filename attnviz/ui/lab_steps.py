@@ -21,7 +21,8 @@ PAGE = "lab"
 SENTENCE = "The animal didn't cross the street because it was too tired."
 MODES = ("Guided: follow one token", "All steps")
 STAGES = (("input", "normed"), ("W_Q", "W_K", "W_V"), ("Q", "K", "V"), ("Q_norm", "K_norm"), ("Q_rot", "K_rot"),
-          ("scores", "scaled"), ("mask", "masked"), ("softmax", "weighted"), ("W_O", "output"))
+          ("scores", "position_bias", "scaled"), ("c2p", "p2c"), ("mask", "masked"), ("softmax", "weighted"),
+          ("W_O", "output"))
 
 
 def key(name: str) -> str:
@@ -152,7 +153,7 @@ def every_step(result, tokens: list[str], causal: bool):
                                for s in result.steps.values()]), hide_index=True)
     for stage in STAGES:
         present = [k for k in stage if k in result.steps]
-        for col, k in zip(st.columns(len(stage)), present):
+        for col, k in zip(st.columns(len(present)) if present else (), present):
             col.plotly_chart(lab_figures.step_figure(result.steps[k], tokens, causal), key=key(f"step_{k}"))
 
 

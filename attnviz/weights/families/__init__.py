@@ -28,6 +28,7 @@ from attnviz.core.config import TASKS, Config
 from attnviz.weights.families import (bart, bergamot, bert, bloom, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2,
                                       gpt_neo, gpt_neox, gptj, llama, marian, mistral, mixtral, olmo2, opt, phi, phi3,
                                       qwen2, qwen3, qwen3_moe, vit, whisper)
+from attnviz.weights.families import deberta_v2, distilbert, electra, modernbert, mpnet, roberta, xlm_roberta
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
@@ -51,6 +52,13 @@ FAMILIES = {f.NAME: f for f in (
     gpt_neo,
     bloom,
     olmo2,
+    roberta,
+    xlm_roberta,
+    distilbert,
+    electra,
+    mpnet,
+    modernbert,
+    deberta_v2,
     vit,
     dinov2,
     marian,
