@@ -5,7 +5,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from attnviz.analysis import head_ranking
-from attnviz.core.tokens import (PARTIAL, SPACE, completed, labels, main_script, show, spelled_ends,
+from attnviz.core.tokens import (PARTIAL, SPACE, completed, labels, main_script, several_characters, show, spelled_ends,
                                   vocabulary_warning)
 from attnviz.ui import common
 from attnviz.weights import catalogue
@@ -46,6 +46,12 @@ def test_a_lone_combining_mark_is_drawn_on_a_dotted_circle(bytelevel):
     assert out[-1] == "◌\ufe0f" and completed(out[-1]) == "\ufe0f"
 
 
+def test_tokens_holding_several_cjk_characters_are_named():
+    assert several_characters(["<bos>", "我", "了一个", "苹果", "▁我们", "hello"], [1, 0, 0, 0, 0, 0]) == [
+        (2, "了一个", 3), (3, "苹果", 2), (4, "我们", 2)]
+    assert several_characters(["苹…", "苹", "果"]) == []            # byte pieces: one character each
+
+
 def test_spelled_ends_finds_a_word_split_over_tokens():
     pieces = ["我…", "我", "吃…", "吃", "了", "一个", "苹…", "苹…", "苹", "果", "，", "它…", "它"]
     assert spelled_ends(pieces, "苹果") == [9]
@@ -82,6 +88,8 @@ def test_the_apple_sentence_shows_as_characters_on_every_text_model_that_reads_c
         .replace(",", "，") == APPLE                         # e5-small: NFKC makes ， a ,
     assert "苹果" in shown or ["苹", "果"] == [t for t in shown if t in ("苹", "果")]
     assert not any("vocabulary" in w.value and "[UNK]" in w.value for w in at.warning)
+    held = " ".join(c.value.replace("\\", "") for c in at.caption if "hold several characters" in c.value)
+    assert ("了一个 (3)" if "了一个" in shown else "一个 (2)") in held     # one token, several characters
     at = _view(at, "Find heads")
     q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
     assert q.options[q.index].endswith(": 它") and k.options[k.index].endswith(("苹果", ": 果"))

@@ -177,6 +177,21 @@ def spelled_spans(token_labels: list[str], word: str) -> list[tuple[int, int]]:
     return spans
 
 
+def several_characters(token_labels: list[str], special=None) -> list[tuple[int, str, int]]:
+    """(position, characters, count) of each token that holds two or more Chinese, Japanese or
+    Korean characters (了一个 is one token holding 3): a reader of those scripts expects one
+    character a token, so the page says where a token holds more."""
+    out = []
+    for n, label in enumerate(token_labels):
+        if special is not None and special[n]:
+            continue
+        text = completed(label)
+        count = sum(1 for ch in text if re.match(f"[{_CJK}]", ch))
+        if count >= 2:
+            out.append((n, text.lstrip("".join(LEADING_SPACE_MARKS)), count))
+    return out
+
+
 # --- Is the text inside the model's vocabulary? ---------------------------------------------------
 # A word counts as "spelled out" when the tokenizer needs two or more pieces averaging under this
 # many characters each: MiniLM writes "привет" as п ##р ##и ##в ##е ##т (1.0), SmolLM2 as byte

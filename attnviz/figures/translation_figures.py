@@ -125,7 +125,7 @@ def translation_cost_figure(df) -> go.Figure:
     return figure
 
 
-def source_row_figure(words: list[str], weights, title: str = "", highlight: int | None = None) -> go.Figure:
+def word_row_figure(words: list[str], weights, title: str = "", highlight: int | None = None) -> go.Figure:
     """Vertical bars: one query's attention weight on each source word (in sentence order), the
     word ``highlight`` (its strongest) drawn in a darker colour."""
     weights = np.asarray(weights, dtype=float)

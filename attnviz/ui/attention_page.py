@@ -137,6 +137,12 @@ def notes(model, model_id: str, cap: TextCapture):
     st.caption(f"{cap.n:,} tokens: "
                + common.plain(" · ".join(render.visible_token(t) for t in cap.tokens[:200]))
                + (" …" if cap.n > 200 else ""))
+    held = tokens.several_characters(cap.tokens[:200], cap.special[:200].tolist())
+    if held:
+        st.caption(common.plain(f"{len(held)} of these tokens hold several characters each: "
+                                + ", ".join(f"{text} ({count})" for _, text, count in held[:12])
+                                + (" …" if len(held) > 12 else "") + ". Each is one row and one column "
+                                "of every attention map."))
 
 
 def follow_text(model_id: str, cap: TextCapture) -> list[int]:

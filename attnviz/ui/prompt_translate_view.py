@@ -91,7 +91,7 @@ def decoder_column(result: prompt_translation.PromptTranslation):
     row = result.rows[target, layer, head]
     peak = int(row.argmax())
     written = result.target_tokens[target]
-    st.plotly_chart(translation_figures.source_row_figure(
+    st.plotly_chart(translation_figures.word_row_figure(
         result.source_words, row, f"{written} → English words, layer {layer}, head {head}", highlight=peak),
         key=key("row"))
     on_peak = result.rows[target][..., best_word] / result.rows[target].sum(-1).clamp(min=1e-12)   # (L, H)
@@ -125,7 +125,7 @@ def cross_column(sentence: str, result: prompt_translation.PromptTranslation):
         return
     t, layer, head, weight = found
     row = cross.rows[t, layer, head]
-    st.plotly_chart(translation_figures.source_row_figure(
+    st.plotly_chart(translation_figures.word_row_figure(
         cross.source_words, row, f"{cross.target_tokens[t]} → English words, layer {layer}, head {head}",
         highlight=int(row.argmax())), key=key("cross_row"))
     st.markdown(common.plain(
