@@ -83,4 +83,4 @@ def test_a_start_token_key_is_a_sink_and_bad_input_is_refused():
         rank_heads(attn, 3, 0, by="size")
     only = rank_heads(torch.eye(2)[None, None].tril(), 1, 0, causal=True)   # no other query sees the key
     assert only["others"].isna().all() and only["contrast"].tolist() == only["weight"].tolist()
-    assert "no other word to compare it with" in ranking_sentences(only, "b", "a")[0]
+    assert "other word to compare it with" in ranking_sentences(only, "b", "a")[0]

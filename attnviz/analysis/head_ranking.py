@@ -99,8 +99,8 @@ def ranking_sentences(ranking: pd.DataFrame, query: str, key: str) -> list[str]:
     top = ranking.iloc[0]
     name = f"Layer {int(top['layer'])}, head {int(top['head'])}"
     if np.isnan(top["others"]):
-        first = (f"{name} sends {top['weight']:.2f} of “{query}”'s attention to “{key}” (no other "
-                 "word can see the key, so there is no contrast to measure).")
+        first = (f"{name} sends {top['weight']:.2f} of “{query}”'s attention to “{key}” (there is no "
+                 "other word to compare it with, so no contrast to measure).")
     elif top["pattern"] == "link":
         first = (f"{name} links “{query}” to “{key}”: it sends {top['weight']:.2f} of “{query}”'s "
                  f"attention there, against {top['others']:.2f} from the other words on average "
