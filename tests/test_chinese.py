@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attnviz.analysis import stats
-from attnviz.core.tokens import (PARTIAL, SPACE, completed, labels, main_script, show, spelled_ends,
+from attnviz.analysis import head_ranking
+from attnviz.core.tokens import (PARTIAL, SPACE, completed, labels, main_script, several_characters, show, spelled_ends,
                                   vocabulary_warning)
 from attnviz.ui import common
 from attnviz.weights import catalogue
@@ -46,6 +46,12 @@ def test_a_lone_combining_mark_is_drawn_on_a_dotted_circle(bytelevel):
     assert out[-1] == "◌\ufe0f" and completed(out[-1]) == "\ufe0f"
 
 
+def test_tokens_holding_several_cjk_characters_are_named():
+    assert several_characters(["<bos>", "我", "了一个", "苹果", "▁我们", "hello"], [1, 0, 0, 0, 0, 0]) == [
+        (2, "了一个", 3), (3, "苹果", 2), (4, "我们", 2)]
+    assert several_characters(["苹…", "苹", "果"]) == []            # byte pieces: one character each
+
+
 def test_spelled_ends_finds_a_word_split_over_tokens():
     pieces = ["我…", "我", "吃…", "吃", "了", "一个", "苹…", "苹…", "苹", "果", "，", "它…", "它"]
     assert spelled_ends(pieces, "苹果") == [9]
@@ -77,10 +83,13 @@ def test_the_apple_sentence_shows_as_characters_on_every_text_model_that_reads_c
     at = _sample(_run(at), APPLE)
     shown = _token_caption(at).split(" tokens: ", 1)[1].replace("\\", "").split(" · ")
     assert not any(set(t) & set("�ÃèåæäçéïÂ") for t in shown), shown    # no byte garbage
-    assert "".join(completed(t) for t in shown if t not in ("&lt;s&gt;", "&lt;/s&gt;", "&lt;bos&gt;", "<bos>")).lstrip(SPACE) \
+    assert not any("&lt;" in t for t in shown)                 # special tokens read <s>, as typed
+    assert "".join(completed(t) for t in shown if t not in ("<s>", "</s>", "<bos>")).lstrip(SPACE) \
         .replace(",", "，") == APPLE                         # e5-small: NFKC makes ， a ,
     assert "苹果" in shown or ["苹", "果"] == [t for t in shown if t in ("苹", "果")]
     assert not any("vocabulary" in w.value and "[UNK]" in w.value for w in at.warning)
+    held = " ".join(c.value.replace("\\", "") for c in at.caption if "hold several characters" in c.value)
+    assert ("了一个 (3)" if "了一个" in shown else "一个 (2)") in held     # one token, several characters
     at = _view(at, "Find heads")
     q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
     assert q.options[q.index].endswith(": 它") and k.options[k.index].endswith(("苹果", ": 果"))
@@ -104,19 +113,25 @@ def test_find_heads_opens_on_ta_and_pingguo_on_smollm2(smollm2_page):
     at = _view(_sample(smollm2_page, APPLE), "Find heads")
     q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
     assert q.options[q.index].endswith(": 它") and k.options[k.index].endswith(": 果")
+    # the key is 苹果's four byte pieces; the query the piece that completes 它
+    assert (at.number_input(key="attention.rank_qn").value, at.number_input(key="attention.rank_kn").value) == (1, 4)
     tr = common.shared_model("smollm2").trace(APPLE)
-    expected = stats.rank_heads(tr.attentions, q.index, k.index, causal=True)
+    key_span = range(k.index - 3, k.index + 1)
+    expected = head_ranking.rank_heads(tr.attentions, q.index, key_span, causal=True,
+                                       content=range(len(tr.tokens)))
     ranking = _rank_table(at)
     assert ranking[["layer", "head"]].values.tolist() == expected[["layer", "head"]].values.tolist()
     top = ranking.iloc[0]
-    # SmolLM2's layer 13, head 8 sends 它's attention to 苹果: 0.42 on 果, 0.77 over its 4 pieces
-    assert (top["layer"], top["head"]) == (13, 8) and top["weight"] > 0.4
-    pieces = tr.attentions[13, 8, q.index, k.index - 3: k.index + 1].numpy()
-    assert pieces.sum() > 0.75
-    np.testing.assert_allclose(top["weight"], tr.attentions[13, 8, q.index, k.index], atol=1e-6)
+    # SmolLM2's layer 13, head 8 sends 0.77 of 它's attention to 苹果's four pieces, the other
+    # words far less: a link, ranked first by contrast
+    assert (top["layer"], top["head"], top["pattern"]) == (13, 8, "link") and top["weight"] > 0.75
+    np.testing.assert_allclose(top["weight"], tr.attentions[13, 8, q.index, key_span].sum(), atol=1e-6)
+    said = [m.value.replace("\\", "") for m in at.markdown if "links" in m.value]
+    assert said[0].startswith("Layer 13, head 8 links “它” to “苹 · 果”")
     _sample(at, VASE)
     q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
     assert q.options[q.index].endswith(": 它") and k.options[k.index].endswith(": 瓶")
+    assert at.number_input(key="attention.rank_kn").value == 6          # 花瓶: 6 byte pieces
 
 
 def test_minilm_warning_names_the_bundled_model_that_reads_chinese():
@@ -155,3 +170,26 @@ def test_smollm2_warning_on_chinese_says_characters_are_labelled_and_nothing_is_
     warning = vocabulary_warning(tokenizer, APPLE, "smollm2")
     assert "split into the bytes of each character" in warning and "[UNK]" not in warning
     assert "labelled on the token that completes it" in warning
+
+
+@pytest.mark.parametrize("model_key, special", [("gemma3-270m", "<bos>"), ("e5-small", "<s>")])
+def test_find_heads_asks_the_vase_sentence_word_to_word(model_key, special):
+    """Gemma and e5-small write 把它 as one token and 花瓶 as two: the pair opened on 好了 → 他.
+    Now the query is the token holding 它 and the key the span 花 · 瓶, ranked by contrast."""
+    at = _run(AppTest.from_file(PAGE, default_timeout=300))
+    at.selectbox(key=PICKER).set_value(model_key)
+    at = _view(_sample(_run(at), VASE), "Find heads")
+    q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
+    assert q.options[q.index].endswith(": 把它") and k.options[k.index].endswith(": 瓶")
+    assert at.number_input(key="attention.rank_kn").value == 2
+    assert q.options[0] == f"0: {special}" and not any("&lt;" in o for o in q.options)
+    said = [m.value.replace("\\", "") for m in at.markdown if "links" in m.value]
+    assert said and "links “把它” to “花 · 瓶”" in said[0]
+    ranking = _rank_table(at)
+    assert ranking.iloc[0]["pattern"] == "link" and (ranking["contrast"].diff().dropna() <= 1e-12).all()
+    if model_key == "e5-small":     # the head that sends every row to 苹果 is a column head
+        at = _sample(at, APPLE)
+        ranking = _rank_table(at).set_index(["layer", "head"])
+        assert ranking.loc[(11, 11), "pattern"] == "column" and ranking.loc[(11, 11), "rank"] > 1
+        assert ranking.loc[(11, 11), "weight"] > ranking.iloc[0]["weight"]
+        assert any("Layer 11, head 11 gives “苹果” more" in m.value.replace("\\", "") for m in at.markdown)

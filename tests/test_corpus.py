@@ -31,6 +31,9 @@ def test_bundled_texts_are_the_shipped_real_sentences():
     assert len(en) == len(pt) == 145
     assert en[3] == "Copy one or more files from SOURCE to DESTINATION."
     assert pt[3] == "Copia um ou mais arquivos de ORIGEM para DESTINO."
+    en, zh = open_corpus("django-en").items, open_corpus("django-zh").items
+    assert len(en) == len(zh) == 50 and zh[2] == "只能输入用逗号分隔的数字。"
+    assert en[2] == "Enter only digits separated by commas."
     paragraphs = open_corpus("alice-paragraphs").items
     assert paragraphs[0].startswith("Alice was beginning to get very tired of sitting by her sister")
     sentences = open_corpus("alice-sentences").items

@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from attnviz.analysis.stats import ROLES, head_stats, rank_heads, token_flow
+from attnviz.analysis.head_ranking import rank_heads
+from attnviz.analysis.stats import ROLES, head_stats, token_flow
 from attnviz.analysis import position_tables
 from attnviz.figures import lab_figures
 from attnviz.figures import render
@@ -252,6 +253,8 @@ def test_head_rank_figure_shows_the_strongest_heads_first():
     np.testing.assert_allclose(decode(bars["x"]).astype(float), ranking["weight"][:5])
     assert spec["layout"]["yaxis"]["ticktext"][0] == f"L{ranking.loc[0, 'layer']} H{ranking.loc[0, 'head']}"
     assert decode(bars["customdata"])[0].tolist() == [ranking.loc[0, "layer"], ranking.loc[0, "head"]]
+    others = spec["data"][1]         # the other words' mean weight beside each head's bar
+    np.testing.assert_allclose(decode(others["x"]).astype(float), ranking["others"][:5])
 
 
 def _png_size(data: bytes) -> tuple[int, int]:

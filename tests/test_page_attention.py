@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from attnviz.analysis import head_ranking
 from attnviz.analysis import stats
 from attnviz.ui import common
 
@@ -235,12 +236,20 @@ def test_find_heads_ranks_every_head_and_a_selected_row_opens_it():
     at.selectbox(key="attention.rank_k").set_value(key)
     _run(at)
     table = _rank_table(at)
-    expected = stats.rank_heads(common.shared_model("minilm").trace(text).attentions, query, key)
+    tr = common.shared_model("minilm").trace(text)
+    content = [i for i, t in enumerate(tr.tokens) if t not in ("[CLS]", "[SEP]")]
+    expected = head_ranking.rank_heads(tr.attentions, query, key, content=content)
     assert len(table) == 6 * 12 and table["rank"].tolist() == list(range(1, 73))
     assert table[["layer", "head"]].values.tolist() == expected[["layer", "head"]].values.tolist()
     np.testing.assert_allclose(table["weight"], expected["weight"], atol=1e-6)
+    np.testing.assert_allclose(table["contrast"], expected["contrast"], atol=1e-6)
     bars = _chart(at, "attention.rank_bars")
     assert bars["layout"]["title"]["text"] == "Top heads: it → animal"
+    # the answer as a sentence: MiniLM's layer 3, head 1 sends 0.68 of "it" to "animal", and is
+    # labelled a link for that query (over all queries its role is a sink)
+    said = [m.value.replace("\\", "") for m in at.markdown if "links" in m.value]
+    assert said and said[0].startswith("Layer 3, head 1 links “it” to “animal”: it sends 0.68")
+    assert table.iloc[0]["pattern"] == "link" and "sink" not in table.iloc[0].to_string()
     # Selecting a row opens that head in the selectors and the detail heatmap.
     at.session_state["attention.rank_table"] = {"selection": {"rows": [2], "columns": [], "cells": []}}
     _run(at)

@@ -85,3 +85,24 @@ def test_a_stopped_run_keeps_its_partial_result_and_resumes_from_its_file(monkey
     assert ran == [3, 4]                              # only the texts the first run had not finished
     assert not list(folder.iterdir())                 # a complete run leaves no results file
     pd.testing.assert_frame_equal(second.table.iloc[:3], first.table)   # NaN scores compare equal here
+
+
+def test_gemma_runs_over_the_bundled_chinese_django_messages(monkeypatch):
+    """Gemma 3 270M reads Chinese: the Corpus tool runs it over real Chinese sentences (Django's
+    translators'), the corpus that "prune 30 % of heads" can be asked over in Chinese."""
+    from attnviz.analysis import corpus
+    monkeypatch.delenv("ATTNVIZ_SCHEDULER", raising=False)
+    zh = corpus.open_corpus("django-zh")
+    assert len(zh) == 50 and all(t.endswith("。") for t in zh.items) and "BSD" in zh.licence
+    at = AppTest.from_file(PAGE, default_timeout=600).run()
+    at.selectbox(key="model_choice:encoder/lm").set_value("gemma3-270m").run()
+    at.button_group(key="heads.tool").set_value("Corpus").run()
+    at.selectbox(key="heads.corpus_pick").set_value("django-zh").run()
+    at.selectbox(key="heads.corpus_kind").set_value("mask").run()
+    at.selectbox(key="heads.corpus_n").set_value(5).run()
+    at.button(key="heads.corpus_go").click().run()
+    assert not at.exception, at.exception
+    result = at.session_state["heads.corpus:gemma3-270m"][0]
+    assert result.complete and result.corpus_key == "django-zh", [e.value for e in at.error]
+    assert len(result.table) == 5
+    assert at.get("plotly_chart")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attnviz.analysis.stats import RANK_COLUMNS, ROLES, STAT_COLUMNS, attention_received, downsample_attention, head_stats, is_causal, mean_attention_distance, patch_grid_coords, rank_heads, rollout, rollout_per_layer, to_patch_grid, token_flow
+from attnviz.analysis.stats import ROLES, STAT_COLUMNS, attention_received, downsample_attention, head_stats, is_causal, mean_attention_distance, patch_grid_coords, rollout, rollout_per_layer, to_patch_grid, token_flow
 
 N = 8
 
@@ -192,35 +192,3 @@ def test_special_mask_of_wrong_length_raises():
         head_stats(torch.eye(N)[None, None], special=torch.zeros(N + 1, dtype=torch.bool))
 
 
-# --- Finding heads: query -> key ranking ------------------------------------------------------
-def test_rank_heads_orders_every_head_by_the_query_key_weight():
-    gen = torch.Generator().manual_seed(3)
-    attn = torch.softmax(torch.randn(3, 4, 6, 6, generator=gen), -1)
-    attn[1, 2, 4] = torch.tensor([0.0, 0.9, 0.1, 0.0, 0.0, 0.0])   # the head that sends 4 -> 1
-    table = rank_heads(attn, query=4, key=1)
-    assert list(table.columns) == list(RANK_COLUMNS)
-    assert len(table) == 12 and set(zip(table["layer"], table["head"])) == {
-        (la, h) for la in range(3) for h in range(4)}
-    assert (table.loc[0, "layer"], table.loc[0, "head"]) == (1, 2)
-    assert table.loc[0, "weight"] == pytest.approx(0.9) and table.loc[0, "key_rank"] == 1
-    assert table["rank"].tolist() == list(range(1, 13))
-    assert (table["weight"].diff().dropna() <= 0).all()              # strongest first
-    for layer, head, weight, key_rank in table[["layer", "head", "weight", "key_rank"]].itertuples(
-            index=False):                                             # every weight is the tensor's
-        row = attn[layer, head, 4]
-        assert weight == pytest.approx(float(row[1]))
-        assert key_rank == int((row > row[1]).sum()) + 1
-    negative = rank_heads(attn, query=-2, key=-5)            # same as (4, 1)
-    assert negative.equals(table)
-
-
-def test_rank_heads_ties_keep_layer_head_order_and_bad_input_is_refused():
-    attn = (torch.ones(2, 3, 4, 4) / 4)                                # every weight 0.25
-    table = rank_heads(attn, 0, 3)
-    assert list(zip(table["layer"], table["head"])) == [(la, h) for la in range(2) for h in range(3)]
-    causal = torch.stack([causal_uniform(4)] * 2)[None]              # (1, 2, 4, 4)
-    with pytest.raises(ValueError, match="cannot attend to the later token"):
-        rank_heads(causal, query=1, key=3)
-    assert rank_heads(causal, query=3, key=1)["weight"].tolist() == pytest.approx([0.25, 0.25])
-    with pytest.raises(ValueError, match="out of range"):
-        rank_heads(attn, 4, 0)

@@ -73,8 +73,8 @@ def _alice_sentences() -> list[str]:
     return out
 
 
-def _messages(column: str) -> list[str]:
-    text = (DATA / "gtk_messages_en_pt.csv").read_text(encoding="utf-8")
+def _messages(column: str, name: str = "gtk_messages_en_pt.csv") -> list[str]:
+    text = (DATA / name).read_text(encoding="utf-8")
     return [row[column] for row in csv.DictReader(io.StringIO(text))]
 
 
@@ -92,6 +92,8 @@ ALICE = ("Lewis Carroll, Alice's Adventures in Wonderland, chapters I-II (attnvi
          "from the Canterbury corpus in the brotli sdist)", "public domain")
 GTK = ("English messages of GLib and GTK 3 with their Brazilian Portuguese translations (Debian "
        "libglib2.0-data, libgtk-3-common)", "LGPL-2.1-or-later (GLib, GTK and their translators)")
+DJANGO = ("Django 5.2.8's English messages with their Simplified Chinese translations (the django wheel's "
+          "zh_Hans catalogues)", "BSD-3-Clause (Django Software Foundation and individual contributors)")
 BUNDLED = {
     "alice-paragraphs": ("text", "Alice in Wonderland, chapters I-II: one paragraph a text (English prose)",
                          _alice_paragraphs, *ALICE),
@@ -101,6 +103,10 @@ BUNDLED = {
                lambda: _messages("en"), *GTK),
     "gtk-pt": ("text", "the same 145 messages in Brazilian Portuguese, as GTK's translators wrote them",
                lambda: _messages("pt"), *GTK),
+    "django-zh": ("text", "50 messages of Django in Simplified Chinese, as its translators wrote them",
+                  lambda: _messages("zh", "django_messages_en_zh.csv"), *DJANGO),
+    "django-en": ("text", "the same 50 Django messages in English (the source side of django-zh)",
+                  lambda: _messages("en", "django_messages_en_zh.csv"), *DJANGO),
     "librivox-austen": ("audio", "5 LibriVox clips of Sense and Sensibility, read aloud (3-7 s, English)",
                         _librivox, "LibriVox recording (pocketsphinx test data, Debian pocketsphinx-testdata)",
                         "public domain (LibriVox); package BSD-2-Clause"),

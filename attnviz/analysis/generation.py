@@ -27,6 +27,7 @@ from attnviz.analysis import head_ablation
 from attnviz.analysis.effects import token_names
 from attnviz.base import jobs, memory
 from attnviz.base.limits import LIMITS
+from attnviz.core.tokens import labels
 
 TOP = 10  # candidates kept per step (the probability bars)
 
@@ -174,6 +175,14 @@ def steps_frame(gen: Generation, tokenizer=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def written_tokens(gen: Generation, tokenizer=None) -> list[str]:
+    """Labels of the generated tokens read in context, as the prompt's are: a byte-level piece that
+    only starts a character shows that character and "…" (爱…), not its bytes."""
+    if not hasattr(tokenizer, "convert_ids_to_tokens"):
+        return token_names(tokenizer, gen.ids)   # the toys' few-symbol tokenizer, or none
+    return labels(tokenizer, gen.prompt_ids + gen.ids)[0][len(gen.prompt_ids):]
+
+
 def step_tokens(gen: Generation, tokenizer=None) -> list[str]:
     """Labels of every token a step's attention row covers: the prompt, then the generated ones."""
-    return list(gen.prompt_tokens) + token_names(tokenizer, gen.ids[:-1])
+    return list(gen.prompt_tokens) + written_tokens(gen, tokenizer)[:-1]

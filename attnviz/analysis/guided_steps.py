@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from attnviz.analysis.head_recompute import HeadSteps
-from attnviz.analysis.stats import rank_heads
+from attnviz.analysis.head_ranking import rank_heads
 from attnviz.core.model import Model
 from attnviz.core.tokens import LEADING_SPACE_MARKS, show
 
@@ -103,7 +103,7 @@ def opening_head(model: Model, ids: torch.Tensor) -> OpeningHead | None:
     if pair is None:
         return None
     attentions = model.trace(ids).attentions                         # (L, H, n, n), every layer
-    top = rank_heads(attentions, *pair, causal=model.cfg.causal).iloc[0]
+    top = rank_heads(attentions, *pair, causal=model.cfg.causal, by="weight").iloc[0]
     return OpeningHead(int(top["layer"]), int(top["head"]), float(top["weight"]), *pair, tokens)
 
 

@@ -44,7 +44,7 @@ STAT_COLUMNS = (
 
 
 # --- Validation ------------------------------------------------------------------------------
-def _as_attention(attn) -> torch.Tensor:
+def as_attention(attn) -> torch.Tensor:
     """Check the [L, H, n, n] contract and return a float32 tensor."""
     if not isinstance(attn, torch.Tensor):
         attn = torch.as_tensor(np.asarray(attn))
@@ -69,7 +69,7 @@ def _as_special(special, n: int) -> torch.Tensor | None:
 
 def is_causal(attn: torch.Tensor) -> bool:
     """True when no query attends to a later key in any layer or head (a decoder's trace)."""
-    attn = _as_attention(attn)
+    attn = as_attention(attn)
     if attn.shape[-1] == 1:
         return False
     # Layer by layer so an encoder (mass above the diagonal in layer 0) is decided at once.
@@ -106,7 +106,7 @@ def head_stats(attn: torch.Tensor, special: torch.Tensor | None = None,
     ``artefacts`` ([n] bool, e.g. DINOv2's high-norm patches) gives ``artefact_share`` (else NaN):
     like the first token's share, an attention sink a head may dump its weight into.
     """
-    attn = _as_attention(attn)
+    attn = as_attention(attn)
     n_layers, n_heads, n, _ = attn.shape
     special = _as_special(special, n)
     artefacts = _as_special(artefacts, n)
@@ -188,7 +188,7 @@ def average_heads(attn: torch.Tensor, head_mask: torch.Tensor | None = None) -> 
     """Head-averaged attention [L, n, n]; with ``head_mask`` ([L, H], nonzero = kept) only kept
     heads are averaged. A layer with every head removed becomes the identity (only the residual
     stream carries information through it)."""
-    attn = _as_attention(attn)
+    attn = as_attention(attn)
     n_layers, n_heads, n, _ = attn.shape
     if head_mask is None:
         return attn.mean(1)
@@ -235,7 +235,7 @@ def rollout(attn: torch.Tensor, residual: bool = True,
 
 
 # --- Per-token views ---------------------------------------------------------------------------
-def _check_index(index: int, n: int) -> int:
+def check_index(index: int, n: int) -> int:
     if not -n <= index < n:
         raise ValueError(f"token index {index} is out of range for {n} tokens (use 0..{n - 1}, "
                          "or a negative index from the end)")
@@ -244,17 +244,17 @@ def _check_index(index: int, n: int) -> int:
 
 def token_flow(attn: torch.Tensor, index: int) -> torch.Tensor:
     """Where query token ``index`` looks in every layer, head-averaged: [L, n]."""
-    attn = _as_attention(attn)
-    return attn[:, :, _check_index(index, attn.shape[-1]), :].mean(1)
+    attn = as_attention(attn)
+    return attn[:, :, check_index(index, attn.shape[-1]), :].mean(1)
 
 
 def attention_received(attn: torch.Tensor, index: int | None = None) -> torch.Tensor:
     """Attention flowing into keys, head-averaged and averaged over queries: [L, n]; with
     ``index`` only the column of that key, per query: [L, n] (who looks at token ``index``)."""
-    attn = _as_attention(attn)
+    attn = as_attention(attn)
     if index is None:
         return attn.mean(dim=(1, 2))
-    return attn[:, :, :, _check_index(index, attn.shape[-1])].mean(1)
+    return attn[:, :, :, check_index(index, attn.shape[-1])].mean(1)
 
 
 def to_patch_grid(values: torch.Tensor, n_prefix: int, grid_hw: tuple[int, int]) -> torch.Tensor:
@@ -293,7 +293,7 @@ def mean_attention_distance(attn: torch.Tensor, coords: torch.Tensor | None = No
     is renormalised, so a head that parks mass on CLS or registers is not mistaken for a local
     one. Rows with no kept mass, or only one visible key (causal row 0), are left out.
     """
-    attn = _as_attention(attn)
+    attn = as_attention(attn)
     n = attn.shape[-1]
     causal = is_causal(attn) if causal is None else causal
     keep = (torch.ones(n, dtype=torch.bool) if mask is None
@@ -346,37 +346,3 @@ def downsample_attention(attn: torch.Tensor, max_n: int) -> torch.Tensor:
     row_counts[-1] = block - pad                                      # the ragged last block
     pooled = blocks.sum(dim=(-3, -1)) / row_counts[:, None]           # (..., m, m)
     return pooled
-
-
-# --- Finding heads ---------------------------------------------------------------------------
-RANK_COLUMNS = ("rank", "layer", "head", "weight", "key_rank")
-
-
-def rank_heads(attn: torch.Tensor, query: int, key: int, causal: bool | None = None) -> pd.DataFrame:
-    """Every head ranked by how much query token ``query`` attends to key token ``key``
-    ("which heads send *it* to *trophy*?").
-
-    One row per (layer, head), strongest first (ties: lower layer, then lower head):
-    ``weight`` is attn[layer, head, query, key]; ``key_rank`` is 1 when ``key`` is the key that
-    query gives the most weight in that head, 2 for the runner-up, ... ``rank`` counts from 1.
-    A decoder's query cannot see a later key, so ``key > query`` is refused when ``causal``
-    (guessed from the upper triangle when None).
-    """
-    attn = _as_attention(attn)
-    n_layers, n_heads, n, _ = attn.shape
-    query, key = _check_index(query, n), _check_index(key, n)
-    causal = is_causal(attn) if causal is None else causal
-    if causal and key > query:
-        raise ValueError(f"in a decoder token {query} cannot attend to the later token {key}; "
-                         f"pick a key at or before the query (0..{query})")
-    rows = attn[:, :, query, :]                                          # (L, H, n)
-    weight = rows[..., key]                                              # (L, H)
-    key_rank = (rows > weight[..., None]).sum(-1) + 1                    # (L, H), 1 = top key
-    layers, heads = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
-    table = pd.DataFrame({"layer": layers.flatten().numpy(), "head": heads.flatten().numpy(),
-                          "weight": weight.flatten().double().numpy(),
-                          "key_rank": key_rank.flatten().numpy()})
-    table = table.sort_values(["weight", "layer", "head"], ascending=[False, True, True],
-                              kind="stable").reset_index(drop=True)
-    table.insert(0, "rank", np.arange(1, len(table) + 1))
-    return table[list(RANK_COLUMNS)]

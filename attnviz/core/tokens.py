@@ -150,6 +150,13 @@ def completed(label: str) -> str:
 def spelled_ends(token_labels: list[str], word: str) -> list[int]:
     """The tokens that complete an occurrence of ``word`` in the text the labels spell (leading
     space marks ignored), e.g. 苹果 over "苹…", "苹…", "苹", "果" ends at the "果" token."""
+    return [last for _, last in spelled_spans(token_labels, word)]
+
+
+def spelled_spans(token_labels: list[str], word: str) -> list[tuple[int, int]]:
+    """(first, last) token of each occurrence of ``word`` in the text the labels spell: from the
+    first token holding any of its bytes to the token completing it, e.g. 苹果 over "苹…", "苹…",
+    "苹", "果" is (0, 3); 它 inside the one token 把它 is that token alone."""
     word = word.replace(" ", "")
     if not word:
         return []
@@ -158,11 +165,31 @@ def spelled_ends(token_labels: list[str], word: str) -> list[int]:
         texts = [text.replace(mark, "") for text in texts]
     owner = [n for n, text in enumerate(texts) for _ in text]
     joined = "".join(texts)
-    ends, at = [], joined.find(word)
+    spans, at = [], joined.find(word)
     while at >= 0:
-        ends.append(owner[at + len(word) - 1])
+        first = owner[at]
+        # earlier tokens holding only the first bytes of the word's first character belong to it
+        while first > 0 and token_labels[first - 1].endswith(PARTIAL) \
+                and token_labels[first - 1][len(completed(token_labels[first - 1])):-len(PARTIAL)] == word[0]:
+            first -= 1
+        spans.append((first, owner[at + len(word) - 1]))
         at = joined.find(word, at + 1)
-    return ends
+    return spans
+
+
+def several_characters(token_labels: list[str], special=None) -> list[tuple[int, str, int]]:
+    """(position, characters, count) of each token that holds two or more Chinese, Japanese or
+    Korean characters (了一个 is one token holding 3): a reader of those scripts expects one
+    character a token, so the page says where a token holds more."""
+    out = []
+    for n, label in enumerate(token_labels):
+        if special is not None and special[n]:
+            continue
+        text = completed(label)
+        count = sum(1 for ch in text if re.match(f"[{_CJK}]", ch))
+        if count >= 2:
+            out.append((n, text.lstrip("".join(LEADING_SPACE_MARKS)), count))
+    return out
 
 
 # --- Is the text inside the model's vocabulary? ---------------------------------------------------

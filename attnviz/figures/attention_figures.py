@@ -341,21 +341,26 @@ def bar_topk(tokens: list[str], probs, title: str = "") -> go.Figure:
 
 
 def head_rank_figure(ranking: pd.DataFrame, top: int = 20, title: str = "") -> go.Figure:
-    """Horizontal bars of the ``top`` rows of `analysis.rank_heads` (strongest at the top); each
-    bar's customdata is [layer, head]."""
+    """Horizontal bars of the ``top`` rows of `analysis.head_ranking.rank_heads` in its order: the
+    query's weight on the key beside the other words' mean (a column head has both long)."""
     shown = ranking.head(top)
     names = [f"L{layer} H{head}" for layer, head in zip(shown["layer"], shown["head"])]
     positions = np.arange(len(shown))
-    figure = go.Figure(go.Bar(
-        x=shown["weight"].to_numpy(dtype=float), y=positions, orientation="h",
-        customdata=shown[["layer", "head"]].to_numpy(), text=[f"{w:.2f}" for w in shown["weight"]],
-        textposition="auto",
-        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>weight %{x:.4f}"
-                      "<extra></extra>"))
+    custom = shown[["layer", "head"]].to_numpy()
+    figure = go.Figure()
+    for column, label, colour in (("weight", "the query", "#1f77b4"), ("others", "the other words (mean)", "#bbbbbb")):
+        values = shown[column].to_numpy(dtype=float)
+        figure.add_trace(go.Bar(
+            x=np.nan_to_num(values), y=positions, orientation="h", name=label, marker_color=colour,
+            customdata=custom, text=["" if np.isnan(v) else f"{v:.2f}" for v in values],
+            textposition="auto",
+            hovertemplate=f"layer %{{customdata[0]}}, head %{{customdata[1]}}<br>{label}: %{{x:.4f}}"
+                          "<extra></extra>"))
     figure.update_yaxes(tickmode="array", tickvals=positions, ticktext=names, autorange="reversed")
-    figure.update_xaxes(title="attention weight", range=[0, 1.05])
-    figure.update_layout(title=title, height=int(np.clip(22 * len(shown) + 100, 200, 600)),
-                         margin=dict(l=10, r=10, t=50 if title else 20, b=10))
+    figure.update_xaxes(title="attention weight on the key", range=[0, 1.05])
+    figure.update_layout(title=title, barmode="group", height=int(np.clip(34 * len(shown) + 120, 220, 800)),
+                         legend=dict(orientation="h", y=-0.08, yanchor="top"),
+                         margin=dict(l=10, r=10, t=50 if title else 20, b=60))
     return figure
 
 

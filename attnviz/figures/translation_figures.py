@@ -123,3 +123,20 @@ def translation_cost_figure(df) -> go.Figure:
     figure.update_yaxes(title="ms", rangemode="tozero")
     figure.update_layout(height=380, margin=dict(l=10, r=10, t=40, b=10))
     return figure
+
+
+def word_row_figure(words: list[str], weights, title: str = "", highlight: int | None = None) -> go.Figure:
+    """Vertical bars: one query's attention weight on each source word (in sentence order), the
+    word ``highlight`` (its strongest) drawn in a darker colour."""
+    weights = np.asarray(weights, dtype=float)
+    if weights.shape != (len(words),):
+        raise ValueError(f"{len(words)} words but {weights.shape} weights")
+    positions = np.arange(len(words))
+    colours = ["#1f4e9c" if i == highlight else "#8fb3e0" for i in positions]
+    figure = go.Figure(go.Bar(x=positions, y=weights, marker_color=colours, text=[f"{w:.2f}" for w in weights],
+                              textposition="outside", customdata=[token_label(w) for w in words],
+                              hovertemplate="%{customdata}: %{y:.4f}<extra></extra>"))
+    figure.update_xaxes(tickmode="array", tickvals=positions, ticktext=[token_label(w) for w in words])
+    figure.update_yaxes(title="attention weight", range=[0, 1.08])
+    figure.update_layout(title=title, height=320, margin=dict(l=10, r=10, t=50 if title else 20, b=10))
+    return figure

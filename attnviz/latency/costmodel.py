@@ -238,7 +238,7 @@ def layer_ops(cfg: Config, n: int, v: Variant, h: int, kv: int, window: int = 0)
     return ops
 
 
-def _layer_runs(cfg: Config) -> list[tuple[int, int, int, int]]:
+def layer_runs(cfg: Config) -> list[tuple[int, int, int, int]]:
     """(query heads, K/V heads, window, layers) for each run of consecutive identical layers: one
     run for an unpruned or uniformly pruned model without windows, whatever its depth."""
     if not cfg.head_dims and not cfg.kv_dims and not cfg.windows:
@@ -272,7 +272,7 @@ def op_counts(cfg: Config, n: int, variant: "str | Variant | None" = None) -> li
     if cfg.embedding_norm:
         ops.append(_norm(cfg, n))
     out = [(op, 1) for op in ops]
-    for h, kv, window, layers in _layer_runs(cfg):
+    for h, kv, window, layers in layer_runs(cfg):
         out += [(op, layers) for op in layer_ops(cfg, n, v, h, kv, window)]
     tail = []
     if cfg.final_norm:

@@ -19,7 +19,7 @@ from attnviz.core.attention import parse_variant
 from attnviz.core.config import Config
 from attnviz.base.jobs import Deadline, JobCancelled, JobTimeout
 from attnviz.latency import costmodel
-from attnviz.latency.costmodel import F32, DeviceProfile, Op, gemm_op, layer_ops, op_counts, op_seconds
+from attnviz.latency.costmodel import F32, DeviceProfile, Op, gemm_op, layer_ops, layer_runs, op_counts, op_seconds
 from attnviz.latency.engines import engine_profile
 from attnviz.latency.measure import machine_metadata, thread_count
 from attnviz.latency.results import COLUMNS, SCHEMA, config_spec
@@ -27,26 +27,27 @@ from attnviz.latency.sweep import PI_BACKENDS, SweepPlan
 
 
 def decode_ops(cfg: Config, depth: int) -> list[tuple[Op, int]]:
-    """The ops of one generated token at cache depth `depth` (it attends to depth + 1 keys)."""
+    """The ops of one generated token at cache depth `depth`: it attends to depth + 1 keys, or to
+    its window's keys in a local layer (Gemma's 512), with each run of layers' own heads and K/V heads."""
     if not cfg.causal:
         raise ValueError("decode latency is for causal language models (SmolLM2, GPT-2, a causal synthetic shape)")
     if depth < 0:
         raise ValueError(f"depth must be 0 or more; got {depth}")
-    S, h, kv, dh = depth + 1, cfg.n_heads, cfg.n_kv_heads, cfg.d_head
-    attention = [Op("scores q K^T (cache)", "attention", "bmm", 2 * h * S * dh, F32 * h * S, rows=1,
-                    weights=kv * S * dh),   # the cached keys: stored in the engine's dtype
-                 Op("softmax", "attention", "vector", 12 * h * S, 2 * F32 * h * S, calls=2),
-                 Op("weights x V (cache)", "attention", "bmm", 2 * h * S * dh, F32 * h * S, rows=1,
-                    weights=kv * S * dh),
-                 Op("append K/V", "attention", "vector", 0, 4 * F32 * kv * dh, calls=2)]
-    block = []
-    for op in layer_ops(cfg, 1, parse_variant("eager"), h, kv):
-        if op.group != "attention":
-            block.append(op)
-        elif op.name.startswith("scores"):
-            block += attention
+    dh = cfg.d_head
     out = [(Op("embedding", "other", "vector", 2 * cfg.d_model, 5 * F32 * cfg.d_model, calls=3), 1)]
-    out += [(op, cfg.n_layers) for op in block]
+    for h, kv, window, layers in layer_runs(cfg):
+        S = min(depth + 1, window) if window else depth + 1
+        attention = [Op("scores q K^T (cache)", "attention", "bmm", 2 * h * S * dh, F32 * h * S, rows=1,
+                        weights=kv * S * dh),   # the cached keys: stored in the engine's dtype
+                     Op("softmax", "attention", "vector", 12 * h * S, 2 * F32 * h * S, calls=2),
+                     Op("weights x V (cache)", "attention", "bmm", 2 * h * S * dh, F32 * h * S, rows=1,
+                        weights=kv * S * dh),
+                     Op("append K/V", "attention", "vector", 0, 4 * F32 * kv * dh, calls=2)]
+        for op in layer_ops(cfg, 1, parse_variant("eager"), h, kv):
+            if op.group != "attention":
+                out.append((op, layers))
+            elif op.name.startswith("scores"):
+                out += [(a, layers) for a in attention]
     out.append((gemm_op("LM head", "other", 1, cfg.d_model, cfg.vocab_size, False), 1))
     return out
 

@@ -11,6 +11,7 @@ from attnviz.base import texts
 from attnviz.base.limits import LIMITS
 from attnviz.core import tokens
 from attnviz.figures import attention_figures
+from attnviz.figures import render
 from attnviz.ui import attention_views
 from attnviz.ui import common
 from attnviz.ui import job_controls
@@ -22,7 +23,7 @@ DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 # Find heads opens on a pair a real head shows: the pronoun and the noun it refers to (the Lab's
 # step-by-step opens on the same pair's head), in English or in the Chinese samples; a noun split
 # over several tokens is keyed on the token that completes it (SmolLM2's 果 of 苹果).
-DEFAULT_PAIRS = (REFERENT, ("它", "苹果"), ("它", "花瓶"), ("它", "动物"), ("它", "奖杯"))
+DEFAULT_PAIRS = (REFERENT, ("它", "苹果"), ("它", "花瓶"), ("它", "动物"), ("它", "奖杯"), ("爱", "love"))
 OWN = "(your own text)"
 
 
@@ -134,8 +135,14 @@ def notes(model, model_id: str, cap: TextCapture):
         st.number_input("Window start (token)", 0, cap.n - cap.size, step=max(1, cap.size // 2),
                         key=key("start"))
     st.caption(f"{cap.n:,} tokens: "
-               + common.plain(" · ".join(attention_figures.token_label(t) for t in cap.tokens[:200]))
+               + common.plain(" · ".join(render.visible_token(t) for t in cap.tokens[:200]))
                + (" …" if cap.n > 200 else ""))
+    held = tokens.several_characters(cap.tokens[:200], cap.special[:200].tolist())
+    if held:
+        st.caption(common.plain(f"{len(held)} of these tokens hold several characters each: "
+                                + ", ".join(f"{text} ({count})" for _, text, count in held[:12])
+                                + (" …" if len(held) > 12 else "") + ". Each is one row and one column "
+                                "of every attention map."))
 
 
 def follow_text(model_id: str, cap: TextCapture) -> list[int]:
@@ -146,16 +153,19 @@ def follow_text(model_id: str, cap: TextCapture) -> list[int]:
     text = st.session_state[key("text")]
     content = [i for i, special in enumerate(cap.special[cap.start: cap.start + cap.size].tolist())
                if not special] or list(range(cap.size))
-    rank_q, rank_k = default_pair(cap, content)
+    rank_q, rank_qn, rank_k, rank_kn = default_pair(cap, content)
     common.follow_owner(key("pos_for"), (model_id, text), {key("pos"): cap.n - 1})
     common.follow_owner(key("window_for"), (model_id, text, cap.start),
                     {key("flow_token"): cap.size - 1, key("line_q"): None,
-                     key("rank_q"): rank_q, key("rank_k"): rank_k})
+                     key("rank_q"): rank_q, key("rank_k"): rank_k,
+                     key("rank_qn"): rank_qn, key("rank_kn"): rank_kn})
     common.keep_in_options({key("pos"): (range(cap.n), cap.n - 1),
                         key("flow_token"): (range(cap.size), cap.size - 1),
                         key("line_q"): ([None, *range(cap.size)], None),
                         key("rank_q"): (range(cap.size), rank_q),
-                        key("rank_k"): (range(cap.size), rank_k)})
+                        key("rank_k"): (range(cap.size), rank_k),
+                        key("rank_qn"): (range(1, attention_views.MAX_SPAN + 1), rank_qn),
+                        key("rank_kn"): (range(1, attention_views.MAX_SPAN + 1), rank_kn)})
     return content
 
 
@@ -164,23 +174,34 @@ def word(token: str) -> str:
     return token.lstrip("Ġ▁ ").removeprefix("##").lower()
 
 
-def default_pair(cap: TextCapture, content: list[int]) -> tuple[int, int]:
-    """Find heads' (query, key) window positions: the last pronoun of DEFAULT_PAIRS and the last
-    token before it that completes its noun (a whole-token word, else spelled across tokens), for the first pair the text has (the default text
-    has "it" and "animal"), else the last and the first content token."""
+def default_pair(cap: TextCapture, content: list[int]) -> tuple[int, int, int, int]:
+    """Find heads' pair as window positions (query's last token, its token count, key's last
+    token, its token count): the last pronoun of DEFAULT_PAIRS and the last occurrence before it
+    of its noun, each as the tokens that spell it (a whole-token word first, else spelled across
+    tokens: 苹果 over SmolLM2's byte pieces, 它 inside Gemma's 把它), for the first pair the text has
+    (the default text has "it" and "animal"); else the last and the first content token."""
     window = [cap.tokens[cap.start + i] for i in range(cap.size)]
     words = [word(t) for t in window]
+
+    def spans(text: str) -> list[tuple[int, int]]:
+        found = [s for s in tokens.spelled_spans(window, text) if s[0] in content and s[1] in content]
+        # tokens spelling the word and nothing else first ("animal", not the one in "animals")
+        whole = [s for s in found if "".join(word(tokens.completed(window[i])) for i in range(s[0], s[1] + 1)) == text]
+        return whole or found
+
     for pronoun, noun in DEFAULT_PAIRS:
-        queries = [i for i in content if words[i] == pronoun]
+        queries = spans(pronoun)
         if not queries:
             continue
-        # a whole-token word first ("animal", not the "animal" inside "animals"), else the noun
-        # as the labels spell it across tokens (苹果)
-        ends = [i for i in content if words[i] == noun] or tokens.spelled_ends(window, noun)
-        keys = [i for i in ends if i in content and i < queries[-1]]
+        q_first, q_last = queries[-1]
+        # a query looks from the tokens that complete its characters: byte pieces before them
+        # hold only the start of a character (SmolLM2's "它…") and are left out
+        while q_first < q_last and not tokens.completed(window[q_first]):
+            q_first += 1
+        keys = [k for k in spans(noun) if k[1] < q_first]
         if keys:
-            return queries[-1], keys[-1]
-    return content[-1], content[0]
+            return q_last, q_last - q_first + 1, keys[-1][1], keys[-1][1] - keys[-1][0] + 1
+    return content[-1], 1, content[0], 1
 
 
 def pick_head(picked_key: str, picked: tuple[int, int] | None):
@@ -204,7 +225,8 @@ def head_picks(model_id: str, cap: TextCapture, n_heads: int):
     recomputation here."""
     ss = st.session_state
     text = ss[key("text")]
-    pair = (model_id, text, cap.start, ss[key("rank_q")], ss[key("rank_k")])
+    pair = (model_id, text, cap.start, ss[key("rank_q")], ss[key("rank_k")], ss.get(key("rank_qn")),
+            ss.get(key("rank_kn")))
     if ss.get(key("rank_for")) != pair:     # another text or pair: the old selection is stale
         ss[key("rank_for")] = pair
         common.clear_selection(key("rank_table"))

@@ -9,10 +9,12 @@ import streamlit as st
 import torch
 
 from attnviz.analysis import capture
+from attnviz.analysis import head_ranking
 from attnviz.analysis import head_scores
 from attnviz.analysis import stats
 from attnviz.base import exports, jobs, names
 from attnviz.base.limits import LIMITS
+from attnviz.core import tokens
 from attnviz.core.model import Model
 from attnviz.figures import attention_figures
 from attnviz.figures import render
@@ -24,6 +26,7 @@ from attnviz.ui import job_controls
 PAGE = "attention"
 COMPARE_TEXT = "The creature stayed on the pavement because it was exhausted."
 SCORE_COLUMNS = ("previous_token", "induction", "duplicate_token")
+MAX_SPAN = 8     # tokens a Find heads query or key may span (a word in byte pieces: 4 for 苹果)
 LINES_WINDOW = 48  # tokens per side the lines view shows at once: more labels overlap at any height
 
 
@@ -94,8 +97,9 @@ def rollout_of(s: Shown) -> torch.Tensor:
 
 
 def token_name(tokens: list[str]):
-    """format_func of a token selector: "3: it" (None reads as every token)."""
-    return lambda i: "all tokens" if i is None else f"{i}: {attention_figures.token_label(tokens[i])}"
+    """format_func of a token selector: "3: it" (None reads as every token); a widget shows its
+    text as typed, so special tokens read <s>, not plotly's escaped &lt;s&gt;."""
+    return lambda i: "all tokens" if i is None else f"{i}: {render.visible_token(tokens[i])}"
 
 
 def title(s: Shown) -> str:
@@ -143,30 +147,56 @@ def lines(s: Shown):
                                      title=attention_figures.lines_title(s.layer, line_heads), window=window), key=key("lines"))
 
 
+def span_label(labels: list[str], last: int, count: int) -> str:
+    """A span in words: the characters each of its tokens completes, without leading-space marks
+    (花 · 瓶; SmolLM2's four byte pieces of 苹果 read 苹 · 果); a piece that completes nothing
+    shows its label."""
+    pieces = [tokens.completed(labels[i]).lstrip("".join(tokens.LEADING_SPACE_MARKS))
+              for i in range(max(0, last - count + 1), last + 1)]
+    return " · ".join(p for p in pieces if p) or render.visible_token(labels[last])
+
+
 def find_heads(s: Shown):
     ss = st.session_state
-    st.caption("Which heads send one token's attention to another? Pick the query (the token "
-               "that looks) and the key (the token looked at): every head is ranked by that "
-               "weight. Select a row to open its head above.")
-    col_q, col_k = st.columns(2)
-    rank_q = col_q.selectbox("Query token", range(len(s.tokens)), key=key("rank_q"),
-                             format_func=token_name(s.tokens), persist_state="page")
-    rank_k = col_k.selectbox("Key token", range(len(s.tokens)), key=key("rank_k"),
-                             format_func=token_name(s.tokens), persist_state="page")
+    st.caption("Which heads link one word to another? Pick the query (the word that looks) and the "
+               "key (the word looked at), each as its last token and how many tokens it spans: every "
+               "head is ranked by how much more the query attends to the key than the other words do "
+               "(contrast), so a head where every word looks at the key is a column head, not a link. "
+               "Select a row to open its head above.")
+    col_q, col_qn, col_k, col_kn = st.columns([3, 1, 3, 1])
+    name = token_name(s.tokens)
+    rank_q = col_q.selectbox("Query (its last token)", range(len(s.tokens)), key=key("rank_q"),
+                             format_func=name, persist_state="page")
+    rank_qn = col_qn.number_input("tokens", 1, MAX_SPAN, key=key("rank_qn"), help="How many tokens, "
+                                  "ending at the one chosen, spell the query: 2 for 把 · 它 split in two.")
+    rank_k = col_k.selectbox("Key (its last token)", range(len(s.tokens)), key=key("rank_k"),
+                             format_func=name, persist_state="page")
+    rank_kn = col_kn.number_input("tokens ", 1, MAX_SPAN, key=key("rank_kn"), help="How many tokens, "
+                                  "ending at the one chosen, spell the key: 2 for 花 · 瓶.")
+    q_span = range(max(0, rank_q - rank_qn + 1), rank_q + 1)
+    k_span = range(max(0, rank_k - rank_kn + 1), rank_k + 1)
+    query, key_word = span_label(s.tokens, rank_q, rank_qn), span_label(s.tokens, rank_k, rank_kn)
+    if set(q_span) & set(k_span):
+        st.info(f"The query ({query}) and the key ({key_word}) share a token: pick two different words.")
+        return
     try:
-        ranking = stats.rank_heads(window_attention(s), rank_q, rank_k, causal=s.cfg.causal)
+        ranking = head_ranking.rank_heads(window_attention(s), q_span, k_span, causal=s.cfg.causal,
+                                          content=s.content)
     except ValueError as err:
         st.info(common.plain(str(err)))
         return
-    table = stats_of(s)
-    ranking = ranking.merge(table[["layer", "head", "role"]], on=["layer", "head"], how="left")
+    for sentence in head_ranking.ranking_sentences(ranking, query, key_word):
+        st.markdown(common.plain(sentence))
     # what a selected row opens, for the next run (which then needs no ranking to pick)
     ss[key("rank_heads")] = [tuple(int(v) for v in r) for r in ranking[["layer", "head"]].to_numpy()]
-    pair = f"{attention_figures.token_label(s.tokens[rank_q])} → {attention_figures.token_label(s.tokens[rank_k])}"
+    pair = f"{attention_figures.token_label(query)} → {attention_figures.token_label(key_word)}"
+    bar = lambda name: st.column_config.ProgressColumn(name, format="%.3f", min_value=0.0, max_value=1.0)  # noqa: E731
     st.dataframe(ranking, hide_index=True, key=key("rank_table"), on_select="rerun",
                  selection_mode="single-row",
-                 column_config={"weight": st.column_config.ProgressColumn(
-                     "weight", format="%.3f", min_value=0.0, max_value=1.0)})
+                 column_config={"weight": bar("weight"), "others": bar("others"),
+                                "contrast": st.column_config.NumberColumn("contrast", format="%+.3f"),
+                                "pattern": st.column_config.TextColumn(
+                                    "pattern", help="; ".join(f"{k}: {v}" for k, v in head_ranking.PATTERNS.items()))})
     st.plotly_chart(attention_figures.head_rank_figure(ranking, top=20, title=f"Top heads: {pair}"),
                     key=key("rank_bars"))
     st.download_button("Ranking CSV", exports.csv_text(ranking), "head_ranking.csv",
@@ -263,7 +293,7 @@ def model_output(s: Shown):
                                 format_func=token_name(cap.tokens), persist_state="page")
         ids, probs = capture.next_token_topk(s.model, cap.hidden[position], k=10)
         st.plotly_chart(attention_figures.bar_topk(capture.candidate_labels(s.model, ids), probs,
-                                     title=f"Next token after {token_name(cap.tokens)(position)}"
+                                     title=f"Next token after {position}: {attention_figures.token_label(cap.tokens[position])}"
                                            ", top 10"), key=key("topk"))
         return
     other = st.text_input("Compare with", COMPARE_TEXT, key=key("compare"),

@@ -3,7 +3,7 @@ section that prices one kind of model or checks the Pi model (each computes only
 from __future__ import annotations
 
 from attnviz.ui import shared_view
-from attnviz.ui import latency_import, latency_sweep, latency_published, latency_sensitivity, latency_speech, latency_translate
+from attnviz.ui import latency_import, latency_models, latency_sweep, latency_published, latency_sensitivity, latency_speech, latency_translate
 
 
 def page():
@@ -11,6 +11,7 @@ def page():
     latency_sweep.sweep_form()
     latency_sweep.results_views()
     latency_sweep.edge_views()
+    latency_models.pair_section()
     latency_sensitivity.sensitivity_section()
     latency_published.published_section()
     latency_translate.translation_section()

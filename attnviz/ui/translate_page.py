@@ -15,7 +15,7 @@ from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
-from attnviz.ui import kept_inputs, patching_view, shared_view
+from attnviz.ui import kept_inputs, patching_view, prompt_translate_view, shared_view
 from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
 from attnviz.ui.heads_corpus import page_tool
@@ -289,6 +289,7 @@ VIEWS = {
     "Encoder self-attention": lambda model, text, beam, tr: encoder(model, tr),
     "Switch heads off": heads_off,
     "Corpus run": lambda model, text, beam, tr: page_tool(PAGE, model),
+    "A decoder translating (Gemma, 爱 → love)": prompt_translate_view.view,
 }
 
 
