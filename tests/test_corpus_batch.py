@@ -206,3 +206,23 @@ def test_a_plan_is_priced_from_the_cost_models_flops_and_the_default_is_the_most
     sizes = [5, 10, 20, 50]
     assert corpus_cost.fitting(LLAMA, sizes, plan_of, lambda n: 10, 21 * seconds_per_item, 1.0, 1.0) == 2
     assert corpus_cost.fitting(LLAMA, sizes, plan_of, lambda n: 10, seconds_per_item, 1.0, 1.0) == 0
+
+
+def test_each_phase_is_priced_at_its_own_measured_rate():
+    now = [0.0]
+    budget = corpus_plan.Budget(100.0, clock=lambda: now[0])
+    plan = corpus_plan.Plan({"importance": [10.0, 10.0], "scored": [100.0, 100.0]})
+    budget.begin("importance")
+    now[0] = 10.0
+    budget.finished(10.0)           # gradients: 1 forward-token a second
+    est = budget.estimate(plan)
+    assert est["seconds_left"] == pytest.approx(10.0 + 200.0)      # the scored phase at the only rate known
+    budget.begin("importance")
+    now[0] = 20.0
+    budget.finished(10.0)
+    budget.begin("scored")
+    now[0] = 30.0
+    budget.finished(100.0)          # masked forwards: 10 a second
+    est = budget.estimate(plan)
+    assert est["seconds_left"] == pytest.approx(10.0) and est["seconds_total"] == pytest.approx(40.0)
+    assert not budget.exhausted(100.0) and budget.exhausted(800.0)   # 30 s + 80 s would pass 100 s

@@ -83,8 +83,10 @@ def plan(run_kind: str, model_kind: str, tokens: list[int] | None, n_items: int,
 
 
 class Budget:
-    """A run's time budget (None: no budget, only the estimate) on `clock`; `finished(units)` after
-    each batch, `exhausted(next_units)` before the next one starts."""
+    """A run's time budget (None: no budget, only the estimate) on `clock`; `begin(phase)` as a phase
+    starts, `finished(units)` after each batch, `exhausted(next_units)` before the next one starts.
+    Rates are kept per phase (a gradient pass and a masked forward use the machine differently); a
+    phase not measured yet is priced at the rate measured so far."""
 
     def __init__(self, seconds: float | None, clock: Callable[[], float] = time.perf_counter):
         if seconds is not None and not seconds > 0:
@@ -95,17 +97,31 @@ class Budget:
         self.units = 0.0            # forward-tokens finished
         self.batches = 0
         self.stopped = False
+        self.phase, self.phase_start = None, None
+        self.done: dict[str, float] = {}       # forward-tokens finished per phase
+        self.spent: dict[str, float] = {}      # seconds of the phases before the current one
 
-    def begin(self):
-        """The first batch starts now."""
+    def begin(self, phase: str = "run"):
+        """Batches of `phase` start now."""
+        now = self.clock()
         if self.first is None:
-            self.first = self.clock()
+            self.first = now
+        if phase != self.phase:
+            if self.phase is not None:
+                self.spent[self.phase] = self.spent.get(self.phase, 0.0) + now - self.phase_start
+            self.phase, self.phase_start = phase, now
+            self.done.setdefault(phase, 0.0)
 
     def elapsed(self) -> float:
         return self.clock() - self.start
 
-    def rate(self) -> float | None:
-        """Forward-tokens a second measured since the first batch started (None before one ended)."""
+    def rate(self, phase: str | None = None) -> float | None:
+        """Forward-tokens a second measured since the first batch started, or within `phase` (None
+        before a batch of it ended)."""
+        if phase is not None:
+            seconds = self.spent.get(phase, 0.0) + (self.clock() - self.phase_start if phase == self.phase else 0.0)
+            units = self.done.get(phase, 0.0)
+            return units / seconds if units and seconds > 0 else None
         if not self.batches or self.first is None:
             return None
         spent = self.clock() - self.first
@@ -114,6 +130,8 @@ class Budget:
     def finished(self, units: float):
         self.units += units
         self.batches += 1
+        if self.phase is not None:
+            self.done[self.phase] += units
 
     def exhausted(self, next_units: float = 0.0) -> bool:
         """Whether the next batch (`next_units` forward-tokens) must not start: the budget is spent,
@@ -121,16 +139,20 @@ class Budget:
         if self.seconds is None:
             return False
         now = self.elapsed()
-        rate = self.rate()
+        rate = self.rate(self.phase) or self.rate()
         ahead = next_units / rate if rate else 0.0
         self.stopped = self.stopped or now + ahead > self.seconds
         return self.stopped
 
     def estimate(self, plan: Plan) -> dict:
         """The run's figures so far: forward-tokens done / planned, seconds spent, the measured rate
-        and (once measured) the seconds the whole run and what is left of it take at that rate."""
+        and (once measured) the seconds the whole run and what is left of it take at the rates
+        measured (each phase at its own, once it has one)."""
         total, rate, spent = plan.total(), self.rate(), self.elapsed()
-        left = max(total - self.units, 0.0) / rate if rate else None
+        left = None
+        if rate:
+            left = sum(max(sum(units) - self.done.get(phase, 0.0), 0.0) / (self.rate(phase) or rate)
+                       for phase, units in plan.phases.items())
         return dict(units_done=self.units, units_total=total, seconds=spent, rate=rate, batches=self.batches,
                     seconds_left=left, seconds_total=None if left is None else spent + left,
                     budget=self.seconds)

@@ -230,7 +230,7 @@ class _Phases:
                 return True
             return self.budget.exhausted(sum(left.values()) / len(left) if left else 0.0)
 
-        self.budget.begin()
+        self.budget.begin(phase)
         out = self.engine.map(batch_task, (self.model_key, dict(params, phase=phase)), chunks,
                               on_result=on_result, should_stop=stop, name=phase, size=len)
         for where, n in (out.workers or {}).items():
