@@ -18,10 +18,11 @@ import pandas as pd
 
 from attnviz.analysis import corpus_runs
 from attnviz.analysis.corpus import CorpusLimits, bundled_corpora, open_corpus
-from attnviz.analysis.corpus_engine import SCHEDULER_ENV, WORKER_THREADS_ENV
+from attnviz.analysis.corpus_engine import SCHEDULER_ENV, WORKER_THREADS_ENV, resolve_scheduler, worker_model
 from attnviz.analysis.corpus_metrics import REFERENCES
 from attnviz.analysis.corpus_runs import RUN_KINDS, RunResult
 from attnviz.base.exports import csv_text
+from attnviz.latency import corpus_cost
 from attnviz.latency.tradeoff import kept_heads_latency
 
 DEFAULT_TOKENS = 128     # priced length when the run measured none (no tokenizer)
@@ -91,6 +92,8 @@ def parser() -> argparse.ArgumentParser:
                    help="characters an item keeps at most")
     p.add_argument("--max-tokens-per-row", type=int, default=limits.max_tokens_per_row,
                    help="tokens an item keeps at most")
+    p.add_argument("--budget", type=float, help="seconds the run may take: a batch that would end past it at the "
+                                                "rate measured so far is not started (default: no budget)")
     p.add_argument("--list", action="store_true", help="list the bundled corpora and exit")
     return p
 
@@ -113,6 +116,24 @@ def quiet_cluster_logs(scheduler: str | None):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def estimate(args, corpus) -> tuple:
+    """Print the run's estimate before it starts (a text corpus run in this process, whose model this
+    process loads anyway); (config, mean tokens) for the running estimate, (None, 0) otherwise."""
+    if resolve_scheduler(args.scheduler) is not None or corpus.kind != "text":
+        return None, 0.0
+    model = worker_model(args.model)
+    tokens = corpus_runs.item_tokens(model, corpus.items)
+    if not tokens:
+        return None, 0.0
+    plan = corpus_runs.plan_for(model, corpus, args.kind, random_orders=args.random_orders, tokens=tokens)
+    mean = sum(tokens) / len(tokens)
+    line = corpus_cost.describe(model.cfg, plan, mean, corpus_cost.prior_rate())
+    sys.stderr.write(f"estimate: {line} ({corpus_cost.ASSUMED_SHARE:.0%} of this machine's matmul peak, "
+                     "until the first batch measures the rate)" +
+                     (f"; budget {args.budget:g} s" if args.budget else "") + "\n")
+    return model.cfg, mean
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     quiet_cluster_logs(args.scheduler)
@@ -128,13 +149,17 @@ def main(argv=None) -> int:
         for note in corpus.notes:
             sys.stderr.write(f"note: {note}\n")
 
+        cfg, tokens = estimate(args, corpus)
+
         def progress(done, total, partial):
-            sys.stderr.write(f"item {done}/{total}\n")
+            est = partial.extra.get("estimate") if partial is not None else None
+            line = f" · {corpus_cost.describe(cfg, est, tokens)}" if est and cfg is not None else ""
+            sys.stderr.write(f"item {done}/{total}{line}\n")
             sys.stderr.flush()
 
         result = run(args.model, corpus, args.kind, mask=args.mask, metric=args.metric,
                      scheduler=args.scheduler, seed=args.seed, progress=progress, resume=args.resume,
-                     random_orders=args.random_orders, reference=args.reference)
+                     random_orders=args.random_orders, reference=args.reference, budget=args.budget)
     except (ValueError, OSError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2

@@ -96,10 +96,10 @@ def test_the_only_worker_dying_holding_finished_results_keeps_the_budget(cluster
     budget = 20.0
     stop = lambda start=time.monotonic(): time.monotonic() - start > budget  # noqa: E731
     got, seconds = in_thread(lambda: corpus_runs.run("minilm", texts(), "mask", mask=CODE, scheduler=address,
-                                                     progress=progress, should_stop=stop,
+                                                     per_task=1, progress=progress, should_stop=stop,
                                                      resume=tmp_path / "r.jsonl"), budget + 60)
     assert not isinstance(got, BaseException), got
-    assert killed and not got.complete and 1 <= got.done < got.total
+    assert killed and not got.complete and 1 <= got.done < got.total, (got.done, got.total, got.extra.get("stopped_note"), seconds)
     assert len(got.table) == got.done                      # what finished is shown
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 1 + got.done   # and kept for resume
 
@@ -156,7 +156,7 @@ def test_a_lost_scheduler_in_the_library_returns_what_finished(cluster, tmp_path
             os.kill(scheduler.pid, signal.SIGKILL)
 
     got, _ = in_thread(lambda: corpus_runs.run("minilm", texts(), "mask", mask=CODE, scheduler=address,
-                                               progress=progress, resume=tmp_path / "r.jsonl"), 120)
+                                               per_task=1, progress=progress, resume=tmp_path / "r.jsonl"), 120)
     assert not isinstance(got, BaseException), repr(got)
     assert not got.complete and got.done >= 1 and "scheduler" in got.extra["stopped_note"]
     assert "kept in the results file" in got.extra["stopped_note"]

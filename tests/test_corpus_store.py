@@ -65,7 +65,7 @@ def test_a_cancelled_run_is_kept_and_counted_then_goes_first(tmp_path):
     store = ResultsStore(tmp_path, int(per_run * 1.5))
     seen = []
     first = tmp_path / "first.jsonl"
-    part = corpus_runs.run("minilm", texts(2), "mask", mask=MASK, resume=first, results_store=store,
+    part = corpus_runs.run("minilm", texts(2), "mask", mask=MASK, resume=first, results_store=store, per_task=1,
                            progress=lambda d, t, p: seen.append(store.used()), should_stop=lambda: len(seen) >= 1)
     assert not part.complete and part.done == 1
     assert first.exists() and store.used() == first.stat().st_size > 0   # kept for resume, and counted

@@ -119,7 +119,7 @@ def test_images_page_runs_the_tool_on_photos_bundled_and_uploaded():
 
 
 def test_a_stopped_run_shows_its_summary_over_the_items_done(monkeypatch, results_dir, deadline_after_checks):
-    deadline_after_checks(3)
+    deadline_after_checks(1)      # the first of two batches (3 and 2 messages) runs, then the budget is spent
     at = AppTest.from_file(str(PAGES / "6_Translate.py"), default_timeout=300).run()
     at.radio(key="translate.view").set_value("Corpus run").run()
     t = summary_of(run_mask(at, "translate", 5))
@@ -142,7 +142,7 @@ def test_a_run_interrupted_by_cancel_shows_its_running_summary():
     keep = torch.ones(6, 12)
     keep[0] = 0
     corpus_runs.run("minilm", first, "mask", mask=keep, progress=lambda d, t, p: reports.append(p),
-                    should_stop=lambda: len(reports) >= 2)
+                    should_stop=lambda: len(reports) >= 2, per_task=1)
     at = AppTest.from_file(str(PAGES / "2_Heads.py"), default_timeout=300)
     at.session_state["heads.corpus:minilm"] = (reports[-1], 300)
     at.session_state["heads.corpus:minilm:running"] = True

@@ -59,7 +59,7 @@ def test_a_stopped_run_keeps_its_partial_result_and_resumes_from_its_file(monkey
     from attnviz.ui import heads_corpus
     monkeypatch.delenv("ATTNVIZ_SCHEDULER", raising=False)
     monkeypatch.setenv("ATTNVIZ_PRIVATE_DIR", str(tmp_path / "private"))
-    deadline_after_checks(3)
+    deadline_after_checks(1)      # the first of two batches (3 and 2 texts) runs, then the budget is spent
     at = corpus_tool()
     at.selectbox(key="heads.corpus_n").set_value(5).run()
     at.button(key="heads.corpus_go").click().run()
@@ -72,19 +72,40 @@ def test_a_stopped_run_keeps_its_partial_result_and_resumes_from_its_file(monkey
     assert len(results.read_text().splitlines()) == 1 + 3
     monkeypatch.undo()
     monkeypatch.setenv("ATTNVIZ_PRIVATE_DIR", str(tmp_path / "private"))
-    ran, task = [], corpus_runs.masks_task
+    ran, task = [], corpus_runs.batch_task
 
-    def counted(model_key, params, index, item):
-        ran.append(index)
-        return task(model_key, params, index, item)
-    monkeypatch.setattr(corpus_runs, "masks_task", counted)
+    def counted(model_key, params, index, chunk):
+        ran.extend(i for i, _ in chunk)
+        return task(model_key, params, index, chunk)
+    monkeypatch.setattr(corpus_runs, "batch_task", counted)
     at.button(key="heads.corpus_go").click().run()
     assert not at.exception, at.exception
     second = at.session_state["heads.corpus:minilm"][0]
     assert second.complete and second.done == second.total == 5 and len(second.table) == 5
-    assert ran == [3, 4]                              # only the texts the first run had not finished
+    assert sorted(ran) == sorted(set(range(5)) - set(first.table["item"]))   # only the texts not finished
     assert not list(folder.iterdir())                 # a complete run leaves no results file
-    pd.testing.assert_frame_equal(second.table.iloc[:3], first.table)   # NaN scores compare equal here
+    again = second.table[second.table["item"].isin(first.table["item"])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(again, first.table.reset_index(drop=True))   # NaN scores compare equal here
+
+
+def test_the_corpus_tool_prices_a_run_before_it_starts_and_from_its_own_rate_after(monkeypatch, tmp_path):
+    monkeypatch.delenv("ATTNVIZ_SCHEDULER", raising=False)
+    monkeypatch.setenv("ATTNVIZ_PRIVATE_DIR", str(tmp_path / "private"))
+    at = corpus_tool()
+    at.selectbox(key="heads.corpus_kind").set_value("pruning_curve").run()
+    at.selectbox(key="heads.corpus_n").set_value(5).run()
+    assert not at.exception
+    (before,) = [c.value for c in at.caption if c.value.startswith("Estimate:")]
+    assert "FLOP: about" in before and "matmul peak" in before and "the budget is 300 s" in before
+    at.selectbox(key="heads.corpus_kind").set_value("mask").run()
+    at.button(key="heads.corpus_go").click().run()
+    assert not at.exception, at.exception
+    result = at.session_state["heads.corpus:minilm"][0]
+    assert result.complete and result.extra["estimate"]["rate"] > 0
+    assert at.session_state["heads.corpus_rate:minilm"] > 0          # the rate this run measured here
+    at.run()
+    (after,) = [c.value for c in at.caption if c.value.startswith("Estimate:")]
+    assert "the rate the last run of this model measured here" in after
 
 
 def test_gemma_runs_over_the_bundled_chinese_django_messages(monkeypatch):

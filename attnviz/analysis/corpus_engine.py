@@ -6,8 +6,9 @@ and cancellation, it is pure Python and light enough for a 2-core machine; the s
 in-process (no Dask at all), on a `LocalCluster` of this machine's cores (processes, one thread
 each) and on a remote cluster (`tcp://host:8786`, or `ATTNVIZ_SCHEDULER`).
 
-What travels: a task carries the model KEY, the item's index, the item itself (a short text, a
-clip or a small image) and small parameters (mask lists); it returns small figures. Each process
+What travels: a task carries the model KEY, a batch of items with their indices (short texts,
+clips or small images; `corpus_plan.batches`) and small parameters (mask lists); it returns small
+figures per item. Each process
 loads a model once into its own bounded cache (`worker_model`): weights and tensors are never
 pickled across. Results come back as they finish, so progress is per item, what finished is kept
 when the run is stopped, Cancel cancels the futures still pending, and a worker lost mid-run
@@ -160,23 +161,25 @@ class Engine:
         self.client = client
 
     def map(self, fn, args: tuple, items: list[tuple[int, object]], *, on_result: OnResult,
-            should_stop: ShouldStop | None = None, name: str = "corpus") -> Outcome:
+            should_stop: ShouldStop | None = None, name: str = "corpus", size=None) -> Outcome:
         """Call `fn(*args, index, item)` for every (index, item) and hand each result to
         `on_result(index, result)` as it arrives (in-process: in order; on Dask: as tasks finish).
+        `should_stop()` is asked before each task starts; `size(item)`: how many items a task
+        carries (a batch), as `Outcome` counts them (default 1).
         `fn` must be a module-level function (workers import it by name). A task's ValueError is
         raised here, after the tasks still pending are cancelled."""
-        stop = should_stop or (lambda: False)
+        stop, size = should_stop or (lambda: False), size or (lambda item: 1)
         if self.client is None:
-            out = Outcome(0, len(items), workers={})
+            out = Outcome(0, sum(size(item) for _, item in items), workers={})
             for index, item in items:
                 if stop():
                     out.stopped = "stopped"
                     break
                 on_result(index, fn(*args, index, item))
-                out.done += 1
+                out.done += size(item)
             out.workers = {"in-process": out.done} if out.done else {}
             return out
-        return _run_on(self.client, fn, args, items, on_result, stop, name)
+        return _run_on(self.client, fn, args, items, on_result, stop, name, size)
 
 
 @contextmanager
@@ -233,15 +236,16 @@ class _Cluster:
         return None
 
 
-def _run_on(client, fn, args, items, on_result, stop, name) -> Outcome:
+def _run_on(client, fn, args, items, on_result, stop, name, size) -> Outcome:
     import distributed
 
-    out = Outcome(0, len(items), workers={})
+    out = Outcome(0, sum(size(item) for _, item in items), workers={})
     if not items:
         return out
     tag = uuid.uuid4().hex[:8]
     futures = {client.submit(fn, *args, index, item, key=f"{name}-{tag}-{index}", pure=False): index
                for index, item in items}
+    sizes = {index: size(item) for index, item in items}
     pending, cluster = set(futures), _Cluster(client)
     try:
         while pending:
@@ -277,9 +281,9 @@ def _run_on(client, fn, args, items, on_result, stop, name) -> Outcome:
                     pending.add(future)
                     break
                 where = _where(client, future)
-                out.workers[where] = out.workers.get(where, 0) + 1
+                out.workers[where] = out.workers.get(where, 0) + sizes[futures[future]]
                 on_result(futures[future], value)
-                out.done += 1
+                out.done += sizes[futures[future]]
                 future.release()  # the cluster drops the result once we hold it
             if out.stopped:
                 break

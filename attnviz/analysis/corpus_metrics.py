@@ -82,7 +82,7 @@ def model_kind(model) -> str:
 
 
 # ---------------------------------------------------------------- one item
-def _ids(model, text: str, max_tokens: int) -> tuple[torch.Tensor, int]:
+def item_ids(model, text: str, max_tokens: int) -> tuple[torch.Tensor, int]:
     """The item's token ids cut to `max_tokens` (the last, special, token kept for an encoder)."""
     ids, _ = model.encode_text(text)
     cut = max(0, len(ids) - max_tokens)
@@ -91,30 +91,39 @@ def _ids(model, text: str, max_tokens: int) -> tuple[torch.Tensor, int]:
     return ids, cut
 
 
-def _lm_output(model, text, head_mask, max_tokens) -> dict:
-    ids, cut = _ids(model, text, max_tokens)
-    tr = model.trace(ids, head_mask=head_mask, attentions=False)
-    lp = tr.logits.float().log_softmax(-1)                               # (n, V), dropped below
+def lm_figures(logits: torch.Tensor, ids: torch.Tensor, cut: int) -> dict:
+    """A language model's figures of one text from its logits (n, V) (`corpus_batch` reads the same)."""
+    lp = logits.float().log_softmax(-1)                                  # (n, V), dropped below
     top_lp, top_ids = lp.topk(min(TOP_K, lp.shape[-1]), dim=-1)
     nll = -lp[:-1].gather(-1, ids[1:, None])[:, 0]
     return dict(kind="lm", top_ids=top_ids.numpy().astype(np.int32), top_logprobs=top_lp.numpy(),
                 nll=nll.numpy(), cut=cut, score=float(-nll.mean()) if len(nll) else float("nan"))
 
 
+def encoder_figures(embeddings: list[np.ndarray], cut: int) -> dict:
+    """An encoder's figures of one text from its embedding (a sentence pair: two)."""
+    out = dict(kind="encoder", embedding=embeddings[0], cut=cut, score=float("nan"))
+    if len(embeddings) == 2:
+        out["pair"] = embeddings[1]
+        out["score"] = float(embeddings[0] @ embeddings[1])
+    return out
+
+
+def _lm_output(model, text, head_mask, max_tokens) -> dict:
+    ids, cut = item_ids(model, text, max_tokens)
+    tr = model.trace(ids, head_mask=head_mask, attentions=False)
+    return lm_figures(tr.logits, ids, cut)
+
+
 def _embedding(model, text, head_mask, max_tokens) -> tuple[np.ndarray, int]:
-    ids, cut = _ids(model, text, max_tokens)
+    ids, cut = item_ids(model, text, max_tokens)
     tr = model.trace(ids, head_mask=head_mask, attentions=False)
     return sentence_embedding(tr.hidden).numpy(), cut
 
 
 def _encoder_output(model, text, head_mask, max_tokens) -> dict:
-    parts = text.split(PAIR)
-    embs = [_embedding(model, p, head_mask, max_tokens) for p in parts[:2]]
-    out = dict(kind="encoder", embedding=embs[0][0], cut=sum(c for _, c in embs), score=float("nan"))
-    if len(embs) == 2:
-        out["pair"] = embs[1][0]
-        out["score"] = float(embs[0][0] @ embs[1][0])
-    return out
+    embs = [_embedding(model, p, head_mask, max_tokens) for p in text.split(PAIR)[:2]]
+    return encoder_figures([e for e, _ in embs], sum(c for _, c in embs))
 
 
 def _translator_output(model, text, head_mask, max_tokens) -> dict:

@@ -1,7 +1,9 @@
 """Runs over a corpus: head importance accumulated over it, the pruning curve over it, "4 vs 8
-heads" and any head mask scored over it. Every run is per-item work on the one engine
-(`corpus_engine.run_tasks`: in-process, a local cluster or a remote one) and gives the same figures
-everywhere: the same items, and each item's seed taken from its index, never from the worker.
+heads" and any head mask scored over it. Every run is per-item work, sent in batches of items
+(`corpus_tasks.batch_task`), on the one engine (`corpus_engine`: in-process, a local cluster or a
+remote one) and gives the same figures everywhere: the same items in the same batches, and each
+item's seed taken from its index, never from the worker. A budget is checked before each batch
+and the run's estimate updated after it (`corpus_plan`).
 
 - importance: Michel et al. (2019) gradient importance (`importance.gradient_importance`) of each
   item, averaged over the corpus, then normalised per layer as `importance` does. Translators,
@@ -25,9 +27,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.analysis import corpus_metrics, corpus_records, importance
-from attnviz.analysis.corpus import Corpus, ready_item
-from attnviz.analysis.corpus_engine import ResultsFile, session, worker_model, worker_native
+from attnviz.analysis import corpus_metrics, corpus_plan, corpus_records, importance
+from attnviz.analysis.corpus import Corpus
+from attnviz.analysis.corpus_engine import ResultsFile, session, worker_model, worker_native  # noqa: F401
+from attnviz.analysis.corpus_tasks import (  # noqa: F401  (the tasks' names, importable from here)
+    GRADIENT_KINDS, ITEM_TOKENS, ablation_task, batch_task, facts_task, importance_task, item_seed, item_tokens,
+    masks_task)
 from attnviz.analysis.pruning import decode_mask, encode_mask
 from attnviz.base.names import head_name
 
@@ -40,9 +45,7 @@ RUN_KINDS = {
 FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)   # of the heads removed, for the curve
 RANDOM_ORDERS = 3
 MARK = 0.3                  # the founding claim: "pruned 30 % of the heads and accuracy barely dropped"
-ITEM_TOKENS = 128           # an item's importance is taken over its first 128 tokens (one window)
 Z95 = 1.959963984540054     # normal 95 % interval of a mean over the items
-GRADIENT_KINDS = ("lm", "encoder")
 
 
 @dataclass
@@ -56,61 +59,6 @@ class RunResult:
     done: int
     total: int
     extra: dict = field(default_factory=dict)
-
-
-def item_seed(seed: int, index: int) -> int:
-    """An item's own seed: the same whichever process runs it."""
-    return int(seed) * 1_000_003 + int(index)
-
-
-# ---------------------------------------------------------------- per-item tasks (run on workers)
-def facts_task(model_key: str, params: dict, index: int, item) -> dict:
-    model = worker_model(model_key)
-    return dict(kind=corpus_metrics.model_kind(model), mask_layers=int(model.mask_layers),
-                n_heads=int(model.cfg.n_heads), cfg=model.cfg)
-
-
-def importance_task(model_key: str, params: dict, index: int, item) -> dict:
-    model = worker_model(model_key)
-    data = importance.eval_windows(model, item, max_tokens=ITEM_TOKENS, window=ITEM_TOKENS)
-    imp = importance.gradient_importance(model, data, seed=item_seed(params["seed"], index))
-    return dict(raw=imp.raw.numpy().astype(np.float64), tokens=int(data.ids.shape[1]))
-
-
-def ablation_task(model_key: str, params: dict, index: int, item) -> dict:
-    """Importance without gradients (translators, speech, vision): per head, how much the item's
-    primary metric drops when that head alone is off (the full model scores itself as the top)."""
-    model, item = worker_model(model_key), ready_item(item)   # an uploaded file is decoded here, now
-    kind = corpus_metrics.model_kind(model)
-    metric = corpus_metrics.PRIMARY[kind]
-    L, H = int(model.mask_layers), int(model.cfg.n_heads)
-    full = corpus_metrics.output(model, item)
-    top = corpus_metrics.compare(kind, full, full)[metric]
-    raw = np.zeros((L, H))
-    for i in range(L):
-        for h in range(H):
-            mask = torch.ones(L, H)
-            mask[i, h] = 0
-            raw[i, h] = top - corpus_metrics.compare(kind, full, corpus_metrics.output(model, item, head_mask=mask))[metric]
-    return dict(raw=raw, tokens=None)
-
-
-def masks_task(model_key: str, params: dict, index: int, item) -> dict:
-    """The full output and, per mask code, the masked output and its metrics against the full."""
-    model, item = worker_model(model_key), ready_item(item)
-    kind = corpus_metrics.model_kind(model)
-    L, H = int(model.mask_layers), int(model.cfg.n_heads)
-    full = corpus_metrics.output(model, item)
-    if params.get("reference", "full") != "full":
-        full["native"] = worker_native(model_key).translate(str(item))
-    steps = {}
-    for code in params["codes"]:
-        mask = decode_mask(code, L, H).float()
-        pruned = corpus_metrics.output(model, item, head_mask=mask)
-        steps[code] = dict(metrics=corpus_metrics.compare(kind, full, pruned), pruned=pruned)
-    tokenizer = getattr(model, "tokenizer", None)
-    tokens = len(tokenizer(item)["input_ids"]) if isinstance(item, str) and tokenizer is not None else None
-    return dict(full=full, steps=steps, tokens=tokens)
 
 
 # ---------------------------------------------------------------- orders and masks
@@ -226,9 +174,11 @@ def curve_points(summary: pd.DataFrame, metric: str) -> list[dict]:
 
 # ---------------------------------------------------------------- the run
 class _Phases:
-    """Runs the phases of one corpus run, recording each finished item (and in the results file)."""
+    """Runs the phases of one corpus run a batch at a time (`corpus_tasks.batch_task`), recording
+    each finished item (and in the results file), and keeps its budget and estimate (`corpus_plan`)."""
 
-    def __init__(self, model_key, corpus, engine, progress, should_stop, resume, header, phases, store=None):
+    def __init__(self, model_key, corpus, engine, progress, should_stop, resume, header, phases, store=None,
+                 budget=None, per_task=corpus_plan.TEXTS_PER_TASK):
         self.model_key, self.corpus, self.engine = model_key, corpus, engine
         self.progress, self.should_stop = progress, should_stop
         self.file = ResultsFile(resume, header, store) if resume is not None else None
@@ -237,9 +187,15 @@ class _Phases:
         self.stopped, self.fault = False, ""    # fault: what the cluster did when it ended the run
         self.workers: dict[str, int] = {}
         self.partial = None     # (phase, results) -> a partial RunResult for progress
+        self.budget = budget or corpus_plan.Budget(None)
+        self.plan, self.tokens, self.per_task = corpus_plan.Plan(), None, per_task
 
-    def run(self, phase: str, fn, params: dict, check=None) -> dict[int, dict]:
-        """The file's records that `check` accepts (BadRecord: the item runs again), then the other items."""
+    def estimate(self) -> dict:
+        return self.budget.estimate(self.plan)
+
+    def run(self, phase: str, params: dict, check=None) -> dict[int, dict]:
+        """The file's records that `check` accepts (BadRecord: the item runs again), then the other
+        items, a batch at a time; a batch starts only while the budget allows it."""
         results = {}
         if self.file is not None:
             for (p, i), r in self.file.records.items():
@@ -253,22 +209,34 @@ class _Phases:
         todo = [(i, item) for i, item in enumerate(self.corpus.items) if i not in results]
         if self.stopped:
             return results
+        chunks = corpus_plan.batches(todo, self.tokens, self.per_task)
+        left = {first: self.plan.of(phase, [i for i, _ in chunk]) for first, chunk in chunks}
 
-        def on_result(index, value):
-            results[index] = value
-            if self.file is not None:
-                self.file.add(phase, index, value)
-            self.done += 1
-            if self.progress is not None:
-                self.progress(self.done, self.total, self.partial(phase, results) if self.partial else None)
+        def on_result(first, values):
+            self.budget.finished(left.pop(first, 0.0))
+            for index in sorted(values):
+                results[index] = values[index]
+                if self.file is not None:
+                    self.file.add(phase, index, values[index])
+                self.done += 1
+                if self.progress is not None:
+                    partial = self.partial(phase, results) if self.partial else None
+                    if partial is not None:
+                        partial.extra["estimate"] = self.estimate()
+                    self.progress(self.done, self.total, partial)
 
-        out = self.engine.map(fn, (self.model_key, params), todo, on_result=on_result,
-                              should_stop=self.should_stop, name=phase)
+        def stop():
+            if self.should_stop is not None and self.should_stop():
+                return True
+            return self.budget.exhausted(sum(left.values()) / len(left) if left else 0.0)
+
+        self.budget.begin(phase)
+        out = self.engine.map(batch_task, (self.model_key, dict(params, phase=phase)), chunks,
+                              on_result=on_result, should_stop=stop, name=phase, size=len)
         for where, n in (out.workers or {}).items():
             self.workers[where] = self.workers.get(where, 0) + n
         self.stopped, self.fault = out.stopped is not None, out.message or self.fault
         return results
-
 
     def notes(self) -> dict:
         """`resume_note`: what of the results file was not used; `stopped_note`: why the cluster ended the run."""
@@ -283,9 +251,10 @@ class _Phases:
         return out
 
 
-def _facts(model_key: str, engine) -> dict:
-    got = {}
-    out = engine.map(facts_task, (model_key, {}), [(0, None)], on_result=lambda i, v: got.update(v), name="facts")
+def _facts(model_key: str, engine, corpus: Corpus) -> dict:
+    got, texts = {}, list(corpus.items) if corpus.kind == "text" else []
+    out = engine.map(facts_task, (model_key, dict(texts=texts)), [(0, None)], on_result=lambda i, v: got.update(v),
+                     name="facts")
     if out.stopped:
         raise ValueError(f"{out.message or 'the run was stopped'} before its first step; nothing was run")
     return got
@@ -294,7 +263,8 @@ def _facts(model_key: str, engine) -> dict:
 def run(model_key: str, corpus: Corpus, kind: str, *, mask=None, metric: str | None = None,
         scheduler: str | None = None, seed: int = 0, progress=None, should_stop=None,
         resume: str | Path | None = None, random_orders: int = RANDOM_ORDERS,
-        fractions=FRACTIONS, reference: str = "full", results_store=None) -> RunResult:
+        fractions=FRACTIONS, reference: str = "full", results_store=None, budget: float | None = None,
+        clock=None, per_task: int = corpus_plan.TEXTS_PER_TASK, engine=None) -> RunResult:
     """One corpus run (see the module docstring). `mask`: an encoded mask ("LxH-hex") or a
     [L, H] bool/float array, for kind "mask". `metric`: what the curve follows (default
     corpus_metrics.PRIMARY for the model's kind). `progress(done, total, partial RunResult)`;
@@ -302,19 +272,38 @@ def run(model_key: str, corpus: Corpus, kind: str, *, mask=None, metric: str | N
     file written as items finish, whose finished items a rerun with the same options skips
     (`results_store`: the `corpus_engine.ResultsStore` that bounds it). `reference`
     (translators): score the pruned output against the full model ("full"), the package's native
-    engine ("native") or both; importance by ablation always follows the full model."""
+    engine ("native") or both; importance by ablation always follows the full model. `budget`:
+    seconds the run may take (checked before each batch of `per_task` items starts, on `clock`,
+    see `corpus_plan.Budget`); `extra["estimate"]` says what it measured and what is left.
+    `engine`: a `corpus_engine.Engine` already open (its workers warm), instead of `scheduler`'s own."""
     if kind not in RUN_KINDS:
         raise ValueError(f"unknown run kind {kind!r}; choose one of {', '.join(RUN_KINDS)}")
     if not corpus.items:
         raise ValueError(f"the corpus {corpus.key!r} has no items")
+    timer = corpus_plan.Budget(budget, clock) if clock is not None else corpus_plan.Budget(budget)
+    if engine is not None:
+        return _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_stop, resume,
+                    random_orders, fractions, reference, results_store, timer, per_task)
     with session(scheduler) as engine:
         return _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_stop, resume,
-                    random_orders, fractions, reference, results_store)
+                    random_orders, fractions, reference, results_store, timer, per_task)
+
+
+def plan_for(model, corpus: Corpus, kind: str, *, random_orders: int = RANDOM_ORDERS,
+             fractions=FRACTIONS, tokens: list[int] | None = None) -> corpus_plan.Plan:
+    """The forward-tokens a run will make (`corpus_plan.plan`), before its importance is known
+    (every curve mask counted as distinct). `model`: the loaded model, or its facts (`facts_task`)."""
+    facts = model if isinstance(model, dict) else dict(
+        kind=corpus_metrics.model_kind(model), mask_layers=int(model.mask_layers), n_heads=int(model.cfg.n_heads),
+        tokens=tokens if tokens is not None else item_tokens(model, corpus.items) if corpus.kind == "text" else None)
+    return corpus_plan.plan(kind, facts["kind"], facts.get("tokens"), len(corpus.items),
+                            masks=corpus_plan.distinct_masks(kind, fractions, random_orders),
+                            cells=facts["mask_layers"] * facts["n_heads"], probes=importance.GRAD_PROBES)
 
 
 def _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_stop, resume,
-         random_orders, fractions, reference, store) -> RunResult:
-    facts = _facts(model_key, engine)
+         random_orders, fractions, reference, store, budget, per_task) -> RunResult:
+    facts = _facts(model_key, engine, corpus)
     mkind, L, H = facts["kind"], facts["mask_layers"], facts["n_heads"]
     corpus_metrics.check_reference(mkind, reference)
     metric = metric or corpus_metrics.primary(mkind, reference)
@@ -328,7 +317,9 @@ def _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_s
                   mask=code, random_orders=int(random_orders), fractions=[float(f) for f in fractions],
                   reference=reference)
     phases = _Phases(model_key, corpus, engine, progress, should_stop, resume, header,
-                     1 if kind in ("importance", "mask") else 2, store)
+                     1 if kind in ("importance", "mask") else 2, store, budget, per_task)
+    phases.tokens = facts.get("tokens")
+    phases.plan = plan_for(facts, corpus, kind, random_orders=random_orders, fractions=fractions)
     extra = dict(model_kind=mkind, metric=metric, cfg=facts["cfg"], n_layers=L, n_heads=H, reference=reference)
     if kind == "mask":
         return _scored(phases, kind, [dict(order="mask", fraction=1 - kept_heads(code, L, H) / (L * H),
@@ -341,7 +332,7 @@ def _run(engine, model_key, corpus, kind, mask, metric, seed, progress, should_s
     gradient = mkind in GRADIENT_KINDS
     extra["importance_method"] = ("gradient (Michel et al.)" if gradient else
                                   f"single-head ablation: the drop of {corpus_metrics.PRIMARY[mkind]}")
-    raws = phases.run("importance", importance_task if gradient else ablation_task, dict(seed=int(seed)),
+    raws = phases.run("importance", dict(seed=int(seed)),
                       lambda r: corpus_records.importance(r, gradient, L, H))
     result = _importance_result(phases, kind, raws, extra, complete=not phases.stopped)
     if kind == "importance" or phases.stopped or not raws:
@@ -367,13 +358,16 @@ def _importance_result(phases: _Phases, kind, raws, extra, complete: bool) -> Ru
     if done:
         summary, scores = importance_summary({i: raws[i]["raw"] for i in done})
         out["importance"] = scores.tolist()
-    out.update(workers=dict(phases.workers), **phases.notes())
+    out.update(workers=dict(phases.workers), estimate=phases.estimate(), **phases.notes())
     return RunResult(kind, phases.model_key, phases.corpus.key, table, summary, complete, phases.done,
                      phases.total, out)
 
 
 def _scored(phases: _Phases, kind, steps, mkind, L, H, seed, extra) -> RunResult:
     codes = sorted({s["code"] for s in steps})
+    changed = sum(kept_heads(c, L, H) < L * H for c in codes)    # the full mask costs no forward of its own
+    toks = phases.tokens or [1] * len(phases.corpus.items)
+    phases.plan.phases["scored"] = [float((1 + changed) * t) for t in toks]
 
     names = corpus_metrics.metric_names(mkind, extra["reference"])
 
@@ -384,10 +378,10 @@ def _scored(phases: _Phases, kind, steps, mkind, L, H, seed, extra) -> RunResult
 
     phases.partial = partial
     d_model = int(extra["cfg"].d_model)
-    results = phases.run("scored", masks_task, dict(codes=codes, reference=extra["reference"]),
+    results = phases.run("scored", dict(codes=codes, reference=extra["reference"]),
                          lambda r: corpus_records.scored(r, mkind, codes, d_model))
     summary = steps_summary(mkind, results, steps, phases.corpus.labels, seed, L, H, extra["reference"])
-    out = dict(extra, workers=dict(phases.workers), steps=steps, **phases.notes())
+    out = dict(extra, workers=dict(phases.workers), steps=steps, estimate=phases.estimate(), **phases.notes())
     tokens = [r["tokens"] for r in results.values() if r.get("tokens")]
     out["tokens"] = int(round(float(np.mean(tokens)))) if tokens else None
     if kind == "pruning_curve":

@@ -117,9 +117,10 @@ class Attention(nn.Module):
                         training=self.training, scale=self.scale, window=self.window, softcap=self.softcap,
                         bias=bias)
         if head_mask is not None:  # multiplies each head's output before the output projection
-            y = y * head_mask[self.heads].to(y.dtype)[None, :, None, None]
-        if head_fill is not None:
-            y = y + head_fill[self.heads].to(y.dtype)[:, None, :][None]          # (1, h, 1, dh)
+            # [H] one mask for every row, or [B, H] a mask per batch row (several masks in one pass)
+            y = y * head_mask[..., self.heads].to(y.dtype).reshape(-1, self.n_heads, 1, 1)
+        if head_fill is not None:  # [H, dh] or [B, H, dh], as the mask
+            y = y + head_fill[..., self.heads, :].to(y.dtype).reshape(-1, self.n_heads, 1, self.d_head)
         if patch is not None:
             y = patch("z", y)
         if heads_out is not None:
@@ -294,11 +295,12 @@ def iter_layers(blocks, x, start: int = 0, stop: int | None = None, *, head_mask
     """THE forward loop, for every model: blocks start..stop-1 of `blocks` from x = the input of
     block `start`, yielding a `BlockStep` per block (callers that look at one layer at a time, such
     as long captures and head scores, never hold every layer's weights).
-    `head_mask` [L, H] (1 keeps a head); `capture`: layers whose weights to return; `weights_out`:
+    `head_mask` [L, H] (1 keeps a head), or [B, L, H]: a mask per batch row (the same text under
+    several masks in one pass, each weight read serving every row); `capture`: layers whose weights to return; `weights_out`:
     {layer: tensor} (or one [L, ...] tensor) to write those layers' weights into; `variants`: a
     Variant for every layer, or {layer: Variant} for some; `check()` runs before every block (a
     deadline or a cancel); `head_outputs`: layers whose per-head outputs to return; `head_fill`
-    [L, H, d_head]: added to the heads' outputs after the mask (mean ablation); `cache`: one dict
+    [L, H, d_head] (or [B, L, H, d_head], as the mask): added to the heads' outputs after the mask (mean ablation); `cache`: one dict
     per layer, the per-call state (K/V, an SSRU cell, the encoder's K/V); `self_head_mask` and
     `self_capture`: a decoder block's self-attention; `row`: one row (1, d) through each block's
     fused `step_row` path; `patch`: {layer: patch(name, tensor) -> tensor}, passed to that layer's
@@ -314,8 +316,8 @@ def iter_layers(blocks, x, start: int = 0, stop: int | None = None, *, head_mask
             check()
         into = weights_out.get(i) if isinstance(weights_out, dict) else \
             None if weights_out is None else weights_out[i]
-        mask = None if head_mask is None else head_mask[i]
-        fill = None if head_fill is None else head_fill[i]
+        mask = None if head_mask is None else head_mask[i] if head_mask.dim() == 2 else head_mask[:, i]
+        fill = None if head_fill is None else head_fill[i] if head_fill.dim() == 3 else head_fill[:, i]
         past = None if cache is None else cache[i]
         if row:
             out = blocks[i].step_row(x, past, into, mask, fill)

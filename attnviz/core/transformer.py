@@ -200,7 +200,8 @@ class Transformer(nn.Module):
         """The forward loop (`iter_layers`) over this model's blocks: blocks start..stop-1 from x = the input of block `start` (B, n, d),
         yielding a `BlockStep` per block (callers that look at one layer at a time, such as long
         captures and head scores, never hold every layer's weights).
-        `head_mask` [L, H] (1 keeps a head); `capture`: layers whose weights to return;
+        `head_mask` [L, H] (1 keeps a head) or [B, L, H] (a mask per batch row); `capture`: layers
+        whose weights to return;
         `weights_out`: {layer: (B, h, n, n) tensor} to write those layers' weights into;
         `variants`: a Variant for every layer, or {layer: Variant} for some; `attention_mask`
         (B, n): 1 for real tokens; `check()` runs before every block (a deadline or a cancel).

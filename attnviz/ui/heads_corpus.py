@@ -26,7 +26,7 @@ from attnviz.base import jobs, private
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import corpus_figures
-from attnviz.latency import tradeoff
+from attnviz.latency import corpus_cost, tradeoff
 from attnviz.ui import common
 from attnviz.ui.head_editor import applied_mask
 from attnviz.ui.heads_tools import csv_download, partial_note, run_tracked
@@ -37,6 +37,8 @@ NOUNS = {"text": "texts", "audio": "clips", "image": "photos"}
 UPLOADS = {"text": ("upload a file (.txt, .csv, .jsonl)", ["txt", "csv", "jsonl"]),
            "audio": ("upload clips (.wav, .flac)", [s[1:] for s in corpus.AUDIO_SUFFIXES]),
            "image": ("upload photos (.png, .jpg, …)", [s[1:] for s in corpus.IMAGE_SUFFIXES])}
+FITS_SHARE = 0.8          # the default item count's estimate stays within this share of the default budget
+DEFAULT_BUDGET = 300      # seconds, when the server allows that much
 REFERENCE_LABELS = {"full": "the full model", "native": "the package's native engine", "both": "both, side by side"}
 
 
@@ -215,6 +217,46 @@ def show(tool: Tool, result, metric: str):
         csv_download(f"Per-{noun[:-1]} CSV", result.table, f"corpus-{kind}-{tool.mkey}.csv", K("corpus_csv_t"))
 
 
+def item_tokens(tool: Tool, chosen: corpus.Corpus) -> list[int] | None:
+    """Tokens of each item of the chosen corpus (None: not text), counted once per corpus and model."""
+    ss, key = st.session_state, tool.K(f"corpus_tokens:{tool.mkey}:{chosen.key}:{len(chosen)}")
+    if key not in ss:
+        ss[key] = corpus_runs.item_tokens(tool.model, chosen.items) if chosen.kind == "text" else None
+    return ss[key]
+
+
+def rate(tool: Tool) -> tuple[float, str]:
+    """GFLOP/s to price a run at: the last run's measured rate for this model, else a share of
+    this machine's matmul peak."""
+    measured = st.session_state.get(tool.K(f"corpus_rate:{tool.mkey}"))
+    if measured:
+        return measured, "the rate the last run of this model measured here"
+    peak = corpus_cost.matmul_peak()
+    return corpus_cost.ASSUMED_SHARE * peak, (f"{corpus_cost.ASSUMED_SHARE:.0%} of this machine's "
+                                               f"{peak:.0f} GFLOP/s matmul peak, until the first batch measures it")
+
+
+def priced(tool: Tool, chosen: corpus.Corpus, kind: str, n: int) -> dict | None:
+    """The estimate of a run of `kind` over the first `n` items: dict(flops, seconds, tokens), or None."""
+    tokens = item_tokens(tool, chosen)
+    if not tokens:      # items that are not text, or a model the cost model does not price (translators)
+        return None
+    plan = corpus_runs.plan_for(tool.model, first_items(chosen, n), kind, tokens=tokens[:n])
+    mean = float(np.mean(tokens[:n]))
+    gflops, _ = rate(tool)
+    return dict(corpus_cost.price(tool.cfg, plan, mean, gflops), tokens=mean, plan=plan)
+
+
+def default_items(tool: Tool, chosen: corpus.Corpus, sizes: list[int], budget: float) -> int:
+    """The most items (of `sizes`) whose pruning curve, the dearest common run, is estimated to
+    finish inside FITS_SHARE of the budget (at least the fewest offered)."""
+    if not item_tokens(tool, chosen):
+        return min(1, len(sizes) - 1)
+    return corpus_cost.fitting(tool.cfg, sizes, lambda n: priced(tool, chosen, "pruning_curve", n)["plan"],
+                               lambda n: priced(tool, chosen, "pruning_curve", n)["tokens"], budget, rate(tool)[0],
+                               FITS_SHARE)
+
+
 def options(tool: Tool, chosen: corpus.Corpus):
     """Run kind, reference, metric, items and budget from the tool's widgets."""
     K = tool.K
@@ -234,9 +276,12 @@ def options(tool: Tool, chosen: corpus.Corpus):
     metric = c3.selectbox("metric", metrics, key=K(f"corpus_metric:{tool.kind}:{reference}"),
                           help="the curve follows it (higher is better except kl and wer)")
     sizes = [n for n in ITEM_CHOICES if n < len(chosen)] + [len(chosen)]
-    n_items = c4.selectbox(f"{tool.noun} (the first)", sizes, index=min(1, len(sizes) - 1), key=K("corpus_n"))
     cap = max(1, int(LIMITS.max_importance_seconds))
-    budget = c5.number_input("time budget (s)", 1, cap, min(300, cap), key=K("corpus_budget"))
+    n_items = c4.selectbox(f"{tool.noun} (the first)", sizes, key=K("corpus_n"),
+                           index=default_items(tool, chosen, sizes, min(DEFAULT_BUDGET, cap)),
+                           help="the default is the most whose pruning curve is estimated to finish in the "
+                                "default budget")
+    budget = c5.number_input("time budget (s)", 1, cap, min(DEFAULT_BUDGET, cap), key=K("corpus_budget"))
     return kind, reference, metric, int(n_items), int(budget)
 
 
@@ -253,6 +298,14 @@ def corpus_runner(page: str, model, keep):
     st.caption(f"{common.plain(corpus_runs.RUN_KINDS[kind])}. Runs {where or '—'}"
                + ("; scores the mask applied in the head editor." if kind == "mask" else "."))
     run_on = first_items(chosen, n_items)
+    estimate = priced(tool, chosen, kind, n_items)
+    if estimate is not None:
+        gflops, how = rate(tool)
+        line = corpus_cost.describe(tool.cfg, estimate["plan"], estimate["tokens"], gflops)
+        st.caption(f"Estimate: {line} ({how}); the budget is {budget} s.")
+        if estimate["seconds"] > budget:
+            st.warning(f"The estimate is over the {budget} s budget: the run stops before a batch that would "
+                       "end past it, and Run again finishes it (or choose fewer items, or more seconds).")
     code = pruning.encode_mask(keep) if kind == "mask" else None
     store = tool.K(f"corpus:{tool.mkey}")
     disabled = where is None or (kind == "mask" and not keep.any())
@@ -262,24 +315,33 @@ def corpus_runner(page: str, model, keep):
             ss[store + ":stopped"] = None
             path = results_path(files.folder, tool.mkey, run_on, kind, code, 0, reference)
             ss[store + ":options"] = (kind, metric)
-            live = st.empty()
+            live, live_estimate = st.empty(), st.empty()
+            mean = estimate["tokens"] if estimate is not None else None
 
             def job(progress, seconds, cancel):
                 deadline = jobs.Deadline(seconds)
 
                 def shown(done, total, partial):
                     progress(done, total, partial)
+                    if partial is not None and "estimate" in partial.extra and mean is not None:
+                        live_estimate.caption("Running: " + corpus_cost.describe(tool.cfg, partial.extra["estimate"],
+                                                                                  mean))
                     if partial is not None and len(partial.summary):
                         live.dataframe(partial.summary, hide_index=True)
 
+                # the budget is checked before each batch at the measured rate; the deadline stays the hard stop
                 result = corpus_runs.run(tool.mkey, run_on, kind, mask=code, metric=metric, progress=shown,
                                          should_stop=lambda: cancel() or deadline.expired(), resume=path,
-                                         reference=reference, results_store=files)
+                                         reference=reference, results_store=files, budget=seconds)
+                measured = mean and corpus_cost.measured_gflops(tool.cfg, result.extra.get("estimate", {}), mean)
+                if measured:
+                    ss[tool.K(f"corpus_rate:{tool.mkey}")] = measured
                 if result.complete:
                     path.unlink(missing_ok=True)
                 return result
             run_tracked(store, f"corpus {kind.replace('_', ' ')}", budget, job)
             live.empty()
+            live_estimate.empty()
     partial_note(store, "corpus")
     if store in ss and ss[store][0] is not None:
         shown_kind, shown_metric = ss.get(store + ":options", (kind, metric))
