@@ -9,7 +9,7 @@ import torch
 import attnviz
 from attnviz.weights import hub
 from tests.hub_cache import lay_out, model_folder
-from tests.test_parity import DECODERS, TOL, VOCAB, tiny
+from tests.test_parity import DECODERS, TOL, VISION, VOCAB, inputs, reference, tiny
 
 ROWS = ["llama", *DECODERS]
 
@@ -113,3 +113,18 @@ def test_gguf_files_of_the_families(row, tmp_path, monkeypatch):
     torch.manual_seed(1)
     ids = torch.randint(0, VOCAB, (11,))
     assert (model.trace(ids).logits - reference_logits(hf, ids)).abs().max() < TOL
+
+
+# ---------------------------------------------------------------- vision families
+@pytest.mark.parametrize("row", list(VISION))
+def test_vision_folder_and_hub_cache_round_trip(row, cache, tmp_path):
+    folder = tmp_path / row
+    hf = model_folder(folder, row)
+    x = inputs(hf)
+    want, _, _ = reference(hf, x)
+    from_folder = attnviz.load_model(str(folder))
+    assert (from_folder.trace(x).hidden - want).abs().max() < TOL
+    lay_out(cache, f"org/{row}", folder)
+    by_name = attnviz.load_model(f"org/{row}")
+    assert by_name.cfg == from_folder.cfg
+    assert (by_name.trace(x).hidden - want).abs().max() < TOL

@@ -42,6 +42,10 @@ def tiny(family: str, **over):
                               num_attention_heads=4, mlp_ratio=2, layerscale_value=0.5,
                               use_swiglu_ffn=family == "dinov2_swiglu")
         cls = tf.Dinov2Model
+    elif family in VISION:
+        cls_name, make, fields = VISION[family]
+        cfg = getattr(tf, make)(**{**VISION_BASE, **fields, **over})
+        cls = getattr(tf, cls_name)
     elif family in DECODERS:
         cls_name, make, fields = DECODERS[family]
         cfg = getattr(tf, make)(**{**DECODER_BASE, **fields, **over})
@@ -126,8 +130,15 @@ DECODERS = {
     "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=48, num_attention_heads=6)),  # slopes of 6 heads
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(rope_theta=500.0, attention_bias=True)),
 }
+# The vision families: a row each, as DECODERS. The two-tower and image-text families (CLIP,
+# SigLIP, BLIP) are checked tower by tower in tests/test_image_text.py.
+VISION_BASE = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=37)
+VISION = {
+    "deit": ("DeiTModel", "DeiTConfig", {}),
+}
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
-FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS]
+FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS, *VISION]
 
 
 # Options a family has that we do not implement: each refused by its name, never ignored
@@ -153,7 +164,7 @@ def test_gptj_without_rotary_dim_is_refused_by_name():
 
 
 def inputs(model, size=None):
-    if isinstance(model, (tf.ViTModel, tf.Dinov2Model)):
+    if model.main_input_name == "pixel_values":
         side = size or model.config.image_size
         torch.manual_seed(1)
         return torch.randn(3, side, side)

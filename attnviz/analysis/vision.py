@@ -70,7 +70,7 @@ def attention_bytes(side: int, model: Model) -> int:
     ViT-S at 448 px: 302 MB; ViT-B/8 would need 5.7 GB, so sides past LIMITS.image_attention_mb
     are not offered)."""
     c = model.cfg
-    return c.n_layers * c.n_heads * token_count(side, c.patch_size, 1 + c.n_registers) ** 2 * 4
+    return c.n_layers * c.n_heads * token_count(side, c.patch_size, c.n_prefix) ** 2 * 4
 
 
 def model_resolutions(model: Model, budget: int | None = None) -> list[int]:

@@ -22,7 +22,7 @@ from attnviz.core.attention import SOFTMAX, Variant, attend
 from attnviz.core.config import Config
 from attnviz.core.layers import (ACTIVATIONS, MLP, Experts, HeadsRMSNorm, LayerScale, Linear, RMSNorm, frozen,
                                  make_norm)
-from attnviz.core.positional import alibi_slopes, apply_rope
+from attnviz.core.positional import alibi_slopes, apply_rope, relative_bias
 from attnviz.core.scored import Scored
 
 __all__ = ["ACTIVATIONS", "Attention", "Block", "BlockStep", "Linear", "MLP", "RMSNorm", "iter_layers", "make_norm"]
@@ -72,13 +72,17 @@ class Attention(nn.Module):
         # ALiBi: each head's slope, by its ORIGINAL index (a pruned layer keeps its heads' own slopes)
         slopes = alibi_slopes(cfg.n_heads, device="cpu")[heads] if cfg.positional == "alibi" else None
         self.register_buffer("slopes", slopes, persistent=False)
+        # BEiT: a learned bias per head by 2-D patch offset, on the trained grid (columns: this layer's heads)
+        self.trained_grid = (cfg.grid, cfg.grid)
+        self.rel_bias = (nn.Parameter(torch.zeros((2 * cfg.grid - 1) ** 2 + 3, self.n_heads))
+                         if cfg.rel_pos_bias else None)
         # Uniform grouping lets the fused kernel handle GQA; a pruned, uneven one indexes K/V explicitly.
         self.uniform_groups = (self.n_kv > 0 and self.n_heads % self.n_kv == 0 and
                                kv_of_head == [i // (self.n_heads // self.n_kv) for i in range(self.n_heads)])
 
     def forward(self, x, *, rope=None, allowed=None, causal=False, head_mask=None,
                 need_weights=False, variant: Variant = SOFTMAX, heads_out=None, head_fill=None, past=None,
-                kv=None, patch=None, rope_local=None):
+                kv=None, patch=None, rope_local=None, rel_grid=None):
         """`past`: this layer's K/V cache, a dict ("k", "v": (B, hkv, S, dh), rope applied) that is
         extended in place (incremental decoding); `kv`: keys and values computed once from another
         source (`keys_values`: cross-attention), then only the queries come from x; `heads_out`: a
@@ -100,7 +104,7 @@ class Attention(nn.Module):
             if "k" in past:
                 k, v = torch.cat([past["k"], k], 2), torch.cat([past["v"], v], 2)  # (B, hkv, S, dh)
             past["k"], past["v"] = k, v
-        bias = self.score_bias(k.shape[2])
+        bias = self.score_bias(k.shape[2], rel_grid)
         if not self.uniform_groups:
             k, v = k[:, self.kv_of_head], v[:, self.kv_of_head]
         y, att = attend(q, k, v, causal=causal, allowed=allowed, variant=variant, need_weights=need_weights,
@@ -117,11 +121,15 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, -1)      # (B, T, h*dh)
         return self.out(y), att
 
-    def score_bias(self, S: int):
-        """(1, h, 1, S) what each head adds to its scaled scores: ALiBi's slope · key position, the
+    def score_bias(self, S: int, rel_grid=None):
+        """What each head adds to its scaled scores: ALiBi's slope · key position (1, h, 1, S), the
         keys at positions 0..S-1 (a cached prefix's included), as BLOOM builds it (softmax ignores
-        the part that is constant along a row, so this is -slope · distance up to that); None
-        without ALiBi."""
+        the part that is constant along a row, so this is -slope · distance up to that); BEiT's
+        relative position bias on the patch grid `rel_grid` (1, h, S, S); None without either."""
+        if self.rel_bias is not None:
+            if rel_grid is None:
+                raise ValueError("a relative position bias needs the patch grid (Transformer.shared gives it)")
+            return relative_bias(self.rel_bias, self.trained_grid, rel_grid)[None]
         if self.slopes is None:
             return None
         return (self.slopes[:, None, None] * torch.arange(S, device=self.slopes.device))[None]
@@ -162,7 +170,7 @@ class Attention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-    def explain(self, x, *, rope=None, rope_local=None, allowed=None, causal=False, **_) -> Scored:
+    def explain(self, x, *, rope=None, rope_local=None, allowed=None, causal=False, rel_grid=None, **_) -> Scored:
         """What this layer computes for x (B, T, d), its input: the queries, keys and values as
         scored, with the scale, cap, window and mask it applies (see `Scored`), so analyses read
         the attention instead of rebuilding it."""
@@ -170,7 +178,7 @@ class Attention(nn.Module):
         rope = rope_local if self.local_rope else rope
         q, k, v = self.project(x, rope, steps)
         return Scored(x, q, k, v, self.kv_of_head, self.scale, self.softcap, self.window, causal, allowed,
-                      rotated=rope is not None, bias=self.score_bias(k.shape[2]), **steps)
+                      rotated=rope is not None, bias=self.score_bias(k.shape[2], rel_grid), **steps)
 
 
 class Block(nn.Module):

@@ -32,7 +32,8 @@ class Scored:
     k_proj: torch.Tensor | None = None
     q_normed: torch.Tensor | None = None  # after QK-norm (None: the layer has none)
     k_normed: torch.Tensor | None = None
-    bias: torch.Tensor | None = None      # (1, h, 1, S) added to the scaled scores (ALiBi: slope · key position)
+    bias: torch.Tensor | None = None      # added to the scaled scores: (1, h, 1, S) ALiBi's slope · key position,
+                                          # (1, h, T, S) BEiT's relative position bias
 
     @property
     def scale_value(self) -> float:
@@ -63,9 +64,15 @@ class Scored:
 
     def logits(self, r0: int = 0, r1: int | None = None, temperature: float = 1.0) -> torch.Tensor:
         """(B, h, r, S) scaled (capped, biased) scores of query rows r0..r1, before the mask."""
-        return scores(self.q[:, :, r0:r1], self.keys(), self.scale, temperature, self.softcap, self.bias)
+        return scores(self.q[:, :, r0:r1], self.keys(), self.scale, temperature, self.softcap, self.rows_bias(r0, r1))
 
     def weights(self, r0: int = 0, r1: int | None = None) -> torch.Tensor:
         """(B, h, r, S) the softmax weights of query rows r0..r1."""
         return softmax_weights(self.q[:, :, r0:r1], self.keys(), self.mask(r0, r1), self.scale,
-                               softcap=self.softcap, bias=self.bias)
+                               softcap=self.softcap, bias=self.rows_bias(r0, r1))
+
+    def rows_bias(self, r0: int = 0, r1: int | None = None) -> torch.Tensor | None:
+        """The score bias of query rows r0..r1 (a bias per query, BEiT's, is cut to them)."""
+        if self.bias is None or self.bias.shape[-2] == 1:
+            return self.bias
+        return self.bias[..., r0:r1, :]

@@ -17,7 +17,7 @@ from attnviz.core.attention import padding_mask
 from attnviz.core.base_model import adopt_state
 from attnviz.core.blocks import Block, Linear, iter_layers, make_norm
 from attnviz.core.config import Config
-from attnviz.core.positional import interpolate_grid, rope_cos_sin, sinusoidal
+from attnviz.core.positional import interpolate_grid, rope_cos_sin, sinusoidal, square_grid
 
 ROPE_CACHE_MAX = 8192  # positions precomputed; longer inputs compute their table on the fly
 
@@ -59,9 +59,11 @@ class Transformer(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         if cfg.is_vision:
-            self.patch = nn.Conv2d(cfg.n_channels, d, cfg.patch_size, stride=cfg.patch_size)
-            self.cls = nn.Parameter(torch.zeros(1, 1, d))
-            self.pos = nn.Parameter(torch.zeros(1, 1 + cfg.grid ** 2, d))
+            self.patch = nn.Conv2d(cfg.n_channels, d, cfg.patch_size, stride=cfg.patch_size, bias=cfg.patch_bias)
+            self.cls = nn.Parameter(torch.zeros(1, 1, d)) if cfg.cls_token else None
+            self.distill = nn.Parameter(torch.zeros(1, 1, d)) if cfg.distill_token else None
+            learned = cfg.positional == "learned"
+            self.pos = nn.Parameter(torch.zeros(1, cfg.n_positioned + cfg.grid ** 2, d)) if learned else None
             self.registers = nn.Parameter(torch.zeros(1, cfg.n_registers, d)) if cfg.n_registers else None
         else:
             self.tok = nn.Embedding(cfg.vocab_size, d)
@@ -121,12 +123,16 @@ class Transformer(nn.Module):
         cfg = self.cfg
         B, _, H, W = pixels.shape
         x = self.patch(pixels).flatten(2).transpose(1, 2)  # (B, gh*gw, d)
-        pos = self.pos
-        grid_pos = interpolate_grid(pos[:, 1:], cfg.grid, H // cfg.patch_size, W // cfg.patch_size)
-        x = torch.cat([self.cls.expand(B, -1, -1) + pos[:, :1], x + grid_pos], dim=1)
+        k = cfg.n_positioned                               # CLS and DeiT's distillation token
+        if self.pos is not None:
+            x = x + interpolate_grid(self.pos[:, k:], cfg.grid, H // cfg.patch_size, W // cfg.patch_size)
+        prefix = [t.expand(B, -1, -1) for t in (self.cls, self.distill) if t is not None]
+        if prefix:
+            first = torch.cat(prefix, dim=1)
+            x = torch.cat([first if self.pos is None else first + self.pos[:, :k], x], dim=1)
         if self.registers is not None:  # registers go after CLS and carry no position
-            x = torch.cat([x[:, :1], self.registers.expand(B, -1, -1), x[:, 1:]], dim=1)
-        return x
+            x = torch.cat([x[:, :k], self.registers.expand(B, -1, -1), x[:, k:]], dim=1)
+        return self.emb_norm(x) if self.emb_norm is not None else x
 
     def _rope_table(self, T: int, local: bool = False):
         cfg = self.cfg
@@ -148,6 +154,8 @@ class Transformer(nn.Module):
         cfg = self.cfg
         out = {"allowed": padding_mask(attention_mask) if attention_mask is not None else None,
                "causal": cfg.causal, "rope": None}
+        if cfg.rel_pos_bias:  # BEiT: the patch grid the relative offsets are read on
+            out["rel_grid"] = square_grid(n - cfg.n_prefix)
         if cfg.positional == "rotary":  # absolute positions offset..offset+n-1
             cos, sin = self.rope(offset + n)
             out["rope"] = (cos[offset:], sin[offset:])

@@ -338,7 +338,7 @@ def settings(model):
     options = vision.model_resolutions(model)
     if ss.get(K("size")) not in options:
         ss[K("size")] = vision.default_resolution(model)
-    n_prefix = 1 + cfg.n_registers
+    n_prefix = cfg.n_prefix
     with st.sidebar:
         size = st.select_slider(
             "Input resolution", options, key=K("size"),
