@@ -56,7 +56,8 @@ def tiny(family: str, **over):
     model = cls(cfg).eval()
     with torch.no_grad():  # layer-scale, norms and biases start at constants: make them random too
         for name, p in model.named_parameters():
-            if ("lambda1" in name or "norm" in name.lower() or name.endswith("position_embeddings")
+            if ("lambda1" in name or "lambda_" in name or "relative_position" in name or "probe" in name
+                    or "norm" in name.lower() or name.endswith("position_embeddings")
                     or re.search(r"(^|\.)ln_", name) or name.endswith("bias")):
                 p.add_(torch.randn_like(p) * 0.3)
     return model
@@ -136,6 +137,9 @@ VISION_BASE = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layer
                    intermediate_size=37)
 VISION = {
     "deit": ("DeiTModel", "DeiTConfig", {}),
+    "beit": ("BeitModel", "BeitConfig", dict(use_relative_position_bias=True)),
+    "beit_shared": ("BeitModel", "BeitConfig", dict(use_shared_relative_position_bias=True,
+                                                    use_absolute_position_embeddings=True, use_mean_pooling=False)),
 }
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS, *VISION]
@@ -187,7 +191,7 @@ def reference(model, x, head_mask=None):
     try:
         with torch.no_grad():
             if x.is_floating_point():
-                kw = {"interpolate_pos_encoding": True} if isinstance(model, tf.ViTModel) else {}
+                kw = {"interpolate_pos_encoding": True} if isinstance(model, (tf.ViTModel, tf.BeitModel)) else {}
                 out = model(pixel_values=x[None], output_attentions=True, **kw)
             else:
                 out = model(input_ids=x[None], output_attentions=True, output_hidden_states=True)
@@ -330,7 +334,7 @@ def test_pruning_under_a_layer_wide_qk_norm_stays_exact():
         close(part.k_normed, full.k_normed[:, kv], 1e-5)
 
 
-@pytest.mark.parametrize("family,size", [("vit", 48), ("dinov2", 42), ("dinov2", 21)])
+@pytest.mark.parametrize("family,size", [("vit", 48), ("dinov2", 42), ("dinov2", 21), ("beit", 48), ("beit", 24)])
 def test_vision_position_interpolation(family, size):
     hf = tiny(family)
     ours = attnviz.from_hf(hf)
