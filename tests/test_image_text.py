@@ -181,3 +181,114 @@ def test_unsupported_caption_input_is_refused():
         ours.match(pixels(), "a cat")
     with pytest.raises(ValueError, match="empty"):
         ours.match(pixels(), [" "])
+
+
+# ---------------------------------------------------------------- BLIP: text attending to the image
+BLIP_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "photo", "of", "cat", "dog", "the", "on", "mat"]
+
+
+def blip_tokenizer():
+    """BERT's specials around the words: [CLS] ... [SEP]."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(BLIP_WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+                                      pad_token="[PAD]")
+
+
+def tiny_blip():
+    torch.manual_seed(0)
+    text = dict(TOWER, vocab_size=len(BLIP_WORDS) + 3, max_position_embeddings=16, encoder_hidden_size=32,
+                bos_token_id=2, sep_token_id=3, pad_token_id=0)
+    cfg = tf.BlipConfig(text_config=text, vision_config=dict(TOWER, image_size=32, patch_size=8), projection_dim=16)
+    cfg._attn_implementation = cfg.text_config._attn_implementation = cfg.vision_config._attn_implementation = "eager"
+    model = tf.BlipForImageTextRetrieval(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.lower() or name.endswith("bias") or "embedding" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def blip_reference(hf, px, ids, cross_mask=None):
+    hooks = []
+    if cross_mask is not None:
+        for layer, block in enumerate(hf.text_encoder.encoder.layer):
+            def hook(mod, args, layer=layer):
+                (h,) = args
+                return (h * cross_mask[layer].repeat_interleave(h.shape[-1] // cross_mask.shape[1]),)
+            hooks.append(block.crossattention.output.dense.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            image = hf.vision_model(pixel_values=px[None], output_attentions=True)
+            text = hf.text_encoder(input_ids=ids[None], encoder_hidden_states=image.last_hidden_state,
+                                   output_attentions=True)
+            itm = hf(input_ids=ids[None], pixel_values=px[None]).itm_score
+    finally:
+        for h in hooks:
+            h.remove()
+    return image, text, itm
+
+
+@pytest.fixture(scope="module")
+def blip():
+    hf = tiny_blip()
+    return hf, attnviz.from_hf(hf, blip_tokenizer())
+
+
+def test_blip_cross_attention_and_matching_equal_the_reference(blip):
+    hf, ours = blip
+    px = pixels()
+    reading = ours.read(px, "a photo of cat on the mat")
+    image, text, itm = blip_reference(hf, px, reading.ids)
+    assert reading.tokens[0] == "[CLS]" and reading.tokens[-1] == "[SEP]"
+    close(reading.image.hidden, image.last_hidden_state[0])
+    close(reading.image.attentions, torch.stack([a[0] for a in image.attentions]))
+    close(reading.hidden, text.last_hidden_state[0])
+    close(reading.self_attentions, torch.stack([a[0] for a in text.attentions]))
+    close(reading.cross_attentions, torch.stack([a[0] for a in text.cross_attentions]))
+    close(torch.tensor(reading.match), torch.softmax(itm[0], -1)[1])
+    assert reading.patch_attentions.shape == (2, 4, 9, 4, 4)   # 7 words and [CLS], [SEP] over 4 x 4 patches
+
+
+def test_blip_cross_heads_switched_off_and_vision_pruning(blip):
+    hf, ours = blip
+    px = pixels()
+    cross_mask = torch.ones(2, 4)
+    cross_mask[0, 1] = cross_mask[1, 3] = 0.0
+    reading = ours.read(px, "the dog on the mat", cross_mask=cross_mask)
+    _, text, _ = blip_reference(hf, px, reading.ids, cross_mask=cross_mask)
+    close(reading.hidden, text.last_hidden_state[0])
+    close(reading.cross_attentions, torch.stack([a[0] for a in text.cross_attentions]))  # masked heads still shown
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    keep[0, 2] = False
+    small = ours.prune(keep)
+    assert small.num_params() < ours.num_params()
+    close(small.read(px, "a cat").hidden, ours.read(px, "a cat", head_mask=keep.float()).hidden, 1e-5)
+    with pytest.raises(ValueError, match="cross_mask must be"):
+        ours.read(px, "a cat", cross_mask=torch.ones(3, 4))
+
+
+def test_blip_folder_and_hub_cache_round_trip(tmp_path, monkeypatch):
+    root = tmp_path / "hf" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(hub, "HfApi", None)
+    monkeypatch.setattr(hub, "snapshot_download", None)
+    folder = tmp_path / "blip"
+    hf = save_blip(folder)
+    px = pixels()
+    from_folder = attnviz.load_model(str(folder))
+    reading = from_folder.read(px, "a photo of dog")
+    _, text, _ = blip_reference(hf, px, reading.ids)
+    close(reading.hidden, text.last_hidden_state[0])
+    lay_out(root, "org/blip", folder)
+    by_name = attnviz.load_model("org/blip")
+    close(by_name.read(px, "a photo of dog").cross_attentions, reading.cross_attentions)
+
+
+def save_blip(folder):
+    hf = tiny_blip()
+    hf.save_pretrained(folder)
+    blip_tokenizer().save_pretrained(folder)
+    return hf

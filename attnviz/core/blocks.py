@@ -37,7 +37,7 @@ class Attention(nn.Module):
     """
 
     def __init__(self, cfg: Config, heads: list[int] | None = None, kv_heads: list[int] | None = None,
-                 fused: bool = True, layer: int = 0):
+                 fused: bool = True, layer: int = 0, source_width: int | None = None):
         super().__init__()
         # how this layer scores: the config's structural fields, read once here and nowhere else
         self.scale = cfg.attn_scale or None            # None: 1/√d_head, the kernels' own default
@@ -60,7 +60,8 @@ class Attention(nn.Module):
         if fused:
             self.qkv = Linear(d, h + 2 * hkv, bias=cfg.qkv_bias)
         else:
-            self.q, self.kv = Linear(d, h, bias=cfg.qkv_bias), Linear(d, 2 * hkv, bias=cfg.qkv_bias)
+            # `source_width`: keys and values read another width than the queries (BLIP's text over a wider image)
+            self.q, self.kv = Linear(d, h, bias=cfg.qkv_bias), Linear(source_width or d, 2 * hkv, bias=cfg.qkv_bias)
         self.fused = fused
         self.out = Linear(self.n_heads * cfg.d_head, d, bias=cfg.out_bias)
         # Buffers are built on the CPU explicitly: `Transformer.from_state` constructs on "meta".

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import TASKS, Config
-from attnviz.weights.families import (bart, beit, bergamot, bert, bloom, clip, deit, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2,
+from attnviz.weights.families import (bart, beit, bergamot, bert, blip, bloom, clip, deit, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2,
                                       gpt_neo, gpt_neox, gptj, llama, marian, mistral, mixtral, olmo2, opt, phi, phi3,
                                       qwen2, qwen3, qwen3_moe, siglip, vit, whisper)
 from attnviz.weights.mapper import get
@@ -59,6 +59,7 @@ FAMILIES = {f.NAME: f for f in (
     beit,
     clip,
     siglip,
+    blip,
     marian,
     bart,
     bergamot,
