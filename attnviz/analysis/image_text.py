@@ -46,3 +46,14 @@ def text_reads(match: Match, i: int) -> tuple[list[str], torch.Tensor]:
     if not 0 <= i < len(match.texts):
         raise ValueError(f"caption {i} is outside 0..{len(match.texts) - 1}")
     return match.texts[i].tokens, match.text_reads[i].float().mean(1)
+
+
+def cross_mask(off: list[str], n_layers: int, n_heads: int) -> torch.Tensor:
+    """Head names "L{layer}.H{head}" switched off -> a float [n_layers, n_heads] mask (1 keeps)."""
+    mask = torch.ones(n_layers, n_heads)
+    for name in off:
+        layer, _, head = str(name).removeprefix("L").partition(".H")
+        if not (layer.isdigit() and head.isdigit() and int(layer) < n_layers and int(head) < n_heads):
+            raise ValueError(f"{name!r} is not a head of this text encoder (L0.H0 .. L{n_layers - 1}.H{n_heads - 1})")
+        mask[int(layer), int(head)] = 0.0
+    return mask

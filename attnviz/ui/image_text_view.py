@@ -1,6 +1,7 @@
 """The Images page's views for models that read text as well as the photo: a two-tower model
 (CLIP, SigLIP) scores captions typed by the user against the photo and shows which patches and
-which words each tower's pooled token reads.
+which words each tower's pooled token reads; a text encoder over the image (BLIP's matching) shows
+each word's cross-attention over the patches, per head, with cross-attention heads switchable.
 
 `views(model)` gives the page {label: view function(view, trace, off, head_mask)} for the model
 (none for a vision-only model); the page draws them beside its own.
@@ -8,16 +9,19 @@ which words each tower's pooled token reads.
 from __future__ import annotations
 
 import streamlit as st
+import torch
 
 from attnviz.analysis import image_text
 from attnviz.base.names import session_key
 from attnviz.core.dual import DualModel
+from attnviz.core.matcher import Matcher
 from attnviz.figures import image_figures, image_text_figures, render
 from attnviz.figures.attention_figures import head_heatmap
 from attnviz.ui import common, shared_view
 
 PAGE = "images"
 CAPTIONS_VIEW = "Image ↔ captions"
+WORDS_VIEW = "Words → patches"
 DEFAULT_CAPTIONS = "a photo of a cat\na photo of a dog\na photo of a rocket"
 
 
@@ -27,7 +31,9 @@ def K(name: str) -> str:
 
 def views(model) -> dict:
     """The extra views this model has on the Images page."""
-    return {CAPTIONS_VIEW: captions_view} if isinstance(model, DualModel) else {}
+    if isinstance(model, DualModel):
+        return {CAPTIONS_VIEW: captions_view}
+    return {WORDS_VIEW: words_view} if isinstance(model, Matcher) else {}
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -100,3 +106,49 @@ def text_side(model, match):
     st.plotly_chart(head_heatmap(tr.attentions[layer, head], tokens, causal=causal,
                                  title=f"text layer {layer}, head {head}" + (" (causal)" if causal else "")),
                     key=K("text_heatmap"))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def read(model_key: str, trace_key: str, text: str, cross_key: bytes, _model, _trace, _cross_mask):
+    """The text read against the photo's trace, its switched-off cross-attention heads applied."""
+    return _model.read(None, text, cross_mask=_cross_mask, trace=_trace)
+
+
+def words_view(view, tr, off, head_mask):
+    model = view.model
+    cfg = model.text_cfg
+    st.session_state.setdefault(K("blip_text"), "a photo of a cat")
+    text = st.text_input("Text read against the photo", **shared_view.linked(K("blip_text"), chars=300))
+    heads = [f"L{layer}.H{head}" for layer in range(cfg.n_layers) for head in range(cfg.n_heads)]
+    off_names = st.multiselect("Cross-attention heads switched off", **shared_view.linked(
+        K("cross_off"), options=heads, kind=list), help="the text encoder's heads that read the image")
+    try:
+        cross = image_text.cross_mask(off_names, cfg.n_layers, cfg.n_heads)
+        mask_key = "all" if head_mask is None else head_mask.numpy().tobytes().hex()
+        trace_key = f"{view.image_key}:{view.fit}:{view.size}:{mask_key}"
+        reading = read(model.info.key, trace_key, text, cross.numpy().tobytes(), model, tr,
+                       cross if (cross == 0).any() else None)
+        every = torch.ones_like(cross)
+        full = read(model.info.key, trace_key, text, every.numpy().tobytes(), model, tr, None)
+    except ValueError as err:
+        st.error(common.plain(str(err)))
+        return
+    n_off = int((cross == 0).sum())
+    st.metric("P(text matches photo)", f"{reading.match:.4f}",
+              delta=f"{reading.match - full.match:+.4f} with {n_off} cross-attention heads off" if n_off else None,
+              help="the matching head's softmax on the first token, after the text has read the photo")
+    cols = st.columns(2)
+    n = len(reading.tokens)
+    word = cols[0].selectbox("Word (query)", **shared_view.linked(K("word"), options=list(range(n))),
+                             format_func=lambda i: f"{i}: {reading.tokens[i]}")
+    word = min(int(word or 0), n - 1)
+    layer = cols[1].slider("Text layer", **shared_view.linked(K("cross_layer"), bounds=(0, cfg.n_layers - 1)))
+    maps = reading.patch_attentions[layer]                                   # (H, n, gh, gw)
+    heads_off = (cross == 0)[layer:layer + 1]
+    st.image(image_figures.head_overlays(view.shown, maps[:, word][None], [layer], tile=160, alpha=view.alpha,
+                                         off=heads_off),
+             caption=f"“{common.plain(reading.tokens[word])}” as the query, the photo as keys and values: "
+                     f"its cross-attention per head of text layer {layer} (each tile its own range)")
+    st.image([render.overlay_patch_map(view.shown, maps[:, i].mean(0), view.alpha) for i in range(n)],
+             caption=[common.plain(t) for t in reading.tokens], width=120)
+    st.caption("Each word's cross-attention over the patches in this layer, mean over heads (each its own range).")
