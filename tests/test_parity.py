@@ -411,3 +411,17 @@ def test_gpt_neo_attention_types_are_read_or_refused_by_name():
         gpt_neo.config(dict(hf, attention_types=[[["global", "sparse"], 1], [["local"], 1]]), {})
     with pytest.raises(ValueError, match="lists 2 layers"):
         gpt_neo.config(dict(hf, attention_types=[[["global", "local"], 1]]), {})
+
+
+@pytest.mark.parametrize("family", ["beit", "beit_shared"])
+def test_relative_position_bias_is_read_by_analyses_from_the_block(family):
+    """BEiT's bias lives in the attention module: what a block explains (`Scored`) gives the
+    traced weights, whole and row by row, at the trained grid and at another."""
+    hf = tiny(family)
+    ours = attnviz.from_hf(hf)
+    for side in (32, 48):
+        tr = ours.trace(inputs(hf, side), states=True)
+        for layer in range(ours.cfg.n_layers):
+            scored = ours.net.blocks[layer].explain(tr.states[layer][None], **ours.net.shared(tr.n))
+            close(scored.weights()[0], tr.attentions[layer], 1e-5)
+            close(scored.weights(3, 7)[0], tr.attentions[layer][:, 3:7], 1e-5)
