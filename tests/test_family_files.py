@@ -9,7 +9,7 @@ import torch
 import attnviz
 from attnviz.weights import hub
 from tests.hub_cache import lay_out, model_folder
-from tests.test_parity import DECODERS, ENCODERS, TOL, VOCAB, tiny
+from tests.test_parity import DECODERS, ENCODERS, TOL, VISION, VOCAB, inputs, reference, tiny
 
 ROWS = ["llama", *DECODERS]
 
@@ -180,3 +180,18 @@ def test_encoder_folder_and_hub_cache_round_trip(row, cache, tmp_path):
         if hasattr(out, "logits"):
             assert (tr.logits - out.logits[0]).abs().max() < TOL
         assert model.has_tokenizer   # the folder's own tokenizer came with it
+
+
+# ---------------------------------------------------------------- vision families
+@pytest.mark.parametrize("row", list(VISION))
+def test_vision_folder_and_hub_cache_round_trip(row, cache, tmp_path):
+    folder = tmp_path / row
+    hf = model_folder(folder, row)
+    x = inputs(hf)
+    want, _, _ = reference(hf, x)
+    from_folder = attnviz.load_model(str(folder))
+    assert (from_folder.trace(x).hidden - want).abs().max() < TOL
+    lay_out(cache, f"org/{row}", folder)
+    by_name = attnviz.load_model(f"org/{row}")
+    assert by_name.cfg == from_folder.cfg
+    assert (by_name.trace(x).hidden - want).abs().max() < TOL

@@ -42,6 +42,10 @@ def tiny(family: str, **over):
                               num_attention_heads=4, mlp_ratio=2, layerscale_value=0.5,
                               use_swiglu_ffn=family == "dinov2_swiglu")
         cls = tf.Dinov2Model
+    elif family in VISION:
+        cls_name, make, fields = VISION[family]
+        cfg = getattr(tf, make)(**{**VISION_BASE, **fields, **over})
+        cls = getattr(tf, cls_name)
     elif family in DECODERS:
         cls_name, make, fields = DECODERS[family]
         cfg = getattr(tf, make)(**{**DECODER_BASE, **fields, **over})
@@ -56,7 +60,8 @@ def tiny(family: str, **over):
     model = cls(cfg).eval()
     with torch.no_grad():  # layer-scale, norms and biases start at constants: make them random too
         for name, p in model.named_parameters():
-            if ("lambda1" in name or "norm" in name.lower() or name.endswith("position_embeddings")
+            if ("lambda1" in name or "lambda_" in name or "relative_position" in name or "probe" in name
+                    or "norm" in name.lower() or name.endswith("position_embeddings")
                     or re.search(r"(^|\.)ln_", name) or name.endswith("bias")):
                 p.add_(torch.randn_like(p) * 0.3)
     return model
@@ -174,10 +179,20 @@ ENCODERS = {
         relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=6, max_relative_positions=12,
         legacy=False, position_biased_input=False, initializer_range=0.2)),
 }
+# The vision families: a row each, as DECODERS. The two-tower and image-text families (CLIP,
+# SigLIP, BLIP) are checked tower by tower in tests/test_image_text.py.
+VISION_BASE = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=37)
+VISION = {
+    "deit": ("DeiTModel", "DeiTConfig", {}),
+    "beit": ("BeitModel", "BeitConfig", dict(use_relative_position_bias=True)),
+    "beit_shared": ("BeitModel", "BeitConfig", dict(use_shared_relative_position_bias=True,
+                                                    use_absolute_position_embeddings=True, use_mean_pooling=False)),
+}
 ENCODER_MLMS = [r for r, (cls_name, _, _) in ENCODERS.items() if cls_name.endswith("MaskedLM")]
 LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS, *ENCODER_MLMS]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS,
-            *ENCODERS]
+            *ENCODERS, *VISION]
 
 
 # Options a family has that we do not implement: each refused by its name, never ignored
@@ -203,7 +218,7 @@ def test_gptj_without_rotary_dim_is_refused_by_name():
 
 
 def inputs(model, size=None):
-    if isinstance(model, (tf.ViTModel, tf.Dinov2Model)):
+    if model.main_input_name == "pixel_values":
         side = size or model.config.image_size
         torch.manual_seed(1)
         return torch.randn(3, side, side)
@@ -226,7 +241,7 @@ def reference(model, x, head_mask=None):
     try:
         with torch.no_grad():
             if x.is_floating_point():
-                kw = {"interpolate_pos_encoding": True} if isinstance(model, tf.ViTModel) else {}
+                kw = {"interpolate_pos_encoding": True} if isinstance(model, (tf.ViTModel, tf.BeitModel)) else {}
                 out = model(pixel_values=x[None], output_attentions=True, **kw)
             else:
                 out = model(input_ids=x[None], output_attentions=True, output_hidden_states=True)
@@ -370,7 +385,7 @@ def test_pruning_under_a_layer_wide_qk_norm_stays_exact():
         close(part.k_normed, full.k_normed[:, kv], 1e-5)
 
 
-@pytest.mark.parametrize("family,size", [("vit", 48), ("dinov2", 42), ("dinov2", 21)])
+@pytest.mark.parametrize("family,size", [("vit", 48), ("dinov2", 42), ("dinov2", 21), ("beit", 48), ("beit", 24)])
 def test_vision_position_interpolation(family, size):
     hf = tiny(family)
     ours = attnviz.from_hf(hf)
@@ -503,3 +518,17 @@ def test_log_buckets_are_debertas(span, max_position):
     from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
     d = torch.arange(-3 * max_position, 3 * max_position + 1)
     assert torch.equal(log_bucket(d, span, max_position), make_log_bucket_position(d, span, max_position).long())
+
+
+@pytest.mark.parametrize("family", ["beit", "beit_shared"])
+def test_relative_position_bias_is_read_by_analyses_from_the_block(family):
+    """BEiT's bias lives in the attention module: what a block explains (`Scored`) gives the
+    traced weights, whole and row by row, at the trained grid and at another."""
+    hf = tiny(family)
+    ours = attnviz.from_hf(hf)
+    for side in (32, 48):
+        tr = ours.trace(inputs(hf, side), states=True)
+        for layer in range(ours.cfg.n_layers):
+            scored = ours.net.blocks[layer].explain(tr.states[layer][None], **ours.net.shared(tr.n))
+            close(scored.weights()[0], tr.attentions[layer], 1e-5)
+            close(scored.weights(3, 7)[0], tr.attentions[layer][:, 3:7], 1e-5)

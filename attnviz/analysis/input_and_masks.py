@@ -86,7 +86,7 @@ def patch_tokens(model, photo, size: int | None = None) -> PatchTokens:
         # the same embedding as one matrix product: patch i flattened (c, y, x) times the kernel
         flat = px.reshape(3, gh, p, gw, p).permute(1, 3, 0, 2, 4).reshape(gh * gw, 3 * p * p)
         weight = net.patch.weight.reshape(cfg.d_model, -1)                # (d, 3 P P)
-        as_matmul = flat @ weight.T + net.patch.bias
+        as_matmul = flat @ weight.T + (net.patch.bias if net.patch.bias is not None else 0)
         position = embedded[n_prefix:] - conv                             # (gh*gw, d)
     mean = torch.tensor(model.image_mean).view(3, 1, 1)
     std = torch.tensor(model.image_std).view(3, 1, 1)

@@ -70,7 +70,7 @@ def attention_bytes(side: int, model: Model) -> int:
     ViT-S at 448 px: 302 MB; ViT-B/8 would need 5.7 GB, so sides past LIMITS.image_attention_mb
     are not offered)."""
     c = model.cfg
-    return c.n_layers * c.n_heads * token_count(side, c.patch_size, 1 + c.n_registers) ** 2 * 4
+    return c.n_layers * c.n_heads * token_count(side, c.patch_size, c.n_prefix) ** 2 * 4
 
 
 def model_resolutions(model: Model, budget: int | None = None) -> list[int]:
@@ -105,9 +105,11 @@ def cls_maps(trace: Trace) -> torch.Tensor:
     """Attention from CLS to every patch, per captured layer and head: [L, H, gh, gw].
 
     CLS and registers are dropped as keys, so a map shows how CLS spreads over the image only
-    (its rows then sum to 1 minus what CLS put on prefix tokens)."""
+    (its rows then sum to 1 minus what CLS put on prefix tokens). A model without a CLS token
+    (SigLIP's vision tower, whose pooling head reads the patches instead): the mean over every
+    patch's row, what the patches read on average."""
     attn = _attentions(trace)                                   # (L, H, n, n)
-    return stats.to_patch_grid(attn[:, :, 0, :], trace.n_prefix, trace.grid)
+    return stats.to_patch_grid(attn[:, :, 0, :] if trace.n_prefix else attn.mean(2), trace.n_prefix, trace.grid)
 
 
 def patch_token(trace: Trace, row: int, col: int) -> int:
@@ -152,7 +154,7 @@ def rollout_map(trace: Trace, head_mask=None, residual: bool = True, discount=No
     if discount is not None:
         attn = discount_tokens(attn, discount)
     flow = stats.rollout(attn, residual=residual, head_mask=head_mask)      # (n, n)
-    return stats.to_patch_grid(flow[0], trace.n_prefix, trace.grid)
+    return stats.to_patch_grid(flow[0] if trace.n_prefix else flow.mean(0), trace.n_prefix, trace.grid)
 
 
 def attention_distance_px(trace: Trace, patch_size: int) -> torch.Tensor:

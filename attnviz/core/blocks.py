@@ -22,7 +22,7 @@ from attnviz.core.attention import SOFTMAX, Variant, attend
 from attnviz.core.config import Config
 from attnviz.core.layers import (ACTIVATIONS, MLP, Experts, HeadsRMSNorm, LayerScale, Linear, RMSNorm, frozen,
                                  make_norm)
-from attnviz.core.positional import alibi_slopes, apply_rope, disentangled_terms
+from attnviz.core.positional import alibi_slopes, apply_rope, disentangled_terms, relative_bias
 from attnviz.core.scored import Scored
 
 __all__ = ["ACTIVATIONS", "Attention", "Block", "BlockStep", "Linear", "MLP", "RMSNorm", "iter_layers", "make_norm"]
@@ -37,7 +37,7 @@ class Attention(nn.Module):
     """
 
     def __init__(self, cfg: Config, heads: list[int] | None = None, kv_heads: list[int] | None = None,
-                 fused: bool = True, layer: int = 0):
+                 fused: bool = True, layer: int = 0, source_width: int | None = None):
         super().__init__()
         # how this layer scores: the config's structural fields, read once here and nowhere else
         self.scale = cfg.attn_scale or None            # None: 1/√d_head, the kernels' own default
@@ -60,7 +60,8 @@ class Attention(nn.Module):
         if fused:
             self.qkv = Linear(d, h + 2 * hkv, bias=cfg.qkv_bias)
         else:
-            self.q, self.kv = Linear(d, h, bias=cfg.qkv_bias), Linear(d, 2 * hkv, bias=cfg.qkv_bias)
+            # `source_width`: keys and values read another width than the queries (BLIP's text over a wider image)
+            self.q, self.kv = Linear(d, h, bias=cfg.qkv_bias), Linear(source_width or d, 2 * hkv, bias=cfg.qkv_bias)
         self.fused = fused
         self.out = Linear(self.n_heads * cfg.d_head, d, bias=cfg.out_bias)
         # Buffers are built on the CPU explicitly: `Transformer.from_state` constructs on "meta".
@@ -78,13 +79,17 @@ class Attention(nn.Module):
         own = cfg.disentangled and not cfg.rel_shared_proj
         self.pos_q = Linear(d, h) if own and "p2c" in cfg.disentangled else None
         self.pos_k = Linear(d, h) if own and "c2p" in cfg.disentangled else None
+        # BEiT: a learned bias per head by 2-D patch offset, on the trained grid (columns: this layer's heads)
+        self.trained_grid = (cfg.grid, cfg.grid)
+        self.rel_bias = (nn.Parameter(torch.zeros((2 * cfg.grid - 1) ** 2 + 3, self.n_heads))
+                         if cfg.rel_pos_bias else None)
         # Uniform grouping lets the fused kernel handle GQA; a pruned, uneven one indexes K/V explicitly.
         self.uniform_groups = (self.n_kv > 0 and self.n_heads % self.n_kv == 0 and
                                kv_of_head == [i // (self.n_heads // self.n_kv) for i in range(self.n_heads)])
 
     def forward(self, x, *, rope=None, allowed=None, causal=False, head_mask=None,
                 need_weights=False, variant: Variant = SOFTMAX, heads_out=None, head_fill=None, past=None,
-                kv=None, patch=None, rope_local=None, position_bias=None, rel_pos=None):
+                kv=None, patch=None, rope_local=None, position_bias=None, rel_pos=None, rel_grid=None):
         """`past`: this layer's K/V cache, a dict ("k", "v": (B, hkv, S, dh), rope applied) that is
         extended in place (incremental decoding); `kv`: keys and values computed once from another
         source (`keys_values`: cross-attention), then only the queries come from x; `heads_out`: a
@@ -108,7 +113,7 @@ class Attention(nn.Module):
             if "k" in past:
                 k, v = torch.cat([past["k"], k], 2), torch.cat([past["v"], v], 2)  # (B, hkv, S, dh)
             past["k"], past["v"] = k, v
-        bias = self.score_bias(k.shape[2], position_bias)
+        bias = self.score_bias(k.shape[2], position_bias, rel_grid)
         if self.terms and rel_pos is not None:
             bias = sum(self.position_terms(q, k, rel_pos).values())
         if not self.uniform_groups:
@@ -128,12 +133,17 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, -1)      # (B, T, h*dh)
         return self.out(y), att
 
-    def score_bias(self, S: int, position_bias=None):
+    def score_bias(self, S: int, position_bias=None, rel_grid=None):
         """What each of this layer's heads adds to its scaled scores: ALiBi's slope · key position
         (1, h, 1, S), the keys at positions 0..S-1 (a cached prefix's included), as BLOOM builds it
         (softmax ignores the part that is constant along a row, so this is -slope · distance up to
-        that); or this layer's heads' rows of a relative-position bias (1, h, T, S) the model
-        shares among its layers (MPNet); None without either."""
+        that); this layer's heads' rows of a relative-position bias (1, h, T, S) the model shares
+        among its layers (MPNet); BEiT's own relative position bias on the patch grid `rel_grid`
+        (1, h, S, S); None without any."""
+        if self.rel_bias is not None:
+            if rel_grid is None:
+                raise ValueError("a relative position bias needs the patch grid (Transformer.shared gives it)")
+            return relative_bias(self.rel_bias, self.trained_grid, rel_grid)[None]
         if position_bias is not None:
             return position_bias[:, self.heads]
         if self.slopes is None:
@@ -192,14 +202,14 @@ class Attention(nn.Module):
         return q, k, v
 
     def explain(self, x, *, rope=None, rope_local=None, allowed=None, causal=False, position_bias=None,
-                rel_pos=None, **_) -> Scored:
+                rel_pos=None, rel_grid=None, **_) -> Scored:
         """What this layer computes for x (B, T, d), its input: the queries, keys and values as
         scored, with the scale, cap, window and mask it applies (see `Scored`), so analyses read
         the attention instead of rebuilding it."""
         steps: dict = {}
         rope = rope_local if self.local_rope else rope
         q, k, v = self.project(x, rope, steps)
-        bias, parts = self.score_bias(k.shape[2], position_bias), None
+        bias, parts = self.score_bias(k.shape[2], position_bias, rel_grid), None
         if self.terms and rel_pos is not None:
             parts = self.position_terms(q, k, rel_pos)
             bias = sum(parts.values())

@@ -84,6 +84,10 @@ class Config:
     n_channels: int = 3
     layer_scale: bool = False    # DINOv2
     n_registers: int = 0
+    cls_token: bool = True       # a learned CLS token before the patches (SigLIP's vision tower has none)
+    distill_token: bool = False  # DeiT: a second learned token after CLS, with a position of its own
+    patch_bias: bool = True      # the patch embedding's bias (CLIP's has none)
+    rel_pos_bias: bool = False   # BEiT: each layer adds a learned per-head bias, by 2-D patch offset, to its scores
     head_dims: tuple[int, ...] | None = None  # per-layer query heads after pruning; None: n_heads everywhere
     kv_dims: tuple[int, ...] | None = None    # per-layer K/V heads after pruning
 
@@ -127,6 +131,16 @@ class Config:
     @property
     def is_vision(self) -> bool:
         return self.task == "vision"
+
+    @property
+    def n_positioned(self) -> int:
+        """Tokens before the patches that carry a learned position (vision: CLS, DeiT's distillation token)."""
+        return int(self.cls_token) + int(self.distill_token)
+
+    @property
+    def n_prefix(self) -> int:
+        """Tokens before the patches (vision): CLS, the distillation token, registers."""
+        return self.n_positioned + self.n_registers
 
     @property
     def group(self) -> int:

@@ -79,12 +79,15 @@ class CrossBlock(nn.Module):
     mask, fill, variant, captured weights and `patch` (see `Attention.forward`) are the
     cross-attention's; `self_head_mask` and `self_weights_out` the self-attention's."""
 
-    def __init__(self, cfg: Config, mixer: str):
+    def __init__(self, cfg: Config, mixer: str, causal: bool = True, source_width: int | None = None):
+        """`causal=False`: the self-attention reads every position (a text encoder over an image,
+        BLIP's); `source_width`: the width of what cross-attention reads, when not d_model."""
         super().__init__()
         self.pre_norm, self.relu = cfg.pre_norm, cfg.activation == "relu"
+        self.causal = causal
         # built in this order (cross-attention and MLP first): a seeded model starts from the same
         # random weights as before the decoders shared the block runner
-        self.cross = Attention(cfg, fused=False)
+        self.cross = Attention(cfg, fused=False, source_width=source_width)
         self.norm_cross = make_norm(cfg)
         self.mlp = MLP(cfg)
         self.norm_ffn = make_norm(cfg)
@@ -106,7 +109,7 @@ class CrossBlock(nn.Module):
             x = self.norm_ssru(x + self.ssru(x, past))
         else:
             h = self.norm_self(x) if self.pre_norm else x
-            a, s_att = self.self_attn(h, causal=True, head_mask=self_head_mask, past=past,
+            a, s_att = self.self_attn(h, causal=self.causal, head_mask=self_head_mask, past=past,
                                       need_weights=self_weights_out is not None)
             if self_weights_out is not None:
                 self_weights_out.append(s_att)

@@ -15,6 +15,7 @@ ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
     "relu": F.relu,
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),   # CLIP's approximation, as trained
 }
 
 

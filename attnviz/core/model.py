@@ -137,7 +137,8 @@ class Model(BaseModel):
                 raise ValueError(f"model {self.info.key!r} takes images, not text")
             px = self.pixels(x, image_size)
             gh, gw = px.shape[1] // cfg.patch_size, px.shape[2] // cfg.patch_size
-            prefix = ["CLS"] + [f"reg{i}" for i in range(cfg.n_registers)]
+            prefix = (["CLS"] * cfg.cls_token + ["DIST"] * cfg.distill_token
+                      + [f"reg{i}" for i in range(cfg.n_registers)])
             toks = prefix + [f"p{r},{c}" for r in range(gh) for c in range(gw)]
             special = torch.zeros(len(toks), dtype=torch.bool)
             special[: len(prefix)] = True

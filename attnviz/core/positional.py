@@ -193,3 +193,39 @@ def disentangled_terms(q, k, pos_q, pos_k, index) -> dict[str, torch.Tensor]:
     if pos_q is not None:
         out["p2c"] = torch.gather(k @ pos_q.transpose(-1, -2), -1, index.T.expand(B, h, T, T)).transpose(-1, -2)
     return out
+
+
+def square_grid(n_patches: int) -> tuple[int, int]:
+    """The (side, side) grid of n patches; ValueError when n is not a square (a relative
+    position bias is read on a square grid here)."""
+    side = math.isqrt(max(n_patches, 0))
+    if side < 1 or side * side != n_patches:
+        raise ValueError(f"a relative position bias needs a square grid of patches; got {n_patches} patches")
+    return side, side
+
+
+def relative_index(grid: tuple[int, int]) -> torch.Tensor:
+    """(1 + gh*gw, 1 + gh*gw) long: each (query, key) pair's row in a BEiT relative position table
+    of (2gh-1)(2gw-1) patch offsets, then three rows: CLS to a patch, a patch to CLS, CLS to CLS."""
+    gh, gw = grid
+    n_offsets = (2 * gh - 1) * (2 * gw - 1)
+    coords = torch.stack(torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")).flatten(1)  # (2, P)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)                          # (P, P, 2)
+    index = torch.zeros(gh * gw + 1, gh * gw + 1, dtype=torch.long)
+    index[1:, 1:] = (rel[..., 0] + gh - 1) * (2 * gw - 1) + rel[..., 1] + gw - 1
+    index[0, :], index[:, 0], index[0, 0] = n_offsets, n_offsets + 1, n_offsets + 2
+    return index
+
+
+def relative_bias(table: torch.Tensor, trained: tuple[int, int], grid: tuple[int, int]) -> torch.Tensor:
+    """A BEiT relative position table ((2th-1)(2tw-1) + 3, h), learned on the `trained` grid ->
+    the (h, 1 + gh*gw, 1 + gh*gw) bias of a `grid` of patches: the patch-offset part resized
+    bilinearly as transformers does (unchanged on the trained grid), the three CLS rows as they are."""
+    th, tw = 2 * trained[0] - 1, 2 * trained[1] - 1
+    nh, nw = 2 * grid[0] - 1, 2 * grid[1] - 1
+    offsets = table[: th * tw]
+    if (nh, nw) != (th, tw):
+        offsets = offsets.reshape(1, tw, th, -1).permute(0, 3, 1, 2)
+        offsets = F.interpolate(offsets, size=(nh, nw), mode="bilinear").permute(0, 2, 3, 1).reshape(nh * nw, -1)
+    full = torch.cat([offsets, table[th * tw:]])
+    return full[relative_index(grid)].permute(2, 0, 1)                                        # (h, n, n)

@@ -73,5 +73,7 @@ def prune(net: Transformer, keep, kept: torch.Tensor) -> tuple[Transformer, torc
         if p + "qkv.bias" in state:
             state[p + "qkv.bias"] = state[p + "qkv.bias"][sel]
         state[p + "out.weight"] = state[p + "out.weight"][:, torch.tensor(rows(q_idx, 0), dtype=torch.long)]
+        if p + "rel_bias" in state:  # a relative position bias: one column per head
+            state[p + "rel_bias"] = state[p + "rel_bias"][:, torch.tensor(q_idx, dtype=torch.long)]
     # clone: the new model owns its tensors, so nothing done to it can reach the original
     return Transformer.from_state(new_cfg, {k: v.clone() for k, v in state.items()}, heads, kv_heads), keep

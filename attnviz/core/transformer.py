@@ -17,7 +17,8 @@ from attnviz.core.attention import padding_mask
 from attnviz.core.base_model import adopt_state
 from attnviz.core.blocks import ACTIVATIONS, Block, Linear, iter_layers, make_norm
 from attnviz.core.config import Config
-from attnviz.core.positional import interpolate_grid, relative_bucket, relative_index, rope_cos_sin, sinusoidal
+from attnviz.core.positional import (interpolate_grid, relative_bucket, relative_index, rope_cos_sin, sinusoidal,
+                                       square_grid)
 
 ROPE_CACHE_MAX = 8192  # positions precomputed; longer inputs compute their table on the fly
 
@@ -59,9 +60,11 @@ class Transformer(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         if cfg.is_vision:
-            self.patch = nn.Conv2d(cfg.n_channels, d, cfg.patch_size, stride=cfg.patch_size)
-            self.cls = nn.Parameter(torch.zeros(1, 1, d))
-            self.pos = nn.Parameter(torch.zeros(1, 1 + cfg.grid ** 2, d))
+            self.patch = nn.Conv2d(cfg.n_channels, d, cfg.patch_size, stride=cfg.patch_size, bias=cfg.patch_bias)
+            self.cls = nn.Parameter(torch.zeros(1, 1, d)) if cfg.cls_token else None
+            self.distill = nn.Parameter(torch.zeros(1, 1, d)) if cfg.distill_token else None
+            learned = cfg.positional == "learned"
+            self.pos = nn.Parameter(torch.zeros(1, cfg.n_positioned + cfg.grid ** 2, d)) if learned else None
             self.registers = nn.Parameter(torch.zeros(1, cfg.n_registers, d)) if cfg.n_registers else None
         else:
             e = cfg.embed_width
@@ -141,12 +144,16 @@ class Transformer(nn.Module):
         cfg = self.cfg
         B, _, H, W = pixels.shape
         x = self.patch(pixels).flatten(2).transpose(1, 2)  # (B, gh*gw, d)
-        pos = self.pos
-        grid_pos = interpolate_grid(pos[:, 1:], cfg.grid, H // cfg.patch_size, W // cfg.patch_size)
-        x = torch.cat([self.cls.expand(B, -1, -1) + pos[:, :1], x + grid_pos], dim=1)
+        k = cfg.n_positioned                               # CLS and DeiT's distillation token
+        if self.pos is not None:
+            x = x + interpolate_grid(self.pos[:, k:], cfg.grid, H // cfg.patch_size, W // cfg.patch_size)
+        prefix = [t.expand(B, -1, -1) for t in (self.cls, self.distill) if t is not None]
+        if prefix:
+            first = torch.cat(prefix, dim=1)
+            x = torch.cat([first if self.pos is None else first + self.pos[:, :k], x], dim=1)
         if self.registers is not None:  # registers go after CLS and carry no position
-            x = torch.cat([x[:, :1], self.registers.expand(B, -1, -1), x[:, 1:]], dim=1)
-        return x
+            x = torch.cat([x[:, :k], self.registers.expand(B, -1, -1), x[:, k:]], dim=1)
+        return self.emb_norm(x) if self.emb_norm is not None else x
 
     def _rope_table(self, T: int, local: bool = False):
         cfg = self.cfg
@@ -176,6 +183,8 @@ class Transformer(nn.Module):
             emb = self.rel_emb.weight
             out["rel_pos"] = (emb if self.rel_norm is None else self.rel_norm(emb),
                               relative_index(n, cfg.rel_span, cfg.rel_log_max).to(emb.device))
+        if cfg.rel_pos_bias:  # BEiT: the patch grid the relative offsets are read on
+            out["rel_grid"] = square_grid(n - cfg.n_prefix)
         if cfg.positional == "rotary":  # absolute positions offset..offset+n-1
             cos, sin = self.rope(offset + n)
             out["rope"] = (cos[offset:], sin[offset:])

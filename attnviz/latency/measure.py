@@ -125,12 +125,12 @@ def load(spec: str):
 
 def grid_side(cfg, n: int) -> int:
     """Patches per side of the square image nearest to n tokens (class token and registers included)."""
-    return max(1, round(math.sqrt(max(n - 1 - cfg.n_registers, 1))))
+    return max(1, round(math.sqrt(max(n - cfg.n_prefix, 1))))
 
 
 def token_count(cfg, n: int) -> int:
     """The tokens a forward pass on n runs: n, or for a vision model its nearest square grid."""
-    return 1 + cfg.n_registers + grid_side(cfg, n) ** 2 if cfg.is_vision else n
+    return cfg.n_prefix + grid_side(cfg, n) ** 2 if cfg.is_vision else n
 
 
 def model_inputs(model, n: int) -> tuple[dict, int]:

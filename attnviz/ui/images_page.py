@@ -20,7 +20,7 @@ from attnviz.core import pixels
 from attnviz.figures import image_figures
 from attnviz.figures import render
 from attnviz.figures.attention_figures import distance_figure
-from attnviz.ui import common, lab_reader, shared_view
+from attnviz.ui import common, image_text_view, lab_reader, shared_view
 from attnviz.ui.head_editor import head_editor, metric_delta
 from attnviz.ui.heads_corpus import page_tool
 from attnviz.uploads import images
@@ -166,13 +166,21 @@ class View:
         st.caption(f"**{common.plain(self.label)}** · {w}×{h} px, {shape}resized to "
                    f"{self.size}×{self.size} · {self.grid}×{self.grid} patches of {self.cfg.patch_size} px · "
                    f"{tr.n} tokens" + (f" · {heads_off} heads off" if heads_off else ""))
-        choice = st.segmented_control("view", default=VIEWS[0], required=True, **shared_view.linked(K("view_choice"), options=VIEWS),
+        extra = image_text_view.views(self.model)      # a model that reads text too: its views
+        options = VIEWS + tuple(extra)
+        if st.session_state.get(K("view_choice")) not in (None, *options):
+            st.session_state[K("view_choice")] = VIEWS[0]
+        choice = st.segmented_control("view", default=VIEWS[0], required=True, **shared_view.linked(K("view_choice"), options=options),
                                       label_visibility="collapsed")
         off = (mask == 0)[tr.layers]
         head_mask = mask if heads_off else None
-        {VIEWS[0]: self.cls_view, VIEWS[1]: self.query_view, VIEWS[2]: self.rollout_view,
-         VIEWS[3]: self.artefact_view, VIEWS[4]: self.distance_view, VIEWS[5]: self.mask_view,
-         VIEWS[6]: self.export_view}[choice](tr, off, head_mask)
+        own = {VIEWS[0]: self.cls_view, VIEWS[1]: self.query_view, VIEWS[2]: self.rollout_view,
+               VIEWS[3]: self.artefact_view, VIEWS[4]: self.distance_view, VIEWS[5]: self.mask_view,
+               VIEWS[6]: self.export_view}
+        if choice in own:
+            own[choice](tr, off, head_mask)
+        else:
+            extra[choice](self, tr, off, head_mask)
         # Only a photo a view could be drawn from becomes the one a later bad upload falls back to.
         st.session_state[K("last")] = (self.label, self.image_key, self.photo_bytes)
 
@@ -338,7 +346,7 @@ def settings(model):
     options = vision.model_resolutions(model)
     if ss.get(K("size")) not in options:
         ss[K("size")] = vision.default_resolution(model)
-    n_prefix = 1 + cfg.n_registers
+    n_prefix = cfg.n_prefix
     with st.sidebar:
         size = st.select_slider(
             "Input resolution", options, key=K("size"),

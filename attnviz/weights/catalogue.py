@@ -144,6 +144,9 @@ def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model | Seq2Seq
     if hasattr(fam, "from_hf"):  # WhisperForConditionalGeneration: built its own way
         return fam.from_hf(hf_model, tokenizer, key)
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    if hasattr(fam, "build"):  # CLIPModel, SiglipModel: the vision tower and what comes with it
+        cfg, *parts = fam.config(hf_model.config, sd)
+        return fam.build(cfg, *parts, sd, key or f"hf:{cfg.family}", "in-memory transformers model", tokenizer)
     if fam.TASK == "translation":  # MarianMTModel, BartForConditionalGeneration
         s2s = fam.config(hf_model.config, sd)
         return Seq2SeqModel.build(s2s, fam.weights(s2s, sd), key or f"hf:{s2s.family}",

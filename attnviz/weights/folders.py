@@ -274,6 +274,8 @@ def _load(folder: Folder, key, source, info) -> Model | Seq2SeqModel:
     check_size(folder, hf_config, kind)
     if fam.TASK == "translation":  # opus-mt (marian), BART: an encoder-decoder for the Translate page
         return _load_translator(folder, entries, hf_config, fam, key, source, info)
+    if hasattr(fam, "build"):  # a model of two parts (CLIP, SigLIP: a vision and a text tower)
+        return _load_built(folder, entries, hf_config, fam, key, source, info)
     cfg, state = convert(hf_config, folder.read_state(folder.weight_files(entries)))
     net = Transformer.from_state(cfg, state)
     tokenizer = None
@@ -287,6 +289,26 @@ def _load(folder: Folder, key, source, info) -> Model | Seq2SeqModel:
     mean, std, size = image_settings(folder, entries, cfg)
     about = Model.describe(key or folder.name, cfg, source or f"local folder {folder.name}", net, **info)
     return Model(net, about, tokenizer, image_mean=mean, image_std=std, image_size=size)
+
+
+def _tokenizer(folder: Folder, entries: dict):
+    if not any(f in entries for f in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(folder.path), local_files_only=True)
+    except Exception as err:
+        raise folder.fail(f"its tokenizer files could not be read ({type(err).__name__})") from None
+
+
+def _load_built(folder: Folder, entries: dict, hf_config, fam, key, source, info):
+    """A family that builds its own model around its vision tower (`build`), with the folder's
+    tokenizer and image settings."""
+    state = folder.read_state(folder.weight_files(entries))
+    cfg, *parts = fam.config(hf_config, state)
+    mean, std, size = image_settings(folder, entries, cfg)
+    return fam.build(cfg, *parts, state, key or folder.name, source or f"local folder {folder.name}",
+                     _tokenizer(folder, entries), image_mean=mean, image_std=std, image_size=size)
 
 
 def _load_translator(folder: Folder, entries: dict, hf_config, fam, key, source, info) -> Seq2SeqModel:

@@ -11,7 +11,7 @@ import re
 import torch
 
 ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-       "silu": "silu", "swish": "silu", "relu": "relu"}
+       "silu": "silu", "swish": "silu", "relu": "relu", "quick_gelu": "quick_gelu"}
 
 
 def get(cfg, name: str, default=None):

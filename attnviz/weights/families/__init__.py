@@ -15,7 +15,9 @@ A family file says what it is and holds its config half and weights half, pure f
 - `SYNTHETIC` (`Transformer` families): the structural fields of a synthetic shape of the family
   (the latency pages' `synthetic:family=...`);
 - vision families: `image_defaults(cfg) -> (mean, std, side)` for a folder without a
-  preprocessor_config.json;
+  preprocessor_config.json; a family whose model has more than a vision tower (CLIP, SigLIP's text
+  tower) returns (vision config, more parts...) from `config` and builds its model with
+  `build(cfg, *parts, sd, key, source, tokenizer, **image settings)`;
 - optionally a reader's half: `GGUF_ARCHITECTURE` with `gguf_config` / `gguf_name` / `gguf_tensor` /
   `hf_shapes` (llama), `from_onnx` (dinov2), the Marian `.bin` files (bergamot), CTranslate2 folders
   (whisper, through `ctranslate2.py` here: a reader, not a family).
@@ -25,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import TASKS, Config
-from attnviz.weights.families import (bart, bergamot, bert, bloom, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2,
+from attnviz.weights.families import (bart, beit, bergamot, bert, blip, bloom, clip, deit, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2,
                                       gpt_neo, gpt_neox, gptj, llama, marian, mistral, mixtral, olmo2, opt, phi, phi3,
-                                      qwen2, qwen3, qwen3_moe, vit, whisper)
+                                      qwen2, qwen3, qwen3_moe, siglip, vit, whisper)
 from attnviz.weights.families import deberta_v2, distilbert, electra, modernbert, mpnet, roberta, xlm_roberta
 from attnviz.weights.mapper import get
 
@@ -61,6 +63,11 @@ FAMILIES = {f.NAME: f for f in (
     deberta_v2,
     vit,
     dinov2,
+    deit,
+    beit,
+    clip,
+    siglip,
+    blip,
     marian,
     bart,
     bergamot,

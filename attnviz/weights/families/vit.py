@@ -31,8 +31,10 @@ OLD_VIT = [(r"^(vit\.)?encoder\.layer\.(\d+)\.", r"\1layers.\2."),
 def vision_config(hf, family: str, **extra) -> Config:
     d, h = get(hf, "hidden_size"), get(hf, "num_attention_heads")
     size, patch = get(hf, "image_size"), get(hf, "patch_size")
+    prefix = int(extra.get("cls_token", True)) + int(extra.get("distill_token", False))
+    extra = {"positional": "learned", **extra}
     return Config(family=family, task=TASK, n_layers=get(hf, "num_hidden_layers"), n_heads=h, n_kv_heads=h,
-                  d_model=d, d_head=d // h, max_positions=1 + (size // patch) ** 2, positional="learned",
+                  d_model=d, d_head=d // h, max_positions=prefix + (size // patch) ** 2,
                   pre_norm=True, qkv_bias=bool(get(hf, "qkv_bias", True)), image_size=size,
                   patch_size=patch, n_channels=get(hf, "num_channels", 3), **extra)
 
