@@ -204,7 +204,7 @@ def square_grid(n_patches: int) -> tuple[int, int]:
     return side, side
 
 
-def relative_index(grid: tuple[int, int]) -> torch.Tensor:
+def grid_relative_index(grid: tuple[int, int]) -> torch.Tensor:
     """(1 + gh*gw, 1 + gh*gw) long: each (query, key) pair's row in a BEiT relative position table
     of (2gh-1)(2gw-1) patch offsets, then three rows: CLS to a patch, a patch to CLS, CLS to CLS."""
     gh, gw = grid
@@ -228,4 +228,4 @@ def relative_bias(table: torch.Tensor, trained: tuple[int, int], grid: tuple[int
         offsets = offsets.reshape(1, tw, th, -1).permute(0, 3, 1, 2)
         offsets = F.interpolate(offsets, size=(nh, nw), mode="bilinear").permute(0, 2, 3, 1).reshape(nh * nw, -1)
     full = torch.cat([offsets, table[th * tw:]])
-    return full[relative_index(grid)].permute(2, 0, 1)                                        # (h, n, n)
+    return full[grid_relative_index(grid)].permute(2, 0, 1)                                        # (h, n, n)

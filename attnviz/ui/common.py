@@ -20,7 +20,7 @@ from attnviz.figures import attention_figures
 from attnviz.figures import render
 from attnviz.toys.tasks import TOYS
 from attnviz.weights import catalogue
-from attnviz.weights import folders
+from attnviz.weights import allowed
 from attnviz.weights.catalogue import BUNDLED, DEFAULT_MODEL
 from attnviz.ui import hub_picker, loaded_models, shared_view
 
@@ -85,7 +85,7 @@ def folder_key(typed: str) -> str:
     """The cache key of a typed local folder or .gguf file, only inside ATTNVIZ_ALLOWED_MODEL_DIRS
     (none without one). Refusals say the same for a path outside the list, a missing one and an
     unreadable one, and never show where a path resolves."""
-    return f"folder:{folders.allowed_path(typed, LIMITS)}"
+    return f"folder:{allowed.allowed_path(typed, LIMITS)}"
 
 
 def load_folder(typed: str) -> Model:

