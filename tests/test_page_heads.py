@@ -62,6 +62,8 @@ def switch(at, *heads, key="minilm"):
 
 
 def apply(at):
+    """Apply the pending edits (a run first draws the grid they make, which enables Apply)."""
+    at.run()
     return at.button(key="heads.apply").click().run()
 
 
@@ -112,6 +114,8 @@ def test_toggle_updates_outputs_and_link():
     at.button(key="heads.only_btn").click().run()
     assert mask_of(at).sum(1).tolist() == [0, 12, 0, 0, 0, 0]
     at.button(key="heads.reset").click().run()
+    assert "heads" in at.query_params     # Reset waits for Apply, like every edit
+    apply(at)
     assert mask_of(at).all() and "heads" not in at.query_params
 
 
@@ -210,18 +214,20 @@ def test_head_edits_wait_for_apply_then_apply_together():
     assert torch.equal(mask_of(at), keep)             # the grid holds the edits...
     assert at.metric[0].value == "1.0000"             # ...the result is still the full model's
     captions = " ".join(c.value for c in at.caption)
-    assert "72 of 72 heads on" in captions and "The grid above has 69 heads on" in captions
+    assert "72 of 72 heads on" in captions and "3 pending changes" in captions and "The grid has 69 heads on" in captions
     assert "heads" not in at.query_params
     apply(at)
     assert not at.exception
     assert torch.equal(mask_of(at), keep)
     assert float(at.metric[0].value) < 1.0
     captions = " ".join(c.value for c in at.caption)
-    assert "69 of 72 heads on" in captions and "The grid above has 69 heads on" in captions
+    assert "69 of 72 heads on" in captions and "No pending changes" in captions
     assert at.query_params["heads"] == pruning.encode_mask(keep)
     assert not at.checkbox(key=layer_box("minilm", 4)).value   # layer 4 is no longer all on
-    at.checkbox(key=layer_box("minilm", 4)).check().run()    # a layer box acts at once
+    at.checkbox(key=layer_box("minilm", 4)).check().run()    # a layer box waits for Apply too
     assert mask_of(at)[4].all() and mask_of(at).sum() == 70
+    assert any("69 of 72 heads on" in c.value for c in at.caption)
+    apply(at)
     assert any("70 of 72 heads on" in c.value for c in at.caption)
 
 
@@ -238,7 +244,7 @@ def test_live_effect_of_a_language_model_one_scale_target_tokens_and_flips():
     assert not any("flips" in w.value for w in at.warning)
     # Every head but layer 0's: the prediction changes, and the page says so beyond perplexity
     at.selectbox(key="heads.only:smollm2:30x9").set_value(0).run()
-    at.button(key="heads.only_btn").click().run()
+    apply(at.button(key="heads.only_btn").click().run())
     assert not at.exception
     assert any("next-token prediction flips" in w.value for w in at.warning)
     top1 = metric(at, "top-1 agreement")
@@ -429,7 +435,7 @@ def test_metric_deltas_are_coloured_by_good_or_bad_and_plain_at_zero():
     assert delta_style(perplexity) == ("GRAY", "NONE")      # no change: no red up arrow
     assert delta_style(agreement) == ("GRAY", "NONE") and agreement.delta == "no position flips"
     at.selectbox(key="heads.only:smollm2:30x9").set_value(0).run()
-    at.button(key="heads.only_btn").click().run()
+    apply(at.button(key="heads.only_btn").click().run())
     assert not at.exception
     perplexity, agreement = metric(at, "perplexity (masked)"), metric(at, "top-1 agreement")
     assert float(perplexity.value) > float(perplexity.delta.split("vs full")[1])
@@ -552,3 +558,32 @@ def test_pruning_curve_defaults_finish_with_the_random_baseline():
     lm = tool(app(model="smollm2"), "Pruning curve")
     assert lm.select_slider(key="heads.curve_tokens").value == 64   # small enough for 120 s
     assert lm.number_input(key="heads.curve_seeds").value == 3
+
+
+def test_every_edit_waits_for_apply_a_partial_layer_says_so_and_discard_undoes():
+    """One Apply everywhere: before, a layer box and a preset applied at once on this page while
+    head clicks waited; a layer with some heads on showed an empty box."""
+    at = app()
+    switch(at, (2, 0), (2, 1)).run()
+    box = at.checkbox(key=layer_box("minilm", 2))
+    assert box.label == "layer 2 · 10/12" and not box.value           # partial, not an empty "layer 2"
+    assert at.checkbox(key=layer_box("minilm", 3)).label == "layer 3"
+    at.checkbox(key=layer_box("minilm", 5)).uncheck().run()            # a whole layer off: pending
+    at.button(key="heads.reset").click().run()
+    at.checkbox(key=layer_box("minilm", 1)).uncheck().run()
+    assert not at.exception and mask_of(at).sum() == 60
+    assert at.metric[0].value == "1.0000" and "heads" not in at.query_params   # nothing applied yet
+    assert any("12 pending changes" in c.value for c in at.caption)
+    at.button(key="heads.discard").click().run()
+    assert mask_of(at).all() and any("No pending changes" in c.value for c in at.caption)
+    at.checkbox(key=layer_box("minilm", 1)).uncheck().run()
+    apply(at)
+    assert float(at.metric[0].value) < 1.0 and at.query_params["heads"].startswith("6x12-")
+
+
+def test_a_head_that_is_off_is_struck_through_and_a_pending_one_marked():
+    from attnviz.ui import head_editor
+    assert head_editor.head_label(":red[h3]", False, False) == "~~:red[h3]~~"   # an alignment head off
+    assert head_editor.head_label("h3", True, True) == "h3\\*"
+    assert head_editor.layer_label(4, 3, 6) == "layer 4 · 3/6"
+    assert head_editor.layer_label(4, 0, 6) == head_editor.layer_label(4, 6, 6) == "layer 4"

@@ -130,6 +130,8 @@ def test_switching_heads_off_shows_the_effect():
     assert "Saliency, 1 heads off" in captions and "Rollout, heads off" in captions
 
     at.button(key="images.reset").click().run()
+    assert not at.exception and "1 heads off" in photo_caption(at)     # Reset waits for Apply too
+    at.button(key="images.apply").click().run()
     assert not at.exception and "heads off" not in photo_caption(at)
     assert "All heads are on" in at.info[0].value and not at.metric
 
