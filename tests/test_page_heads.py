@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
@@ -587,3 +588,34 @@ def test_a_head_that_is_off_is_struck_through_and_a_pending_one_marked():
     assert head_editor.head_label("h3", True, True) == "h3\\*"
     assert head_editor.layer_label(4, 3, 6) == "layer 4 · 3/6"
     assert head_editor.layer_label(4, 0, 6) == head_editor.layer_label(4, 6, 6) == "layer 4"
+
+
+def test_heads_answer_in_sentences_with_their_numbers():
+    """Before: a metric with "+0.0000 vs full 1" and charts; now the answer is said, and a change that
+    rounds to nothing reads "= full"."""
+    at = app()
+    assert any(i.value.startswith("Every head is on: embedding cosine is the full model's") for i in at.info)
+    assert at.metric[0].delta == "= full"
+    apply(switch(at, (5, 3)))
+    said = next(i.value for i in at.info if i.value.startswith("With 1 of 72 heads off"))
+    assert f"embedding cosine is {float(at.metric[0].value):.4f} against the full model's 1.0000" in said
+    lm = app(model="smollm2")
+    apply(switch(lm, (0, 1), key="smollm2"))
+    said = next(i.value for i in lm.info if i.value.startswith("With 1 of 270 heads off"))
+    assert "top-1 agreement" in said and "next-token prediction" in said
+
+
+def test_the_pruning_curve_is_said_at_thirty_percent_against_random_order():
+    from attnviz.analysis import verdicts
+    summary = pd.DataFrame([dict(order="importance", fraction=0.3, top1_mean=0.57, top1_std=0.0, runs=1),
+                            dict(order="random", fraction=0.3, top1_mean=0.33, top1_std=0.05, runs=3)])
+    assert verdicts.curve_sentence(summary, "top1", 72) == (
+        "Removing 30% of the heads (22 of 72) by importance keeps top-1 agreement at 0.570 against 0.330 ± 0.050 "
+        "in random order (mean ± sd over 3 orders): importance order does better.")
+    at = tool(app(), "Pruning curve")
+    at.select_slider(key="heads.curve_tokens").set_value(32).run()
+    at.number_input(key="heads.curve_seeds").set_value(1).run()
+    at.button(key="heads.curve_go").click().run()
+    assert not at.exception
+    assert any(i.value.startswith("Removing 30% of the heads (22 of 72) by importance keeps embedding cosine at")
+               for i in at.info)

@@ -497,3 +497,11 @@ def test_int8_is_one_table_per_model_with_the_pi_modelled_and_this_cpu_measured(
            "int8 fidelity": "translations identical 3/3"}
     assert int8_story.int8_sentence(row) == ("en-pt, int8: 2.00× slower on this CPU (measured); it keeps "
                                              "translations identical 3/3.")
+
+
+def test_the_sweep_answers_in_a_sentence_with_its_bands(ran):
+    """Before: the answer had to be read off the table and the charts."""
+    said = next(i.value for i in ran.info if i.value.startswith("One forward pass of"))
+    assert "over 32 tokens takes" in said and "p10–p90" in said                   # measured, with its spread
+    assert "on a Pi 4 (modelled, ±25%" in said                                     # modelled, with its band
+    assert "Doubling the text from 16 to 32 tokens multiplies the time by" in said

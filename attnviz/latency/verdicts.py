@@ -22,8 +22,9 @@ def band(x: float) -> str:
     return f"(modelled, ±{PI_BAND:.0%}: {ms(x * (1 - PI_BAND))}–{ms(x * (1 + PI_BAND))} ms)"
 
 
-def sweep_sentence(df: pd.DataFrame) -> str | None:
-    """The sweep's first model at its longest length and first variant, every head, one thread count."""
+def sweep_sentence(df: pd.DataFrame, quote=str) -> str | None:
+    """The sweep's first model at its longest length and first variant, every head, one thread count.
+    `quote`: how the model's name is written (a page escapes a typed synthetic shape)."""
     if df is None or df.empty:
         return None
     model, variant = df["model"].iloc[0], df["variant"].iloc[0]
@@ -48,7 +49,7 @@ def sweep_sentence(df: pd.DataFrame) -> str | None:
             parts.append(f"{ms(r['median_ms'])} ms on a {name} {band(r['median_ms'])}")
     if not parts:
         return None
-    text = f"One forward pass of {model} ({variant}) over {n} tokens takes " + "; ".join(parts) + "."
+    text = f"One forward pass of {quote(model)} ({variant}) over {n} tokens takes " + "; ".join(parts) + "."
     half = n // 2
     first = rows[rows["backend"] == rows["backend"].iloc[0]]
     a, b = first[first["seq_len"] == half], first[first["seq_len"] == n]

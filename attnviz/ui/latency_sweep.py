@@ -205,9 +205,10 @@ def results_views():
         st.caption(common.plain(df.attrs["estimate"]))
     for note in df.attrs.get("pi_memory", ()):  # modelled Pi rows of a model the board could not hold
         st.warning(common.plain(note))
-    said = verdicts.sweep_sentence(df[df["test"].isna() | (df["test"] == "")] if "test" in df.columns else df)
+    said = verdicts.sweep_sentence(df[df["test"].isna() | (df["test"] == "")] if "test" in df.columns else df,
+                                   quote=common.plain)
     if said:
-        st.info(common.plain(said))
+        st.info(said)
     st.dataframe(df[TABLE], hide_index=True, key=K("table"))
     # results.to_csv is exports.csv_text: text cells that a spreadsheet would run as formulas are neutralised
     st.download_button("Download CSV", results.to_csv(df), "attnviz-latency.csv", "text/csv", key=K("download"),
