@@ -606,10 +606,10 @@ def test_heads_answer_in_sentences_with_their_numbers():
 
 
 def test_the_pruning_curve_is_said_at_thirty_percent_against_random_order():
-    from attnviz.analysis import verdicts
+    from attnviz.analysis import head_answers
     summary = pd.DataFrame([dict(order="importance", fraction=0.3, top1_mean=0.57, top1_std=0.0, runs=1),
                             dict(order="random", fraction=0.3, top1_mean=0.33, top1_std=0.05, runs=3)])
-    assert verdicts.curve_sentence(summary, "top1", 72) == (
+    assert head_answers.curve_sentence(summary, "top1", 72) == (
         "Removing 30% of the heads (22 of 72) by importance keeps top-1 agreement at 0.570 against 0.330 ± 0.050 "
         "in random order (mean ± sd over 3 orders): importance order does better.")
     at = tool(app(), "Pruning curve")

@@ -17,7 +17,7 @@ from attnviz.core.config import Config
 from attnviz.latency import quantize
 from attnviz.latency.costmodel import predict
 from attnviz.latency.engines import engine_profile
-from attnviz.latency.verdicts import DEVICES, PI_BAND
+from attnviz.latency.latency_answers import DEVICES, PI_BAND
 
 TOKENS = 128
 PI_THREADS = 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.analysis import effects, head_ablation, importance, pruning, verdicts
+from attnviz.analysis import effects, head_ablation, head_answers, importance, pruning
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import head_figures
@@ -200,8 +200,8 @@ class View:
                 c3.caption(note)
         cmp = effects.output_change(full, masked, list(sentences))
         off = int((~keep).sum())
-        st.info(verdicts.mask_sentence(off, self.L * self.H, "top1", cmp["top1"], 1.0, cmp["flipped_positions"], len(ids))
-                if self.lm else verdicts.mask_sentence(off, self.L * self.H, "cosine", cmp["cosine"], 1.0))
+        st.info(head_answers.mask_sentence(off, self.L * self.H, "top1", cmp["top1"], 1.0, cmp["flipped_positions"], len(ids))
+                if self.lm else head_answers.mask_sentence(off, self.L * self.H, "cosine", cmp["cosine"], 1.0))
         if self.lm:
             self.lm_numbers(cmp, ids, full, masked, chart)
         else:

@@ -18,7 +18,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import latency_figures
 from attnviz.latency import calibrate, compare, decode, engines, measure, pi_memory, quantize, results, sweep, tradeoff
-from attnviz.latency import costmodel, int8_story, pacing, verdicts
+from attnviz.latency import costmodel, int8_story, latency_answers, pacing
 from attnviz.ui import common, latency_crossover
 from attnviz.ui import job_controls
 from attnviz.ui import shared_view
@@ -205,7 +205,7 @@ def results_views():
         st.caption(common.plain(df.attrs["estimate"]))
     for note in df.attrs.get("pi_memory", ()):  # modelled Pi rows of a model the board could not hold
         st.warning(common.plain(note))
-    said = verdicts.sweep_sentence(df[df["test"].isna() | (df["test"] == "")] if "test" in df.columns else df,
+    said = latency_answers.sweep_sentence(df[df["test"].isna() | (df["test"] == "")] if "test" in df.columns else df,
                                    quote=common.plain)
     if said:
         st.info(said)
@@ -331,7 +331,7 @@ def edge_views():
         st.session_state[K("heads_shown")] = True
     if st.session_state.get(K("heads_shown")):  # computed once asked for, not on every page open
         table = heads_table()
-        said = verdicts.heads_tradeoff_sentence(table)
+        said = latency_answers.heads_tradeoff_sentence(table)
         if said:
             st.info(said)   # built from our own numbers and names: no user text to escape
         st.dataframe(table.fillna(""), hide_index=True, key=K("heads_table"))

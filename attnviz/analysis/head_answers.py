@@ -8,7 +8,7 @@ functions write the answer the way the Lab's experiments do (`toys.training_expe
   `MARK` of the heads removed.
 - `corpus_curve_sentence(summary, metric)`: the same over a corpus (`corpus_runs` summary: value,
   ci_low, ci_high per order "importance", "random 1", …, fraction, metric).
-(The corpus run that halves each layer's heads is said by `latency.verdicts.halved_sentence`: its
+(The corpus run that halves each layer's heads is said by `latency.latency_answers.halved_sentence`: its
 cost in the metric beside the Pi latency it saves.)
 - `mask_sentence(...)` and `image_mask_sentence(effect, heads_off, heads)`: what the applied mask did to
   one text's or one photo's output.
