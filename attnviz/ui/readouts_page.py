@@ -69,7 +69,14 @@ def page():
     if model.kind == "encoder":
         st.caption("An encoder has no next-token logits: of this page's views, patching (with an embedding "
                    "metric) is the one that applies.")
-    view = common.view_choice(PAGE, VIEWS if model.cfg.task != "encoder" else ["Patching"])
+    views = VIEWS if model.cfg.task != "encoder" else ["Patching"]
+    # an encoder has only Patching: a language model picked after it opens on its first view, not on
+    # the one view the encoder forced (a view the user chose for a language model is kept)
+    was = st.session_state.get(key("view_model"))
+    if was is not None and was != model.info.key and st.session_state.get(key("view_forced")):
+        st.session_state[names.session_key(PAGE, "view")] = views[0]
+    st.session_state[key("view_model")], st.session_state[key("view_forced")] = model.info.key, len(views) == 1
+    view = common.view_choice(PAGE, views)
     try:
         if view == "Patching":
             patching_view.view(model, PAGE)
