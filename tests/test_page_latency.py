@@ -505,3 +505,13 @@ def test_the_sweep_answers_in_a_sentence_with_its_bands(ran):
     assert "over 32 tokens takes" in said and "p10–p90" in said                   # measured, with its spread
     assert "on a Pi 4 (modelled, ±25%" in said                                     # modelled, with its band
     assert "Doubling the text from 16 to 32 tokens multiplies the time by" in said
+
+
+def test_a_one_length_sweep_draws_bars_and_the_table_says_what_memory_counts():
+    at = show(submit(page(), seq="16", variants=["fused"], heads="all"), "Latency")
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert {t["type"] for t in specs[0]["data"]} == {"bar"} and len(specs) == 1     # no log-log of one point
+    assert any("One sequence length" in c.value for c in at.caption)
+    table = next(d for d in at.dataframe if "median_ms" in d.value.columns)
+    config = json.loads(table.proto.column_config or "{}") if hasattr(table.proto, "column_config") else {}
+    assert "activations" in json.dumps(config) or "activations" in str(table.proto)

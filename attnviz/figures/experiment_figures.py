@@ -7,6 +7,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from attnviz.figures.latency_figures import LOG_AXIS
+
 SMOOTH = 10   # steps in the loss's moving average: per-step losses of fresh batches are noisy
 
 
@@ -52,7 +54,7 @@ def curves_figure(runs: dict[str, tuple[list[float], list[tuple[int, float]]]], 
                                         marker=dict(symbol="diamond", size=11, color=colour),
                                         hovertemplate=f"{label}<br>final, {final_n:,} prompts: %{{y:.1%}}<extra></extra>"),
                              row=1, col=2)
-    figure.update_yaxes(type="log", title="cross-entropy", row=1, col=1)
+    figure.update_yaxes(**LOG_AXIS, title="cross-entropy (nats, log scale)", row=1, col=1)
     figure.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=2)
     figure.update_xaxes(title="step")
     figure.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.25))

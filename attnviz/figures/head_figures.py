@@ -9,6 +9,7 @@ import torch
 
 from attnviz.base.names import head_name
 from attnviz.figures.attention_figures import head_heatmap, token_label
+from attnviz.figures.latency_figures import LOG_AXIS
 
 ORDER_COLOURS = {"importance": "#1f77b4", "random": "#ff7f0e"}
 # The live view's charts are redrawn on every head toggle, and a browser spends most of a redraw
@@ -46,7 +47,10 @@ def curve_figure(summary: pd.DataFrame, metric: str, log_y: bool = False) -> go.
                                     line=dict(color=colour),
                                     hovertemplate=f"%{{x:.0f}}% removed<br>{metric} %{{y:.4g}}<extra></extra>"))
     figure.update_xaxes(title="heads removed (%)")
-    figure.update_yaxes(title=METRIC_LABELS.get(metric, metric), type="log" if log_y else "linear")
+    if log_y:
+        figure.update_yaxes(title=METRIC_LABELS.get(metric, metric) + " (log scale)", **LOG_AXIS)
+    else:
+        figure.update_yaxes(title=METRIC_LABELS.get(metric, metric))
     figure.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10), legend=dict(y=1.15, orientation="h"))
     return figure
 
@@ -162,8 +166,8 @@ def latency_figure(table: pd.DataFrame, modelled: pd.DataFrame | None = None) ->
             for column, name in (("full_ms", "full"), ("pruned_ms", "pruned")):
                 figure.add_trace(go.Scatter(x=part["tokens"], y=part[column], mode="lines+markers",
                                             name=f"{name} ({device}, modelled)", line=dict(dash="dot")))
-    figure.update_xaxes(title="tokens", type="log")
-    figure.update_yaxes(title="latency (ms)", type="log")
+    figure.update_xaxes(title="sequence length (tokens, log scale)", **LOG_AXIS)
+    figure.update_yaxes(title="latency (ms, log scale)", **LOG_AXIS)
     figure.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10))
     return figure
 

@@ -22,7 +22,7 @@ only the grid; heads whose state differs from the applied mask are marked `*`, a
 grid counts the pending changes, Apply commits them all in one run (the page's effect runs once)
 and "Discard" puts the grid back to the applied mask. One rule everywhere, because a control that
 applies at once on one page and waits on another loses the user (and some effects take seconds).
-A layer with some heads on says so in its box's label ("layer 3 · 6/12"), and a head that is off
+A layer with some heads on says so in its box's label ("layer 3 ◐"), and a head that is off
 is struck through (~~h3~~), so a coloured head (an alignment head) that is off still looks off.
 
 Returns the applied mask: a fresh float tensor [L, H], 1 = on, 0 = off. The state is per browser
@@ -52,8 +52,9 @@ from attnviz.analysis.pruning import decode_mask, encode_mask
 from attnviz.base import names
 from attnviz.ui.common import plain
 
+PARTIAL = "◐"   # a layer box's mark for "some of this layer's heads are on" (a checkbox has no third state)
 SCORE_COLOURS = ("gray", "blue", "orange", "red")  # lowest .. highest quarter of the known scores
-LAYER_BOX_PX = 84  # "layer 29" in the grid's small type, never cut to "lay…" in a narrow column
+LAYER_BOX_PX = 100  # "layer 29 ◐" in the grid's small type, never cut to "lay…" in a narrow column
 # Tighter rows than Streamlit's default (1 rem between elements): 30 layers fit one screen.
 _CSS = """<style>
 .st-key-{page}-head-grid {{gap: 0.1rem;}}
@@ -230,7 +231,7 @@ def off_list(keep: torch.Tensor, limit: int = 12) -> str:
 def layer_label(layer: int, on: int, n_heads: int) -> str:
     """A layer box's label: a partial layer says how many of its heads are on (a checkbox has no
     third state, and an empty box read as "this layer is off")."""
-    return f"layer {layer}" if on in (0, n_heads) else f"layer {layer} · {on}/{n_heads}"
+    return f"layer {layer}" if on in (0, n_heads) else f"layer {layer} {PARTIAL}"
 
 
 def head_label(label: str, on: bool, pending: bool) -> str:
@@ -254,8 +255,7 @@ def grid_part(ed: Editor, labels, scores, score_label: str):
             row = st.container(horizontal=True, vertical_alignment="center", gap=None)
             # a widget's label is not part of its identity (its key is): the label may follow the state
             row.checkbox(layer_label(i, on, ed.H), key=ed.layer_key(i), on_change=ed.layer_changed, args=(i,),
-                         width=LAYER_BOX_PX, help="some heads on: a click switches the whole layer on"
-                         if 0 < on < ed.H else None)
+                         width=LAYER_BOX_PX)
             row.pills(f"heads on in layer {i}", range(ed.H), selection_mode="multi", key=ed.row_key(i),
                       format_func=lambda h, r=labels[i], c=current[i].tolist(), p=pending[i].tolist():
                       head_label(r[h], c[h], p[h]), label_visibility="collapsed")
@@ -272,7 +272,7 @@ def pending_controls(ed: Editor, grid: torch.Tensor, legend: str):
     note = (f"**{n} pending change{'s' if n != 1 else ''}** (marked \\*, not applied yet: press Apply)"
             if n else "No pending changes: the result beside the grid is for this grid.")
     st.caption(f"{note} · The grid has {int(grid.sum())} heads on. Highlighted = on; a layer box switches "
-               f"its whole layer; struck through = off; every edit waits for Apply.{legend}"
+               f"its whole layer ({PARTIAL}: some of its heads on); struck through = off; every edit waits for Apply.{legend}"
                + (f" Off: {off_list(grid)}." if not grid.all() else ""))
     left, right = st.columns(2)
     left.button("Apply", key=ed.key("apply"), type="primary", disabled=not n, help="every pending edit in one run",

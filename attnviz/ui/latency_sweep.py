@@ -34,6 +34,15 @@ TABLE = ["backend", "engine", "dtype", "measured", "model", "variant", "seq_len"
          "p10_ms", "p90_ms", "peak_mem_mb", "tokens_per_s"]
 
 
+# milliseconds to three significant figures; what peak_mem_mb counts, said where it is read
+TABLE_COLUMNS = {**{c: st.column_config.NumberColumn(c, format="%.3g", help="milliseconds") for c in
+                    ("median_ms", "p10_ms", "p90_ms")},
+                 "peak_mem_mb": st.column_config.NumberColumn(
+                     "peak_mem_mb (activations)", format="%.3g", help="peak of the activations and workspace of one "
+                     "forward pass, in MB: the model's weights are not counted (they are the same at every length)"),
+                 "tokens_per_s": st.column_config.NumberColumn("tokens_per_s", format="%.3g")}
+
+
 def K(name: str) -> str:
     return session_key(PAGE, name)
 
@@ -209,7 +218,7 @@ def results_views():
                                    quote=common.plain)
     if said:
         st.info(said)
-    st.dataframe(df[TABLE], hide_index=True, key=K("table"))
+    st.dataframe(df[TABLE], hide_index=True, key=K("table"), column_config=TABLE_COLUMNS)
     # results.to_csv is exports.csv_text: text cells that a spreadsheet would run as formulas are neutralised
     st.download_button("Download CSV", results.to_csv(df), "attnviz-latency.csv", "text/csv", key=K("download"),
                        on_click="ignore")
@@ -227,7 +236,10 @@ def results_views():
 
 def latency_view(df):
     st.plotly_chart(latency_figures.latency_figure(df), key=K("fig_linear"))
-    st.plotly_chart(latency_figures.growth_figure(df), key=K("fig_log"))
+    if df["seq_len"].nunique() > 1:
+        st.plotly_chart(latency_figures.growth_figure(df), key=K("fig_log"))
+    else:
+        st.caption("One sequence length: add more (e.g. 16,32,64,128,256) to see how the time grows with n.")
     latency_crossover.crossover_view(st.session_state.get(RESULTS))  # one block: test "block" rows
 
 

@@ -1,0 +1,43 @@
+"""Readable charts: log axes with units and whole labels (never "5, 2, 10k, 5, 2"), a sweep of one length
+drawn as bars, milliseconds to three significant figures, and peak memory that says what it counts."""
+from __future__ import annotations
+
+import pandas as pd
+
+from attnviz.base.numbers import blank, ms
+from attnviz.figures import experiment_figures, head_figures, latency_figures, lab_figures
+
+
+def rows(lengths, backend="cpu"):
+    return pd.DataFrame([dict(model="minilm", variant="fused", n_heads=12, threads=2, backend=backend, engine="",
+                              dtype="fp32", measured=backend == "cpu", seq_len=n, median_ms=127.4836 + n,
+                              p10_ms=120.0 + n, p90_ms=130.0 + n, peak_mem_mb=3.0) for n in lengths])
+
+
+def test_milliseconds_are_written_to_three_significant_figures():
+    assert [ms(x) for x in (127.4836, 12.74836, 1.274836, 1274.836, 0.0012748)] == \
+        ["127", "12.7", "1.27", "1,275", "0.00127"]
+    assert ms(float("nan")) == "" and blank(None) == "" and blank(float("nan")) == "" and blank(0.5) == 0.5
+
+
+def test_a_single_length_sweep_is_drawn_as_bars_labelled_in_ms():
+    fig = latency_figures.latency_figure(pd.concat([rows([128]), rows([128], "pi4")]))
+    assert {t.type for t in fig.data} == {"bar"} and "n = 128 tokens" in fig.layout.title.text
+    assert fig.data[0].text[0] == "255 ms"
+    line = latency_figures.latency_figure(rows([64, 128]))
+    assert line.data[0].type == "scatter" and list(line.data[0].text) == ["191", "255"]
+
+
+def test_every_log_axis_names_its_unit_and_labels_its_ticks_in_full():
+    curve = pd.DataFrame([dict(order=o, fraction=f, perplexity_mean=10 + f, perplexity_std=0.0, runs=1)
+                          for o in ("importance", "random") for f in (0.0, 0.1)])
+    speed = pd.DataFrame(dict(tokens=[32, 128], full_ms=[10.0, 40.0], pruned_ms=[8.0, 30.0]))
+    axes = [head_figures.curve_figure(curve, "perplexity", log_y=True).layout.yaxis,
+            head_figures.latency_figure(speed).layout.xaxis, head_figures.latency_figure(speed).layout.yaxis,
+            experiment_figures.curves_figure({"a": ([1.0, 0.5, 0.25], [(2, 0.5)])}).layout.yaxis,
+            lab_figures.loss_figure([1.0, 0.5, 0.25]).layout.yaxis]
+    for axis in axes:
+        assert axis.type == "log" and axis.minorloglabels == "complete", axis   # not plotly's "5, 2, 10k"
+        assert "log scale" in axis.title.text
+    assert "ms" in axes[2].title.text and "tokens" in axes[1].title.text and "nats" in axes[3].title.text
+    assert "nats" in axes[4].title.text
