@@ -346,7 +346,8 @@ def edge_views():
         said = latency_answers.heads_tradeoff_sentence(table)
         if said:
             st.info(said)   # built from our own numbers and names: no user text to escape
-        st.dataframe(table.fillna(""), hide_index=True, key=K("heads_table"))
+        st.dataframe(table.fillna(""), hide_index=True, key=K("heads_table"), column_config={
+            c: st.column_config.NumberColumn(c, format="%.3g") for c in table.columns if c.endswith(" ms")})
         st.caption("The Lab's recall toys (d_model 64) and a MiniLM-sized shape; the toys' exact accuracy on their "
                    "held-out set is beside them (blank for a shape: it has no task).")
     int8_section()
@@ -375,7 +376,7 @@ def int8_section():
                    f"{int8_story.TOKENS} tokens and 4 threads, torch int8 against torch fp32, with its ±25 % band; "
                    "this CPU: torch's dynamic int8 of the linear layers (bf16: a bf16 copy), timed in turn with "
                    "float32. Blank: the Pi cost model does not price that kind of model here.")
-        st.caption(int8_story.WHY)
+        st.caption(int8_story.why(table))
         st.dataframe(probs, hide_index=True, key=K("probs_table"))
         better = probs.set_index("variant")["l1_per_row"].idxmin()
         st.caption(f"Attention probabilities stored in 8 bits (MiniLM): {better} survives better — softmax "
