@@ -41,3 +41,32 @@ def test_every_log_axis_names_its_unit_and_labels_its_ticks_in_full():
         assert "log scale" in axis.title.text
     assert "ms" in axes[2].title.text and "tokens" in axes[1].title.text and "nats" in axes[3].title.text
     assert "nats" in axes[4].title.text
+
+
+def test_the_logit_lens_writes_its_tokens_at_a_readable_size():
+    import numpy as np
+    from attnviz.figures import readout_figures
+    fig = readout_figures.lens_figure(np.full((3, 2), 0.5), [["a", "b"]] * 3, np.full((3, 2), 0.5), ["x", "y"],
+                                      ["embed", "L0", "L1"], ["a", "b"])
+    assert fig.data[0].textfont.size >= 12
+
+
+def test_speech_word_bands_cover_the_audio_between_words():
+    from types import SimpleNamespace
+    import numpy as np
+    from attnviz.figures import speech_figures
+    words = [SimpleNamespace(text=" hello", start=0.2, end=0.5), SimpleNamespace(text=" world", start=0.8, end=1.1)]
+    shapes = speech_figures.words_figure(np.zeros(16_000 * 2, np.float32), 16_000, words).layout.shapes
+    assert [(s.x0, s.x1) for s in shapes] == [(0.2, 0.8), (0.8, 1.1)]    # no unmarked gap at 0.5-0.8 s
+
+
+def test_two_prompts_default_pair_differs_before_the_words_that_read_it():
+    """Before: the pair differed in its last word only, so a causal model attended alike everywhere
+    but there; now the last "it" reads "big" or "small"."""
+    from attnviz.ui import common
+    from attnviz.ui.readouts_page import PAIR
+    model = common.shared_model("smollm2")
+    a, b = (model.trace(text) for text in PAIR)
+    assert a.n == b.n
+    differs = (a.attentions - b.attentions).abs().amax(dim=(0, 1, 3)) > 1e-4      # per query position
+    assert int(differs.sum()) >= 3 and bool(differs[-1])

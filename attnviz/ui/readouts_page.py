@@ -18,8 +18,10 @@ PAGE = "readouts"
 VIEWS = ["Logit lens", "Attribution", "Generation", "Two prompts", "Patching"]
 DEFAULT_TEXT = "When Mary and John went to the store, John gave a drink to"
 SAMPLE_TARGETS = (" Mary", " John")   # the indirect object and the subject: the sample's question
-PAIR = ("The trophy didn't fit in the suitcase because it was too big",
-        "The trophy didn't fit in the suitcase because it was too small")
+# The two differ before the words that read them: a causal model's attention at the last "it" sees
+# "big" or "small" (when they were the last words, every position before them attended alike).
+PAIR = ("The trophy didn't fit in the suitcase because it was too big, so it",
+        "The trophy didn't fit in the suitcase because it was too small, so it")
 FROZEN_NOTE = ("Direct logit attribution, as TransformerLens computes it: the final norm's scale is frozen at "
                "the value the full residual gives it (1/RMS here), which makes the norm linear, so every "
                "part's contribution adds up to the logit difference. A part's direct effect is not its total "
