@@ -3,6 +3,7 @@ drawn as bars, milliseconds to three significant figures, and peak memory that s
 from __future__ import annotations
 
 import pandas as pd
+import plotly.graph_objects as go
 
 from attnviz.base.numbers import blank, ms
 from attnviz.figures import experiment_figures, head_figures, latency_figures, lab_figures
@@ -70,3 +71,14 @@ def test_two_prompts_default_pair_differs_before_the_words_that_read_it():
     assert a.n == b.n
     differs = (a.attentions - b.attentions).abs().amax(dim=(0, 1, 3)) > 1e-4      # per query position
     assert int(differs.sum()) >= 3 and bool(differs[-1])
+
+
+def test_a_title_never_sits_over_a_legend():
+    """The Heads page titles its pruning curves and importance map; their legends go under the plot."""
+    import torch
+    curve = pd.DataFrame([dict(order=o, fraction=f, cosine_mean=1 - f, cosine_std=0.0, runs=1)
+                          for o in ("importance", "random") for f in (0.0, 0.1)])
+    fig = head_figures.curve_figure(curve, "cosine")
+    heat = head_figures.mark_off_heads(go.Figure(), torch.tensor([[True, False]]))
+    for f in (fig, heat):
+        assert f.layout.legend.y < 0 and f.layout.legend.yanchor == "top"

@@ -51,7 +51,9 @@ def curve_figure(summary: pd.DataFrame, metric: str, log_y: bool = False) -> go.
         figure.update_yaxes(title=METRIC_LABELS.get(metric, metric) + " (log scale)", **LOG_AXIS)
     else:
         figure.update_yaxes(title=METRIC_LABELS.get(metric, metric))
-    figure.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10), legend=dict(y=1.15, orientation="h"))
+    # the legend under the plot: a page's title goes above it, and a legend there sat under the title
+    figure.update_layout(height=420, margin=dict(l=10, r=10, t=30, b=10),
+                         legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
     return figure
 
 
@@ -182,5 +184,5 @@ def mark_off_heads(figure: go.Figure, keep) -> go.Figure:
             marker=dict(symbol="x-thin", size=12, line=dict(width=2, color="white")),
             text=[head_name(layer, h) for layer, h in off], hovertemplate="%{text} is off<extra></extra>",
             showlegend=True))
-        figure.update_layout(legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0))
+        figure.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))   # never under a title
     return figure
