@@ -605,6 +605,12 @@ def test_heads_answer_in_sentences_with_their_numbers():
     assert "top-1 agreement" in said and "next-token prediction" in said
 
 
+def verdicts_of_a_run_stopped_at_zero():
+    from attnviz.analysis import head_answers
+    return head_answers.curve_sentence(pd.DataFrame([dict(order="importance", fraction=0.0, top1_mean=1.0,
+                                                          top1_std=0.0, runs=1)]), "top1", 72)
+
+
 def test_the_pruning_curve_is_said_at_thirty_percent_against_random_order():
     from attnviz.analysis import head_answers
     summary = pd.DataFrame([dict(order="importance", fraction=0.3, top1_mean=0.57, top1_std=0.0, runs=1),
@@ -612,6 +618,7 @@ def test_the_pruning_curve_is_said_at_thirty_percent_against_random_order():
     assert head_answers.curve_sentence(summary, "top1", 72) == (
         "Removing 30% of the heads (22 of 72) by importance keeps top-1 agreement at 0.570 against 0.330 ± 0.050 "
         "in random order (mean ± sd over 3 orders): importance order does better.")
+    assert verdicts_of_a_run_stopped_at_zero() is None
     at = tool(app(), "Pruning curve")
     at.select_slider(key="heads.curve_tokens").set_value(32).run()
     at.number_input(key="heads.curve_seeds").set_value(1).run()

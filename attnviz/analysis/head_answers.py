@@ -54,7 +54,10 @@ def curve_sentence(summary: pd.DataFrame, metric: str, n_heads: int, mark: float
     orders = set(summary["order"])
     if "importance" not in orders:
         return None
-    at = nearest(sorted(set(summary.loc[summary["order"] == "importance", "fraction"])), mark)
+    steps = sorted(f for f in set(summary.loc[summary["order"] == "importance", "fraction"]) if f > 0)
+    if not steps:   # a run stopped before its first step: nothing removed yet, nothing to say
+        return None
+    at = nearest(steps, mark)
     imp = summary[(summary["order"] == "importance") & (summary["fraction"] == at)].iloc[0]
     removed = round(at * n_heads)
     text = (f"Removing {at:.0%} of the heads ({removed} of {n_heads}) by importance "
@@ -79,7 +82,10 @@ def corpus_curve_sentence(summary: pd.DataFrame, metric: str, n_heads: int, n_it
     imp_rows = rows[rows["order"] == "importance"]
     if imp_rows.empty:
         return None
-    at = nearest(sorted(set(imp_rows["fraction"])), mark)
+    steps = sorted(f for f in set(imp_rows["fraction"]) if f > 0)
+    if not steps:
+        return None
+    at = nearest(steps, mark)
     imp = imp_rows[imp_rows["fraction"] == at].iloc[0]
     kept = int(imp["heads_kept"]) if "heads_kept" in imp else round((1 - at) * n_heads)
     text = (f"Over {n_items} items, removing {at:.0%} of the heads ({n_heads - kept} of {n_heads}) by importance "
