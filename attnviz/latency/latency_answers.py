@@ -51,12 +51,15 @@ def sweep_sentence(df: pd.DataFrame, quote=str) -> str | None:
         return None
     text = f"One forward pass of {quote(model)} ({variant}) over {n} tokens takes " + "; ".join(parts) + "."
     half = n // 2
-    first = rows[rows["backend"] == rows["backend"].iloc[0]]
+    where = "cpu" if (rows["backend"] == "cpu").any() else rows["backend"].iloc[0]   # measured first
+    first = rows[rows["backend"] == where]
+    if where == "cpu":
+        first = first[first["threads"] == first["threads"].min()]
     a, b = first[first["seq_len"] == half], first[first["seq_len"] == n]
     if len(a) and len(b):
         growth = float(b["median_ms"].iloc[0]) / float(a["median_ms"].iloc[0])
         text += (f" Doubling the text from {half} to {n} tokens multiplies the time by {growth:.2f}× on "
-                 f"{DEVICES.get(first['backend'].iloc[0], first['backend'].iloc[0])} (2× would be linear, 4× all "
+                 f"{DEVICES.get(where, where)} (2× would be linear, 4× all "
                  "attention).")
     return text
 
