@@ -77,7 +77,11 @@ def test_heads_toggle_changes_the_output(page, server):
     open_page(page, server, "Heads?model=minilm")
     cosine = page.locator('[data-testid="stMetricValue"]').first
     expect(cosine).to_have_text("1.0000")  # every head on: the masked model is the full model
-    page.get_by_text("layer 0", exact=True).click()   # switch off every head of layer 0
+    page.get_by_text("layer 0", exact=True).click()   # switch off every head of layer 0: pending
+    wait_idle(page)
+    expect(page.get_by_text("12 pending changes", exact=False)).to_be_visible()
+    expect(cosine).to_have_text("1.0000")             # like every edit, it waits for Apply
+    page.get_by_role("button", name="Apply", exact=True).click()
     wait_idle(page)
     expect(page.get_by_text("60 of 72 heads on", exact=False)).to_be_visible()
     expect(cosine).not_to_have_text("1.0000")
@@ -89,7 +93,7 @@ def test_heads_toggle_changes_the_output(page, server):
 def head_button(page, layer, head):
     """Head `head`'s button in layer `layer`'s row of the Heads page's mask (a form: Apply submits)."""
     return page.get_by_role("toolbar", name=f"heads on in layer {layer}", exact=True).get_by_role(
-        "button", name=f"h{head}", exact=True)
+        "button", name=re.compile(rf"^h{head}\*?$"))   # "h3*" while its edit waits for Apply
 
 
 def test_heads_several_toggles_then_one_apply(page, server):
@@ -100,10 +104,11 @@ def test_heads_several_toggles_then_one_apply(page, server):
         head_button(page, layer, head).click()
         expect(head_button(page, layer, head)).to_have_attribute("aria-pressed", "false")
         wait_idle(page)
-    expect(page.get_by_text("The grid above has 69 heads on", exact=False)).to_be_visible()
+    expect(page.get_by_text("3 pending changes", exact=False)).to_be_visible()
+    expect(page.get_by_text("layer 1 ◐", exact=True)).to_be_visible()   # a partial layer says so
     expect(page.get_by_text("72 of 72 heads on", exact=False)).to_be_visible()
     expect(cosine).to_have_text("1.0000")
-    page.get_by_role("button", name="Apply").click()  # one run for the three
+    page.get_by_role("button", name="Apply", exact=True).click()  # one run for the three
     wait_idle(page)
     expect(page.get_by_text("69 of 72 heads on", exact=False)).to_be_visible()
     expect(cosine).to_have_text(re.compile(r"^0\.\d{4}$"))   # below 1: the three heads are off

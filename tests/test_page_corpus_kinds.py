@@ -46,6 +46,7 @@ def test_translate_page_scores_its_editors_mask_against_full_and_native(results_
     at = AppTest.from_file(str(PAGES / "6_Translate.py"), default_timeout=300).run()
     at.radio(key="translate.view").set_value("Switch heads off").run()
     at.checkbox(key="translate.layer:en-pt:2x8:1").uncheck().run()      # the page's own editor
+    at.button(key="translate.apply").click().run()
     assert not at.exception, at.exception
     at.radio(key="translate.view").set_value("Corpus run").run()
     assert not at.exception, at.exception

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
@@ -62,6 +63,8 @@ def switch(at, *heads, key="minilm"):
 
 
 def apply(at):
+    """Apply the pending edits (a run first draws the grid they make, which enables Apply)."""
+    at.run()
     return at.button(key="heads.apply").click().run()
 
 
@@ -112,6 +115,8 @@ def test_toggle_updates_outputs_and_link():
     at.button(key="heads.only_btn").click().run()
     assert mask_of(at).sum(1).tolist() == [0, 12, 0, 0, 0, 0]
     at.button(key="heads.reset").click().run()
+    assert "heads" in at.query_params     # Reset waits for Apply, like every edit
+    apply(at)
     assert mask_of(at).all() and "heads" not in at.query_params
 
 
@@ -210,18 +215,20 @@ def test_head_edits_wait_for_apply_then_apply_together():
     assert torch.equal(mask_of(at), keep)             # the grid holds the edits...
     assert at.metric[0].value == "1.0000"             # ...the result is still the full model's
     captions = " ".join(c.value for c in at.caption)
-    assert "72 of 72 heads on" in captions and "The grid above has 69 heads on" in captions
+    assert "72 of 72 heads on" in captions and "3 pending changes" in captions and "The grid has 69 heads on" in captions
     assert "heads" not in at.query_params
     apply(at)
     assert not at.exception
     assert torch.equal(mask_of(at), keep)
     assert float(at.metric[0].value) < 1.0
     captions = " ".join(c.value for c in at.caption)
-    assert "69 of 72 heads on" in captions and "The grid above has 69 heads on" in captions
+    assert "69 of 72 heads on" in captions and "No pending changes" in captions
     assert at.query_params["heads"] == pruning.encode_mask(keep)
     assert not at.checkbox(key=layer_box("minilm", 4)).value   # layer 4 is no longer all on
-    at.checkbox(key=layer_box("minilm", 4)).check().run()    # a layer box acts at once
+    at.checkbox(key=layer_box("minilm", 4)).check().run()    # a layer box waits for Apply too
     assert mask_of(at)[4].all() and mask_of(at).sum() == 70
+    assert any("69 of 72 heads on" in c.value for c in at.caption)
+    apply(at)
     assert any("70 of 72 heads on" in c.value for c in at.caption)
 
 
@@ -238,7 +245,7 @@ def test_live_effect_of_a_language_model_one_scale_target_tokens_and_flips():
     assert not any("flips" in w.value for w in at.warning)
     # Every head but layer 0's: the prediction changes, and the page says so beyond perplexity
     at.selectbox(key="heads.only:smollm2:30x9").set_value(0).run()
-    at.button(key="heads.only_btn").click().run()
+    apply(at.button(key="heads.only_btn").click().run())
     assert not at.exception
     assert any("next-token prediction flips" in w.value for w in at.warning)
     top1 = metric(at, "top-1 agreement")
@@ -429,7 +436,7 @@ def test_metric_deltas_are_coloured_by_good_or_bad_and_plain_at_zero():
     assert delta_style(perplexity) == ("GRAY", "NONE")      # no change: no red up arrow
     assert delta_style(agreement) == ("GRAY", "NONE") and agreement.delta == "no position flips"
     at.selectbox(key="heads.only:smollm2:30x9").set_value(0).run()
-    at.button(key="heads.only_btn").click().run()
+    apply(at.button(key="heads.only_btn").click().run())
     assert not at.exception
     perplexity, agreement = metric(at, "perplexity (masked)"), metric(at, "top-1 agreement")
     assert float(perplexity.value) > float(perplexity.delta.split("vs full")[1])
@@ -552,3 +559,70 @@ def test_pruning_curve_defaults_finish_with_the_random_baseline():
     lm = tool(app(model="smollm2"), "Pruning curve")
     assert lm.select_slider(key="heads.curve_tokens").value == 64   # small enough for 120 s
     assert lm.number_input(key="heads.curve_seeds").value == 3
+
+
+def test_every_edit_waits_for_apply_a_partial_layer_says_so_and_discard_undoes():
+    """One Apply everywhere: before, a layer box and a preset applied at once on this page while
+    head clicks waited; a layer with some heads on showed an empty box."""
+    at = app()
+    switch(at, (2, 0), (2, 1)).run()
+    box = at.checkbox(key=layer_box("minilm", 2))
+    assert box.label == "layer 2 ◐" and not box.value           # partial, not an empty "layer 2"
+    assert at.checkbox(key=layer_box("minilm", 3)).label == "layer 3"
+    at.checkbox(key=layer_box("minilm", 5)).uncheck().run()            # a whole layer off: pending
+    at.button(key="heads.reset").click().run()
+    at.checkbox(key=layer_box("minilm", 1)).uncheck().run()
+    assert not at.exception and mask_of(at).sum() == 60
+    assert at.metric[0].value == "1.0000" and "heads" not in at.query_params   # nothing applied yet
+    assert any("12 pending changes" in c.value for c in at.caption)
+    at.button(key="heads.discard").click().run()
+    assert mask_of(at).all() and any("No pending changes" in c.value for c in at.caption)
+    at.checkbox(key=layer_box("minilm", 1)).uncheck().run()
+    apply(at)
+    assert float(at.metric[0].value) < 1.0 and at.query_params["heads"].startswith("6x12-")
+
+
+def test_a_head_that_is_off_is_struck_through_and_a_pending_one_marked():
+    from attnviz.ui import head_editor
+    assert head_editor.head_label(":red[h3]", False, False) == "~~:red[h3]~~"   # an alignment head off
+    assert head_editor.head_label("h3", True, True) == "h3\\*"
+    assert head_editor.layer_label(4, 3, 6) == "layer 4 ◐"
+    assert head_editor.layer_label(4, 0, 6) == head_editor.layer_label(4, 6, 6) == "layer 4"
+
+
+def test_heads_answer_in_sentences_with_their_numbers():
+    """Before: a metric with "+0.0000 vs full 1" and charts; now the answer is said, and a change that
+    rounds to nothing reads "= full"."""
+    at = app()
+    assert any(i.value.startswith("Every head is on: embedding cosine is the full model's") for i in at.info)
+    assert at.metric[0].delta == "= full"
+    apply(switch(at, (5, 3)))
+    said = next(i.value for i in at.info if i.value.startswith("With 1 of 72 heads off"))
+    assert f"embedding cosine is {float(at.metric[0].value):.4f} against the full model's 1.0000" in said
+    lm = app(model="smollm2")
+    apply(switch(lm, (0, 1), key="smollm2"))
+    said = next(i.value for i in lm.info if i.value.startswith("With 1 of 270 heads off"))
+    assert "top-1 agreement" in said and "next-token prediction" in said
+
+
+def verdicts_of_a_run_stopped_at_zero():
+    from attnviz.analysis import head_answers
+    return head_answers.curve_sentence(pd.DataFrame([dict(order="importance", fraction=0.0, top1_mean=1.0,
+                                                          top1_std=0.0, runs=1)]), "top1", 72)
+
+
+def test_the_pruning_curve_is_said_at_thirty_percent_against_random_order():
+    from attnviz.analysis import head_answers
+    summary = pd.DataFrame([dict(order="importance", fraction=0.3, top1_mean=0.57, top1_std=0.0, runs=1),
+                            dict(order="random", fraction=0.3, top1_mean=0.33, top1_std=0.05, runs=3)])
+    assert head_answers.curve_sentence(summary, "top1", 72) == (
+        "Removing 30% of the heads (22 of 72) by importance keeps top-1 agreement at 0.570 against 0.330 ± 0.050 "
+        "in random order (mean ± sd over 3 orders): importance order does better.")
+    assert verdicts_of_a_run_stopped_at_zero() is None
+    at = tool(app(), "Pruning curve")
+    at.select_slider(key="heads.curve_tokens").set_value(32).run()
+    at.number_input(key="heads.curve_seeds").set_value(1).run()
+    at.button(key="heads.curve_go").click().run()
+    assert not at.exception
+    assert any(i.value.startswith("Removing 30% of the heads (22 of 72) by importance keeps embedding cosine at")
+               for i in at.info)

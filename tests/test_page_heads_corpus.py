@@ -127,3 +127,18 @@ def test_gemma_runs_over_the_bundled_chinese_django_messages(monkeypatch):
     assert result.complete and result.corpus_key == "django-zh", [e.value for e in at.error]
     assert len(result.table) == 5
     assert at.get("plotly_chart")
+
+
+def test_the_halving_run_is_named_for_the_model_and_answers_with_the_pi_saving(monkeypatch):
+    """Before: "heads 4 vs 8" on a model of 12 heads a layer, and a table to read."""
+    monkeypatch.delenv("ATTNVIZ_SCHEDULER", raising=False)
+    at = corpus_tool()
+    kind = at.selectbox(key="heads.corpus_kind")
+    assert "each layer's 12 heads halved to 6" in kind.options
+    kind.set_value("heads_4_vs_8").run()
+    at.selectbox(key="heads.corpus_n").set_value(5).run()
+    at.button(key="heads.corpus_go").click().run()
+    assert not at.exception, at.exception
+    said = next(i.value for i in at.info if i.value.startswith("Each layer's 12 heads halved to 6"))
+    assert "[95 % CI" in said and "over 5 items" in said
+    assert "on a Pi 4 (" in said and "modelled ±25%)" in said

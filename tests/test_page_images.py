@@ -125,11 +125,16 @@ def test_switching_heads_off_shows_the_effect():
     metrics = {m.label: float(m.value) for m in at.metric}
     assert set(metrics) == {"CLS embedding cosine", "Saliency IoU at 0.5", "Saliency mean |change|"}
     assert 0 < metrics["CLS embedding cosine"] < 1
+    said = next(i.value for i in at.info if i.value.startswith("With 1 of "))   # the answer, said
+    assert f"the CLS embedding keeps cosine {metrics['CLS embedding cosine']:.4f}" in said
+    assert f"overlaps the full model's at IoU {metrics['Saliency IoU at 0.5']:.3f}" in said
     assert 0 <= metrics["Saliency IoU at 0.5"] <= 1 and metrics["Saliency mean |change|"] > 0
     captions = image_captions(at)
     assert "Saliency, 1 heads off" in captions and "Rollout, heads off" in captions
 
     at.button(key="images.reset").click().run()
+    assert not at.exception and "1 heads off" in photo_caption(at)     # Reset waits for Apply too
+    at.button(key="images.apply").click().run()
     assert not at.exception and "heads off" not in photo_caption(at)
     assert "All heads are on" in at.info[0].value and not at.metric
 

@@ -42,6 +42,13 @@ def test_an_experiment_shows_its_figure_and_sentence_then_the_measures(monkeypat
     runs = at.session_state["lab.exp_runs"]
     assert set(runs) == {("baseline", 20, 0), ("temp:2", 20, 0)}
     base = runs[("baseline", 20, 0)]
+    # the chart shows the figure the sentence quotes (2,000 prompts), not only its 500-prompt curve
+    import json
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    finals = {t["name"]: t["y"][0] for t in spec["data"] if t.get("marker", {}).get("symbol") == "diamond"}
+    assert finals == {f"{base.label}: final": base.exact, f"{runs[('temp:2', 20, 0)].label}: final":
+                      runs[("temp:2", 20, 0)].exact}
+    assert f"{100 * base.exact:.1f}%" in said and "◆ final on 2,000" in str(spec["layout"]["annotations"])
 
     run(at, "gradient")                                       # the toy's baseline again, and MiniLM
     said = texts(at.info)

@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 from attnviz.base import jobs
 from attnviz.latency import compare, published, quantize, results
 from attnviz.figures import latency_figures
+from attnviz.ui import common
 from attnviz.base.limits import LIMITS
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "4_Latency.py")
@@ -389,16 +390,22 @@ def test_a_fit_beyond_any_device_is_refused_and_the_profile_not_kept(monkeypatch
 def test_edge_views_heads_table_and_quantization(monkeypatch):
     """The 4-vs-8-heads table; the quantization tables (measured behind a button)."""
 
+    from attnviz.latency import int8_story
     fake = (pd.DataFrame([dict(model="minilm", mode="int8", latency_ratio=0.7)]),
             pd.DataFrame([dict(variant="softmax", flushed_share=0.2, mass_lost=0.003, l1_per_row=0.02),
                           dict(variant="relu", flushed_share=0.03, mass_lost=0.0004, l1_per_row=0.01)]))
     checks = []
-    monkeypatch.setattr(quantize, "quantization_table", lambda **k: checks.append(k.get("check")) or fake[0])
+    streamlit.cache_data.clear()   # the tables are cached per server
     monkeypatch.setattr(quantize, "probabilities_int8", lambda m: fake[1])
+    monkeypatch.setattr(int8_story, "int8_table", lambda keys, **k: checks.append(k.get("check")) or pd.DataFrame(
+        [{"model": "minilm", "this CPU int8 speed-up (measured)": "1.43×", "int8 fidelity": ""}]))
     at = page()
     at.button(key="latency.heads_tradeoff").click().run()
     heads = next(d.value for d in at.dataframe if "n_heads" in d.value.columns)
     assert set(heads["n_heads"]) == {4, 8} and "pi5 torch fp32 ms" in heads.columns
+    assert "None" not in heads.astype(str).to_numpy().ravel().tolist()      # the shapes' accuracy is blank
+    said = next(i.value for i in at.info if "8 heads of 48 instead of 4 of 96" in i.value)
+    assert "on a Pi 4 with torch fp32" in said and "modelled ±25%" in said
     at.button(key="latency.quantize").click().run()
     assert not at.exception
     assert len(checks) == 1 and callable(checks[0])  # started with its session's cancel, as the int8 scan
@@ -461,3 +468,52 @@ def test_sidebar_links_start_with_home_on_home_and_on_a_page_without_a_model_pic
     assert links[0].proto.page == "" and [link.proto.page for link in links[1:]] == NAV[1:]
     at.switch_page("pages/4_Latency.py").run()   # the Latency page has no model picker: it draws them itself
     assert not at.exception and [link.value for link in at.sidebar.get("page_link")] == NAV
+
+
+def test_int8_is_one_table_per_model_with_the_pi_modelled_and_this_cpu_measured(monkeypatch):
+    """Before: the modelled Pi int8 rows and the copies measured here sat apart, unexplained, with
+    "None" in empty cells, and every bundled model was quantized at once."""
+    from attnviz.latency import int8_story
+    from tests.tiny import LLAMA
+    from attnviz.weights.catalogue import random_model
+    loaded = []
+    streamlit.cache_data.clear()   # the tables are cached per server
+    monkeypatch.setattr(common, "shared_model", lambda key: loaded.append(key) or random_model(LLAMA, seed=1))
+    monkeypatch.setattr(quantize, "probabilities_int8", lambda m: pd.DataFrame(
+        [dict(variant="softmax", l1_per_row=0.02), dict(variant="relu", l1_per_row=0.01)]))
+    at = page()
+    assert not loaded and any("Computed only when you press the button" in c.value for c in at.caption)
+    at.button(key="latency.quantize").click().run()
+    assert not at.exception and loaded.count("minilm") >= 1 and "smollm2" not in loaded   # only those asked for
+    table = next(d.value for d in at.dataframe if "int8 fidelity" in d.value.columns)
+    cells = table.astype(str).to_numpy().ravel().tolist()
+    assert "None" not in cells and "nan" not in cells
+    assert {"Pi 4 int8 speed-up (modelled)", "Pi 4 band (±25%)", "this CPU int8 speed-up (measured)"} <= set(table.columns)
+    said = next(i.value for i in at.info if i.value.startswith("minilm, int8:"))
+    assert "on a Pi 4 (modelled, ±25%" in said and "on this CPU (measured)" in said and "it keeps" in said
+    assert any(c.value.startswith(int8_story.why(table)[:30]) for c in at.caption)
+    assert int8_story.why(pd.DataFrame({"this CPU int8 speed-up (measured)": ["0.51×"]})).startswith("Why x86 and ARM")
+    assert int8_story.why(pd.DataFrame({"this CPU int8 speed-up (measured)": ["1.40×"]})).startswith("Here int8")
+    # a kind the Pi cost model does not price here: its Pi cells are blank, its sentence says what was measured
+    row = {"model": "en-pt", "Pi 4 int8 speed-up (modelled)": "", "this CPU int8 speed-up (measured)": "0.50×",
+           "int8 fidelity": "translations identical 3/3"}
+    assert int8_story.int8_sentence(row) == ("en-pt, int8: 2.00× slower on this CPU (measured); it keeps "
+                                             "translations identical 3/3.")
+
+
+def test_the_sweep_answers_in_a_sentence_with_its_bands(ran):
+    """Before: the answer had to be read off the table and the charts."""
+    said = next(i.value for i in ran.info if i.value.startswith("One forward pass of"))
+    assert "over 32 tokens takes" in said and "p10–p90" in said                   # measured, with its spread
+    assert "on a Pi 4 (modelled, ±25%" in said                                     # modelled, with its band
+    assert "Doubling the text from 16 to 32 tokens multiplies the time by" in said
+
+
+def test_a_one_length_sweep_draws_bars_and_the_table_says_what_memory_counts():
+    at = show(submit(page(), seq="16", variants=["fused"], heads="all"), "Latency")
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert {t["type"] for t in specs[0]["data"]} == {"bar"} and len(specs) == 1     # no log-log of one point
+    assert any("One sequence length" in c.value for c in at.caption)
+    table = next(d for d in at.dataframe if "median_ms" in d.value.columns)
+    config = json.loads(table.proto.column_config or "{}") if hasattr(table.proto, "column_config") else {}
+    assert "activations" in json.dumps(config) or "activations" in str(table.proto)

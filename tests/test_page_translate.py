@@ -60,6 +60,8 @@ def test_switching_cross_attention_heads_off_changes_the_translation():
     at = view(run_page(), "Switch heads off")
     assert any("Every head is on" in i.value for i in at.info)
     at.checkbox(key="translate.layer:en-pt:2x8:1").uncheck().run()  # the shared editor's layer box
+    assert any("Every head is on" in i.value for i in at.info)       # it waits for Apply
+    at.button(key="translate.apply").click().run()
     assert not at.exception, at.exception
     assert any(m.value.startswith("Change: ~~") for m in at.markdown)
     metrics = {m.label: m.value for m in at.metric}

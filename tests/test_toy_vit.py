@@ -106,8 +106,8 @@ def test_bad_inputs_are_refused():
         toy_vit.attention_flops("sparse", 2, 32)
 
 
-def result(positions, attention, correct, total=400):
-    return toy_vit.VitResult(None, toy_vit.VitSettings(positions=positions, attention=attention), [], 0.0, 0,
+def result(positions, attention, correct, total=400, steps=0):
+    return toy_vit.VitResult(None, toy_vit.VitSettings(positions=positions, attention=attention), [], 0.0, steps,
                              False, correct, total)
 
 
@@ -137,3 +137,15 @@ def test_the_figures_show_exact_counts_and_every_layer():
         vit_figures.accuracy_figure(["a"], [1, 2], [4, 4], 0.5)
     with pytest.raises(ValueError):
         vit_figures.patch_attention_figure(np.zeros((32, 32)), {}, (0, 0))
+
+
+def test_runs_still_at_chance_have_not_learned_yet():
+    """Before: "axial helped +64.75 points" while both full-attention runs were at chance after 150 steps."""
+    text = toy_vit.summary([result("learned", "full", 135, steps=150), result("learned", "axial", 394, steps=150),
+                            result("sinusoidal 2-D", "full", 131, steps=150),
+                            result("sinusoidal 2-D", "axial", 390, steps=150)])
+    assert "helped" not in text.split("With full attention")[0]
+    assert ("With learned positions, full attention (33.75 % (135/400)) has not learned yet after 150 steps "
+            "(at chance): train longer before comparing full and axial attention.") in text
+    assert "With full attention, 2-D sinusoidal positions" not in text      # both at chance: nothing to compare
+    assert "With axial attention, 2-D sinusoidal positions" in text

@@ -7,6 +7,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from attnviz.figures.latency_figures import LOG_AXIS
+
 SMOOTH = 10   # steps in the loss's moving average: per-step losses of fresh batches are noisy
 
 
@@ -21,13 +23,18 @@ def smoothed(values, window: int = SMOOTH) -> np.ndarray:
     return (c[i] - c[lo]) / (i - lo)
 
 
-def curves_figure(runs: dict[str, tuple[list[float], list[tuple[int, float]]]]) -> go.Figure:
+def curves_figure(runs: dict[str, tuple[list[float], list[tuple[int, float]]]], finals: dict | None = None,
+                  final_n: int = 2000) -> go.Figure:
     """{label: (losses per step, [(step, exact accuracy)])}: the training loss (moving average,
-    log scale) on the left, held-out exact accuracy on the right, one colour per run."""
+    log scale) on the left, held-out exact accuracy on the right, one colour per run. `finals`
+    {label: (step, exact accuracy)}: each run's final score on `final_n` prompts, drawn as a diamond
+    at its last step, so the chart shows the figure the verdict sentence quotes (the curve is
+    scored on 500 prompts while training and can end a few points away from it)."""
     if not runs:
         raise ValueError("no runs to draw")
     figure = make_subplots(rows=1, cols=2, subplot_titles=(f"task loss ({SMOOTH}-step average)",
-                                                           "exact accuracy, 500 held-out prompts"))
+                                                           "exact accuracy: 500 held-out prompts while "
+                                                           f"training{f', ◆ final on {final_n:,}' if finals else ''}"))
     for i, (label, (losses, history)) in enumerate(runs.items()):
         colour = f"hsl({(i * 137) % 360}, 65%, 45%)"
         figure.add_trace(go.Scatter(x=np.arange(1, len(losses) + 1), y=smoothed(losses), mode="lines",
@@ -40,7 +47,14 @@ def curves_figure(runs: dict[str, tuple[list[float], list[tuple[int, float]]]]) 
                                         showlegend=False, line=dict(color=colour),
                                         hovertemplate=f"{label}<br>step %{{x}}: %{{y:.1%}}<extra></extra>"),
                              row=1, col=2)
-    figure.update_yaxes(type="log", title="cross-entropy", row=1, col=1)
+        if finals and label in finals:
+            step, exact = finals[label]
+            figure.add_trace(go.Scatter(x=[step], y=[exact], mode="markers", name=f"{label}: final",
+                                        legendgroup=label, showlegend=False,
+                                        marker=dict(symbol="diamond", size=11, color=colour),
+                                        hovertemplate=f"{label}<br>final, {final_n:,} prompts: %{{y:.1%}}<extra></extra>"),
+                             row=1, col=2)
+    figure.update_yaxes(**LOG_AXIS, title="cross-entropy (nats, log scale)", row=1, col=1)
     figure.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=2)
     figure.update_xaxes(title="step")
     figure.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.25))

@@ -9,6 +9,7 @@ import torch
 
 from attnviz.base.names import head_name
 from attnviz.figures.attention_figures import head_heatmap, token_label
+from attnviz.figures.latency_figures import LOG_AXIS
 
 ORDER_COLOURS = {"importance": "#1f77b4", "random": "#ff7f0e"}
 # The live view's charts are redrawn on every head toggle, and a browser spends most of a redraw
@@ -46,8 +47,13 @@ def curve_figure(summary: pd.DataFrame, metric: str, log_y: bool = False) -> go.
                                     line=dict(color=colour),
                                     hovertemplate=f"%{{x:.0f}}% removed<br>{metric} %{{y:.4g}}<extra></extra>"))
     figure.update_xaxes(title="heads removed (%)")
-    figure.update_yaxes(title=METRIC_LABELS.get(metric, metric), type="log" if log_y else "linear")
-    figure.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10), legend=dict(y=1.15, orientation="h"))
+    if log_y:
+        figure.update_yaxes(title=METRIC_LABELS.get(metric, metric) + " (log scale)", **LOG_AXIS)
+    else:
+        figure.update_yaxes(title=METRIC_LABELS.get(metric, metric))
+    # the legend under the plot: a page's title goes above it, and a legend there sat under the title
+    figure.update_layout(height=420, margin=dict(l=10, r=10, t=30, b=10),
+                         legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
     return figure
 
 
@@ -162,8 +168,8 @@ def latency_figure(table: pd.DataFrame, modelled: pd.DataFrame | None = None) ->
             for column, name in (("full_ms", "full"), ("pruned_ms", "pruned")):
                 figure.add_trace(go.Scatter(x=part["tokens"], y=part[column], mode="lines+markers",
                                             name=f"{name} ({device}, modelled)", line=dict(dash="dot")))
-    figure.update_xaxes(title="tokens", type="log")
-    figure.update_yaxes(title="latency (ms)", type="log")
+    figure.update_xaxes(title="sequence length (tokens, log scale)", **LOG_AXIS)
+    figure.update_yaxes(title="latency (ms, log scale)", **LOG_AXIS)
     figure.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10))
     return figure
 
@@ -178,5 +184,5 @@ def mark_off_heads(figure: go.Figure, keep) -> go.Figure:
             marker=dict(symbol="x-thin", size=12, line=dict(width=2, color="white")),
             text=[head_name(layer, h) for layer, h in off], hovertemplate="%{text} is off<extra></extra>",
             showlegend=True))
-        figure.update_layout(legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0))
+        figure.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))   # never under a title
     return figure

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from attnviz.figures.render import tick_positions
 from attnviz.figures.attention_figures import HEAD_COLOURS, head_heatmap, token_label
+from attnviz.figures.latency_figures import LOG_AXIS
 
 MAX_TICKS = 40
 
@@ -104,7 +105,7 @@ def loss_figure(losses, history: list[tuple[int, float]] | None = None) -> go.Fi
     y = _np(losses)
     figure = go.Figure(go.Scatter(x=np.arange(1, len(y) + 1), y=y, mode="lines", name="loss",
                                   hovertemplate="step %{x}: loss %{y:.4g}<extra></extra>"))
-    figure.update_layout(yaxis=dict(title="cross-entropy loss (log scale)", type="log"))
+    figure.update_layout(yaxis=dict(title="cross-entropy loss (nats, log scale)", **LOG_AXIS))
     if history:
         steps, acc = zip(*history)
         figure.add_trace(go.Scatter(x=steps, y=acc, mode="lines+markers", name="exact accuracy",

@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from attnviz.base.numbers import ms
 from attnviz.latency.compare import crossover_n, fit_quadratic
 from attnviz.latency.costmodel import GROUPS
 
@@ -162,6 +163,8 @@ def _line(rows, y, label, measured: bool, error=False, mode="lines+markers", gre
         if error and measured and {"p10_ms", "p90_ms"} <= set(rows.columns):
             extra["error_y"] = dict(type="data", symmetric=False, array=rows["p90_ms"] - rows["median_ms"],
                                     arrayminus=rows["median_ms"] - rows["p10_ms"], thickness=1)
+        if y.endswith("_ms"):   # milliseconds to three significant figures, not "127.4836"
+            extra.update(text=[ms(v) for v in rows[y]], hovertemplate="n = %{x}: %{text} ms")
     return go.Scatter(x=rows["seq_len"], y=rows[y], name=label, mode=mode, **extra)
 
 
@@ -194,8 +197,28 @@ def _lines(df: pd.DataFrame, y: str, error: bool = False, mode: str = "lines+mar
             for (label, rows, measured, grey), k in zip(series, _symbols(series))], _note(total)
 
 
+def single_length_figure(df: pd.DataFrame, y: str = "median_ms") -> go.Figure:
+    """A sweep of one length: one bar per series (a line over one n is dots over an axis of 1.5 tokens),
+    p10-p90 on measured bars, each bar labelled in ms to three significant figures."""
+    series, total = _series(df)
+    fig = go.Figure()
+    for label, rows, measured, grey in series:
+        colour = GREY if grey else device_style(rows["backend"].iloc[0] if "backend" in rows else "", measured)["line"]["color"]
+        error = dict(type="data", symmetric=False, array=rows["p90_ms"] - rows[y], arrayminus=rows[y] - rows["p10_ms"],
+                     thickness=1) if measured and {"p10_ms", "p90_ms"} <= set(rows.columns) else None
+        fig.add_trace(go.Bar(x=[label], y=[rows[y].iloc[0]], name=label, marker_color=colour, error_y=error,
+                             text=[ms(rows[y].iloc[0]) + " ms"], textposition="outside",
+                             hovertemplate=f"%{{x}}: %{{text}}<extra></extra>"))
+    n = int(df["seq_len"].iloc[0])
+    fig.update_layout(title=f"Latency of one forward pass at n = {n} tokens (one length: bars)" + _note(total),
+                      yaxis_title="milliseconds", showlegend=False, margin=dict(t=50, b=10))
+    return fig
+
+
 def latency_figure(df: pd.DataFrame, log: bool = False) -> go.Figure:
-    """Median latency versus n, every series; p10-p90 bars on measured points."""
+    """Median latency versus n, every series; p10-p90 bars on measured points. One length: bars."""
+    if df["seq_len"].nunique() == 1 and not log:
+        return single_length_figure(df)
     traces, note = _lines(df, "median_ms", error=True)
     return _layout(go.Figure(traces), "Latency of one forward pass" + (" (log-log: slope 1 linear, 2 quadratic)"
                                                                       if log else "") + note, "milliseconds", log)

@@ -28,6 +28,9 @@ def _numpy(values) -> np.ndarray:
     return np.asarray(values)
 
 
+LENS_FONT = 12   # the cells' top tokens: 9 px was too small to read at the page's width
+
+
 def lens_figure(final_probs, top_labels: list[list[str]], top_probs, tokens: list[str], rows: list[str],
                 final_labels: list[str], title: str = "") -> go.Figure:
     """Layers x positions: colour = the probability each layer gives the model's final prediction
@@ -48,7 +51,7 @@ def lens_figure(final_probs, top_labels: list[list[str]], top_probs, tokens: lis
     if n_rows * n <= LENS_TEXT_MAX_CELLS:
         heatmap.text = top
         heatmap.texttemplate = "%{text}"
-        heatmap.textfont = dict(size=9)
+        heatmap.textfont = dict(size=LENS_FONT)
     figure = go.Figure(heatmap)
     gx, gy = np.meshgrid(np.arange(n), np.arange(n_rows))
     figure.add_trace(go.Scatter(x=gx.ravel(), y=gy.ravel(), mode="markers", hoverinfo="skip", showlegend=False,
@@ -57,7 +60,7 @@ def lens_figure(final_probs, top_labels: list[list[str]], top_probs, tokens: lis
     figure.update_xaxes(title="position (token)", tickangle=-60, **token_axis(tokens))
     figure.update_yaxes(title="residual after", tickmode="array", tickvals=list(range(n_rows)), ticktext=rows,
                         autorange="reversed")
-    figure.update_layout(title=title, clickmode="event+select", height=int(np.clip(18 * n_rows + 180, 360, 1000)),
+    figure.update_layout(title=title, clickmode="event+select", height=int(np.clip(26 * n_rows + 180, 360, 1400)),
                          margin=dict(l=10, r=10, t=50 if title else 20, b=10))
     return figure
 

@@ -123,7 +123,9 @@ def heads_grid(cross, audio_frames: int, alignment_heads=(), off=None) -> go.Fig
 
 
 def words_figure(samples, rate: int, words) -> go.Figure:
-    """The waveform's envelope (20 ms peaks) with each word's start..end as a band."""
+    """The waveform's envelope (20 ms peaks) with a band per word from its start to the next word's start
+    (the last: to its end), so the audio between two words lies in a band, not in an unmarked gap that
+    reads as "nothing was heard"; the table beside it keeps each word's own start and end."""
     x = _array(samples)
     step = max(1, int(rate * FRAME_SECONDS))
     n = len(x) // step
@@ -133,7 +135,8 @@ def words_figure(samples, rate: int, words) -> go.Figure:
                                fill="toself", line=dict(width=0.5, color="#4c78a8"), hoverinfo="skip",
                                name="waveform"))
     for i, w in enumerate(words):
-        fig.add_vrect(x0=w.start, x1=max(w.end, w.start + 0.01), fillcolor="orange" if i % 2 else "gold",
+        end = max(w.end, words[i + 1].start) if i + 1 < len(words) else w.end
+        fig.add_vrect(x0=w.start, x1=max(end, w.start + 0.01), fillcolor="orange" if i % 2 else "gold",
                       opacity=0.25, line_width=0, annotation_text=w.text.strip(), annotation_position="top left")
     fig.update_layout(height=220, margin=dict(l=10, r=10, t=30, b=10), showlegend=False,
                       xaxis_title="seconds", yaxis=dict(showticklabels=False))

@@ -281,6 +281,13 @@ def difference_words(better: VitResult, base: VitResult) -> str:
     return f"helped ({points:+.2f} points)" if p > q else f"did not help ({points:+.2f} points)"
 
 
+def at_chance(r: VitResult) -> bool:
+    """Whether a run's held-out accuracy is within two standard errors of guessing: it has not
+    learned yet, and a difference against it says nothing about what it would learn."""
+    chance = 1 / len(CLASSES)
+    return abs(r.accuracy - chance) <= 2 * (chance * (1 - chance) / r.total) ** 0.5
+
+
 def percent(r: VitResult) -> str:
     return f"{100 * r.accuracy:.2f} % ({r.correct}/{r.total})"
 
@@ -295,12 +302,19 @@ def summary(results: list[VitResult]) -> str:
         full, axial = by.get((positions, "full")), by.get((positions, "axial"))
         if full and axial:
             ratio = full.flops / axial.flops
+            idle = [r for r in (full, axial) if at_chance(r)]
+            if idle:
+                said = " and ".join(f"{r.settings.attention} attention ({percent(r)})" for r in idle)
+                parts.append(f"With {positions} positions, {said} {'has' if len(idle) == 1 else 'have'} not learned "
+                             f"yet after {idle[0].steps_done} steps (at chance): train longer before comparing "
+                             f"full and axial attention.")
+                continue
             parts.append(f"With {positions} positions, axial attention reached {percent(axial)} against full "
                          f"attention's {percent(full)}: it {difference_words(axial, full)}, with {ratio:.0f}× "
                          "fewer attention FLOPs counted for real axial attention.")
     for attention in ATTENTIONS:
         learned, sine = by.get((POSITIONS[0], attention)), by.get((POSITIONS[1], attention))
-        if learned and sine:
+        if learned and sine and not (at_chance(learned) and at_chance(sine)):
             parts.append(f"With {attention} attention, 2-D sinusoidal positions ({percent(sine)}) beside learned "
                          f"ones ({percent(learned)}) {difference_words(sine, learned)}.")
     if not parts:

@@ -8,7 +8,6 @@ import re
 import time
 from pathlib import Path
 
-import pandas as pd
 import streamlit as st
 from streamlit.errors import StreamlitPageNotFoundError
 
@@ -16,13 +15,12 @@ from attnviz.base import names
 from attnviz.base.lru import LRU
 from attnviz.base.limits import LIMITS
 from attnviz.core.model import Model
-from attnviz.figures import attention_figures
 from attnviz.figures import render
 from attnviz.toys.tasks import TOYS
 from attnviz.weights import catalogue
 from attnviz.weights import allowed
 from attnviz.weights.catalogue import BUNDLED, DEFAULT_MODEL
-from attnviz.ui import hub_picker, loaded_models, shared_view
+from attnviz.ui import first_load, hub_picker, loaded_models, shared_view
 
 if LIMITS.torch_threads > 0:  # once per server process, before any model runs
     import torch
@@ -103,8 +101,8 @@ def loaded_with_status(notice, choice: str, typed: str | None) -> Model:
     if loaded_models.holds(key):
         return _shared_model(key, typed or choice)
     with notice.status(plain(f"Loading {choice}…"), expanded=True) as status:
-        st.write(plain(f"Reading {choice}'s weights into memory. The first start of a server "
-                       "also converts them to this app's format and caches them on disk; every "
+        st.write(plain(first_load.expected(key) or f"Reading {choice}'s weights into memory. The first start of a "
+                       "server also converts them to this app's format and caches them on disk; every "
                        "later page and session shares this one copy."))
         start = time.perf_counter()
         try:
@@ -183,31 +181,6 @@ def _fingerprint(key: str, _model: Model) -> str:
 
 def model_digest(model: Model) -> str:
     return _fingerprint(f"{model.info.key}@{id(model)}", model)
-
-
-def bundled_models():
-    """The home page's table of the bundled models: six columns of bounded width, so it fits the
-    page without scrolling sideways (a long source is cut with an ellipsis; hovering shows it)."""
-    st.dataframe(pd.DataFrame([
-        dict(model=m.key, task=m.task,
-             shape=f"{m.n_layers} layers × {m.n_heads} heads ({m.n_kv_heads or m.n_heads} K/V)",
-             positions=m.max_positions or None, source=f"{m.family}: {m.source}", licence=m.licence)
-        for m in catalogue.list_models()]), hide_index=True, key="home_models", width="stretch",
-        column_config={
-            "model": st.column_config.TextColumn("model", width="small"),
-            "task": st.column_config.TextColumn("task", width="small"),
-            "shape": st.column_config.TextColumn("shape", width="medium"),
-            "positions": st.column_config.NumberColumn("positions", width="small"),
-            "source": st.column_config.TextColumn("source", width="large"),
-            "licence": st.column_config.TextColumn("licence", width="medium")})
-    if local_folders_allowed():
-        st.caption("A local Hugging Face folder (config.json + model.safetensors) of a supported architecture "
-                   "(Llama, Qwen, Mistral, Gemma, Phi, GPT-NeoX, Falcon, OPT, BLOOM, OLMo 2, BERT, ViT… the README "
-                   "lists them) works too: choose “local folder…” in the sidebar and type its name.")
-    else:
-        st.caption("This server offers the models above. Its operator can also let users load local "
-                   "Hugging Face folders (ATTNVIZ_ALLOWED_MODEL_DIRS, see the README). Nothing is "
-                   "downloaded.")
 
 
 def loaded_model(model: Model):
@@ -370,15 +343,6 @@ PAGES = [
     ("Speech", "Whisper's text tokens attending to the audio, and word timestamps from those heads."),
     ("Readouts", "what the model believes at each layer, which heads wrote the prediction."),
 ]
-def page_list():
-    """The home page's list: a thumbnail, the page's name and one line of what it shows."""
-    for row in range(0, len(PAGES), 4):
-        for col, (n, (name, line)) in zip(st.columns(4), enumerate(PAGES[row: row + 4], row + 1)):
-            with col:
-                st.image(attention_figures.page_thumbnail(name))
-                st.markdown(f"**{n}. {name}** — {line}")
-
-
 NAV_ICONS = dict(Home="home", Attention="visibility", Heads="toggle_on", Images="image", Latency="speed",
                  Lab="science", Translate="translate", Speech="mic", Readouts="insights")
 

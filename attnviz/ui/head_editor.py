@@ -16,25 +16,27 @@ Arguments:
   draws (then nothing of the effect is sent to the browser while the model runs); it may also
   just draw and return None.
 - `link`: keep the applied mask in the page's link (`?heads=LxH-hex`, read once per session).
-- `staged`: for pages whose effect is expensive (Speech transcribes again, seconds): every edit
-  waits for Apply. A layer box, a preset and Reset then change only the grid; heads whose state
-  differs from the applied mask are marked `*`, a note under the grid counts the pending changes,
-  Apply commits them all in one run (the page's effect runs once) and "Discard" puts the grid
-  back to the applied mask. Without it (the default) a layer box or a preset applies at once.
+
+Every edit waits for Apply, on every page: a head click, a layer box, a preset and Reset change
+only the grid; heads whose state differs from the applied mask are marked `*`, a note under the
+grid counts the pending changes, Apply commits them all in one run (the page's effect runs once)
+and "Discard" puts the grid back to the applied mask. One rule everywhere, because a control that
+applies at once on one page and waits on another loses the user (and some effects take seconds).
+A layer with some heads on says so in its box's label ("layer 3 ◐"), and a head that is off
+is struck through (~~h3~~), so a coloured head (an alignment head) that is off still looks off.
 
 Returns the applied mask: a fresh float tensor [L, H], 1 = on, 0 = off. The state is per browser
 session (st.session_state) and per model; the shared model is never touched.
 
 Speed (bench/toggle_latency.py: head click to painted result under 1 s on SmolLM2): a head click
 reruns only the grid (a fragment: one multi-select row per layer, 30 widgets for SmolLM2 rather
-than 270 checkboxes), edits pile up there; Apply reruns only the effect (the grid is neither sent
-nor painted again); a layer box or a preset changes the grid and the applied mask at once and
-reruns the page. Without `effect`, Apply sits under the grid and reruns the page.
+than 270 checkboxes), edits pile up there; a layer box or a preset changes the grid and reruns the
+page (the effect is then its cached one); Apply and Discard rerun the page.
 
 Keys (for tests and links): row `<page>.row:<model>:<layer>` (the list of heads on), layer box
 `<page>.layer:<model>:<layer>`, `<page>.apply`, `<page>.reset`, `<page>.top`, `<page>.random`,
 `<page>.only_btn`, `<page>.only:<model>` (layer), `<page>.share` (k, % kept), `<page>.seed`,
-`<page>.discard` and `<page>.settled` (staged only),
+`<page>.discard`, `<page>.settled`,
 applied mask `<page>.applied:<model>` (an `encode_mask` string); also `<page>.saved:<model>`,
 `<page>.link_read`, `<page>.rerun_page`. A view must not use these names for its own widgets.
 """
@@ -50,8 +52,9 @@ from attnviz.analysis.pruning import decode_mask, encode_mask
 from attnviz.base import names
 from attnviz.ui.common import plain
 
+PARTIAL = "◐"   # a layer box's mark for "some of this layer's heads are on" (a checkbox has no third state)
 SCORE_COLOURS = ("gray", "blue", "orange", "red")  # lowest .. highest quarter of the known scores
-LAYER_BOX_PX = 84  # "layer 29" in the grid's small type, never cut to "lay…" in a narrow column
+LAYER_BOX_PX = 100  # "layer 29 ◐" in the grid's small type, never cut to "lay…" in a narrow column
 # Tighter rows than Streamlit's default (1 rem between elements): 30 layers fit one screen.
 _CSS = """<style>
 .st-key-{page}-head-grid {{gap: 0.1rem;}}
@@ -66,8 +69,8 @@ _CSS = """<style>
 class Editor:
     """The keys and session state of one page's editor for one model."""
 
-    def __init__(self, cfg, page: str, model_key: str = "", staged: bool = False):
-        self.L, self.H, self.page, self.staged = int(cfg.n_layers), int(cfg.n_heads), page, staged
+    def __init__(self, cfg, page: str, model_key: str = ""):
+        self.L, self.H, self.page = int(cfg.n_layers), int(cfg.n_heads), page
         self.model = f"{model_key}:{self.L}x{self.H}" if model_key else f"{self.L}x{self.H}"
 
     def key(self, name: str) -> str:
@@ -111,8 +114,8 @@ class Editor:
         st.session_state[self.applied_key] = encode_mask(torch.as_tensor(keep, dtype=torch.bool))
 
     def preset(self, keep):
-        """A preset's mask: applied at once, or (staged) a pending edit of the grid."""
-        (self.set_grid if self.staged else self.set_mask)(keep)
+        """A preset's mask: a pending edit of the grid, like any other."""
+        self.set_grid(keep)
 
     def settle(self, apply: bool):
         """Staged Apply (the grid becomes the applied mask) or Discard (the grid goes back to it)."""
@@ -129,10 +132,9 @@ class Editor:
     def layer_changed(self, layer: int):
         """A layer box sits in the grid, whose clicks rerun the grid alone: it asks for the page (the
         browser keeps a row's old heads when the server sets them in a run of the grid alone).
-        Applied at once, or (staged) one more pending edit: the page's effect is then its cached one."""
+        One more pending edit: the page's effect is then its cached one. A partial layer's box reads
+        unticked, so a click on it switches the whole layer on."""
         st.session_state[self.row_key(layer)] = list(range(self.H)) if st.session_state[self.layer_key(layer)] else []
-        if not self.staged:
-            self.set_mask(self.grid())
         st.session_state[self.key("rerun_page")] = True
 
     def restore(self, link: bool):
@@ -183,13 +185,12 @@ def score_labels(scores, n_layers: int, n_heads: int) -> list[list[str]]:
 
 
 def presets(ed: Editor, scores, score_label: str, score_hint: str | None):
-    """Reset, top k% by score, random k%, one layer only: each changes grid and result at once."""
+    """Reset, top k% by score, random k%, one layer only: each sets the grid, waiting for Apply."""
     ss = st.session_state
     left, right = st.columns(2)
     right.button("Reset: all heads on", key=ed.key("reset"), on_click=ed.preset,
                  args=(torch.ones(ed.L, ed.H, dtype=torch.bool),))
-    with left.popover("Presets", help="set the whole mask at once" + (
-            " (waits for Apply)" if ed.staged else " (applied at once)")):
+    with left.popover("Presets", help="set the whole mask at once (waits for Apply)"):
         share = st.slider("k (% of heads kept)", 5, 100, 70, 5, key=ed.key("share"))
         if scores is not None or score_hint:
             st.button(f"Keep top k% by {score_label}", key=ed.key("top"), disabled=scores is None,
@@ -227,46 +228,51 @@ def off_list(keep: torch.Tensor, limit: int = 12) -> str:
     return shown + (f" and {len(off) - limit} more" if len(off) > limit else "")
 
 
+def layer_label(layer: int, on: int, n_heads: int) -> str:
+    """A layer box's label: a partial layer says how many of its heads are on (a checkbox has no
+    third state, and an empty box read as "this layer is off")."""
+    return f"layer {layer}" if on in (0, n_heads) else f"layer {layer} {PARTIAL}"
+
+
+def head_label(label: str, on: bool, pending: bool) -> str:
+    """A pill's label: struck through when the head is off in the grid, `*` while it waits for Apply."""
+    return (label if on else f"~~{label}~~") + ("\\*" if pending else "")
+
+
 @st.fragment
-def grid_part(ed: Editor, labels, scores, score_label: str, with_apply: bool):
+def grid_part(ed: Editor, labels, scores, score_label: str):
     """The clickable grid; a head click reruns only this part."""
     ss = st.session_state
-    if ss.pop(ed.key("rerun_page"), False):  # a layer box changed grid and result: the whole page
+    if ss.pop(ed.key("rerun_page"), False):  # a layer box changed the grid: the whole page redraws it
         st.rerun()
     st.html(_CSS.format(page=ed.page))
-    pending = ed.pending() if ed.staged else torch.zeros(ed.L, ed.H, dtype=torch.bool)
+    pending = ed.pending()
     with st.container(key=f"{ed.page}-head-grid"):
         current = ed.grid()
         for i in range(ed.L):
-            ss[ed.layer_key(i)] = bool(current[i].all())
+            on = int(current[i].sum())
+            ss[ed.layer_key(i)] = on == ed.H
             row = st.container(horizontal=True, vertical_alignment="center", gap=None)
-            row.checkbox(f"layer {i}", key=ed.layer_key(i), on_change=ed.layer_changed, args=(i,), width=LAYER_BOX_PX)
-            # a pill's label is not part of its identity (its key is): marking a pending head keeps its state
+            # a widget's label is not part of its identity (its key is): the label may follow the state
+            row.checkbox(layer_label(i, on, ed.H), key=ed.layer_key(i), on_change=ed.layer_changed, args=(i,),
+                         width=LAYER_BOX_PX)
             row.pills(f"heads on in layer {i}", range(ed.H), selection_mode="multi", key=ed.row_key(i),
-                      format_func=lambda h, r=labels[i], p=pending[i].tolist(): r[h] + ("\\*" if p[h] else ""),
-                      label_visibility="collapsed")
+                      format_func=lambda h, r=labels[i], c=current[i].tolist(), p=pending[i].tolist():
+                      head_label(r[h], c[h], p[h]), label_visibility="collapsed")
     grid = ed.grid()
     ss[ed.saved_key] = encode_mask(grid)
     legend = (f" Colour: {plain(score_label)}, lowest to highest quarter: grey, blue, orange, red."
               if scores is not None else "")
-    if ed.staged:
-        staged_controls(ed, grid, legend)
-        return
-    # Apply does not rerun this part, so this line must stay true after it: a count, not a "pending" flag.
-    st.caption(f"The grid above has {int(grid.sum())} heads on; the result beside it is for the mask "
-               f"applied last. Highlighted = on; a layer box switches its whole layer at once.{legend}" + (f" Off: {off_list(grid)}." if not grid.all() else ""))
-    if with_apply and st.button("Apply", key=ed.key("apply"), type="primary", on_click=ed.apply,
-                                help="every head edit since the last Apply, in one run"):
-        st.rerun()
+    pending_controls(ed, grid, legend)
 
 
-def staged_controls(ed: Editor, grid: torch.Tensor, legend: str):
-    """Staged: the pending edits counted and listed, Apply (the page runs its effect once) and Discard."""
+def pending_controls(ed: Editor, grid: torch.Tensor, legend: str):
+    """The pending edits counted, Apply (the page runs its effect once) and Discard."""
     n = int(ed.pending().sum())
     note = (f"**{n} pending change{'s' if n != 1 else ''}** (marked \\*, not applied yet: press Apply)"
             if n else "No pending changes: the result beside the grid is for this grid.")
     st.caption(f"{note} · The grid has {int(grid.sum())} heads on. Highlighted = on; a layer box switches "
-               f"its whole layer; every edit waits for Apply.{legend}"
+               f"its whole layer ({PARTIAL}: some of its heads on); struck through = off; every edit waits for Apply.{legend}"
                + (f" Off: {off_list(grid)}." if not grid.all() else ""))
     left, right = st.columns(2)
     left.button("Apply", key=ed.key("apply"), type="primary", disabled=not n, help="every pending edit in one run",
@@ -282,12 +288,9 @@ def staged_controls(ed: Editor, grid: torch.Tensor, legend: str):
 
 @st.fragment
 def effect_part(ed: Editor, effect: Callable, link: bool):
-    """Apply and the live effect; Apply reruns only this part."""
-    keep = ed.applied()  # Apply's callback has run by now
+    """The live effect of the applied mask (Apply sits under the grid, by its pending note)."""
+    keep = ed.applied()
     draw = effect(keep.float())  # heavy work first, before anything of this part is drawn
-    if not ed.staged:  # staged, Apply sits under the grid, by its pending note
-        st.button("Apply", key=ed.key("apply"), type="primary", on_click=ed.apply,
-                  help="show the effect of the grid: every head edit since the last Apply, in one run")
     if link:
         if keep.all():   # written only on a change: a write resends the whole query string
             if "heads" in st.query_params:
@@ -302,20 +305,20 @@ def effect_part(ed: Editor, effect: Callable, link: bool):
 
 def head_editor(cfg, page: str, scores=None, *, model_key: str = "", effect: Callable | None = None,
                 link: bool = False, score_label: str = "score", score_hint: str | None = None,
-                split=(2, 3), staged: bool = False) -> torch.Tensor:
+                split=(2, 3)) -> torch.Tensor:
     """Draw the editor (and `effect` beside it); return the applied mask [L, H] float, 1 = on.
     See the module docstring for the arguments and the keys."""
-    ed = Editor(cfg, page, model_key, staged)
+    ed = Editor(cfg, page, model_key)
     ed.restore(link)
     labels = score_labels(scores, ed.L, ed.H)
     if effect is None:
         presets(ed, scores, score_label, score_hint)
-        grid_part(ed, labels, scores, score_label, True)
+        grid_part(ed, labels, scores, score_label)
         return ed.applied().float()
     left, right = st.columns(list(split), gap="medium")
     with left:
         presets(ed, scores, score_label, score_hint)
-        grid_part(ed, labels, scores, score_label, False)
+        grid_part(ed, labels, scores, score_label)
     with right:
         effect_part(ed, effect, link)
     return ed.applied().float()

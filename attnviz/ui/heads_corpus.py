@@ -21,12 +21,12 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.analysis import corpus, corpus_engine, corpus_metrics, corpus_runs, pruning
+from attnviz.analysis import corpus, corpus_engine, corpus_metrics, corpus_runs, head_answers, pruning
 from attnviz.base import jobs, private
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import corpus_figures
-from attnviz.latency import corpus_cost, tradeoff
+from attnviz.latency import corpus_cost, latency_answers, tradeoff
 from attnviz.ui import common
 from attnviz.ui.head_editor import applied_mask
 from attnviz.ui.heads_tools import csv_download, partial_note, run_tracked
@@ -196,10 +196,14 @@ def show(tool: Tool, result, metric: str):
         if "importance" in result.extra:
             st.plotly_chart(corpus_figures.importance_figure(result.extra["importance"]), key=K("corpus_imp"))
     elif kind == "pruning_curve" and scored:
+        said = head_answers.corpus_curve_sentence(result.summary, metric, int(tool.model.mask_layers * tool.cfg.n_heads),
+                                              int(result.summary["n"].max()))
+        if said:
+            st.info(said)
         st.plotly_chart(corpus_figures.curve_figure(result.summary, metric, result.extra.get("mark")),
                         key=K("corpus_curve"))
     elif scored:
-        title = "the editor's mask" if kind == "mask" else "each layer's heads halved by importance"
+        title = "the editor's mask" if kind == "mask" else latency_answers.halved_name(int(tool.cfg.n_heads))
         st.plotly_chart(corpus_figures.metrics_figure(result.summary, f"{title}: against the full model"),
                         key=K("corpus_bars"))
     if kind == "heads_4_vs_8" and scored:
@@ -207,6 +211,10 @@ def show(tool: Tool, result, metric: str):
         if isinstance(priced, str):
             st.caption(f"No modelled Raspberry Pi latency: {common.plain(priced)}")
         else:
+            said = latency_answers.halved_sentence(result.summary, metric, head_answers.metric_name(metric),
+                                                    int(tool.cfg.n_heads), priced, int(result.summary["n"].max()))
+            if said:
+                st.info(said)
             st.caption("Modelled Raspberry Pi latency of the full and the halved model (attnviz.latency.costmodel, "
                        "at the corpus' mean length):")
             st.dataframe(priced, hide_index=True, key=K("corpus_pi"))
@@ -264,7 +272,8 @@ def options(tool: Tool, chosen: corpus.Corpus):
     kinds = list(corpus_runs.RUN_KINDS)
     # scoring the editor's mask is the quickest run and the natural first one
     kind = c1.selectbox("run", kinds, index=kinds.index("mask"), key=K("corpus_kind"),
-                        format_func=lambda k: k.replace("_", " "),
+                        format_func=lambda k: latency_answers.halved_name(int(tool.cfg.n_heads))
+                        if k == "heads_4_vs_8" else k.replace("_", " "),
                         help="; ".join(f"{k.replace('_', ' ')}: {d}" for k, d in corpus_runs.RUN_KINDS.items()))
     refs = list(corpus_metrics.REFERENCES) if corpus_engine.has_native(tool.mkey) else ["full"]
     reference = c2.selectbox("score against", refs, key=K("corpus_reference"), format_func=REFERENCE_LABELS.get,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.analysis import effects, head_ablation, importance, pruning
+from attnviz.analysis import effects, head_ablation, head_answers, importance, pruning
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import head_figures
@@ -199,11 +199,15 @@ class View:
             if note:
                 c3.caption(note)
         cmp = effects.output_change(full, masked, list(sentences))
+        off = int((~keep).sum())
+        st.info(head_answers.mask_sentence(off, self.L * self.H, "top1", cmp["top1"], 1.0, cmp["flipped_positions"], len(ids))
+                if self.lm else head_answers.mask_sentence(off, self.L * self.H, "cosine", cmp["cosine"], 1.0))
         if self.lm:
             self.lm_numbers(cmp, ids, full, masked, chart)
         else:
+            change = cmp['cosine'] - 1
             st.metric("embedding cosine to the full model", f"{cmp['cosine']:.4f}", **metric_delta(
-                cmp['cosine'] - 1, f"{cmp['cosine'] - 1:+.4f} vs full 1", "higher", 4))
+                change, "= full" if round(change, 4) == 0 else f"{change:+.4f} vs full 1", "higher", 4))
             if "ranking" in cmp:
                 st.caption(f"Similarity ranking of the sentences to the text: {cmp['rank_changes']} "
                            "sentence(s) change rank under the mask.")

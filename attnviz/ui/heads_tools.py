@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from attnviz.analysis import importance, pruning
+from attnviz.analysis import head_answers, importance, pruning
 from attnviz.base import exports, jobs
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
@@ -195,6 +195,10 @@ def curve_tool(view, keep):
     partial_note(store, "pruning-curve")
     if store in ss and len(ss[store][0].table):
         summary = ss[store][0].summary()
+        for metric in (("top1", "perplexity") if view.lm else ("cosine",)):
+            said = head_answers.curve_sentence(summary, metric, view.L * view.H)
+            if said:
+                st.info(said)   # our numbers only
         for metric in (("perplexity", "top1") if view.lm else ("cosine",)):
             figure = head_figures.curve_figure(summary, metric, log_y=metric == "perplexity")
             figure.update_layout(title=f"{metric}: heads removed by {ss[store][0].ablation} ablation",

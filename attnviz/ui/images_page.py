@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from attnviz.analysis import vision
+from attnviz.analysis import head_answers, vision
 from attnviz.base import exports
 from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
@@ -296,6 +296,8 @@ class View:
         before = self.trace(torch.ones_like(head_mask))          # the full model: only in this view
         effect = vision.mask_effect(before, tr, head_mask)
         heads_off = int((head_mask == 0).sum())
+        st.info(head_answers.image_mask_sentence(effect.cls_cosine, effect.saliency_iou, effect.saliency_mean_abs_change,
+                                             heads_off, int(head_mask.numel())))
         cols = st.columns(3)
         cols[0].metric("CLS embedding cosine", f"{effect.cls_cosine:.4f}", **metric_delta(
             effect.cls_cosine - 1, f"{effect.cls_cosine - 1:+.4f} vs all heads", "higher", 4))

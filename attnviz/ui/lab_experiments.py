@@ -90,7 +90,8 @@ def table(runs: dict, measured: dict) -> pd.DataFrame:
 
 def show_training(result, base) -> None:
     runs = {base.label: (base.losses, base.history), result.label: (result.losses, result.history)}
-    st.plotly_chart(experiment_figures.curves_figure(runs), key=key("curves"))
+    finals = {r.label: (len(r.losses), r.exact) for r in (base, result)}   # what the sentence below quotes
+    st.plotly_chart(experiment_figures.curves_figure(runs, finals), key=key("curves"))
     st.info(common.plain(training_experiments.verdict(result, base)))
     st.caption("One seed is one draw of the initialisation and the batches: change the seed to see how "
                "far the baseline itself moves before trusting a difference of a few points.")

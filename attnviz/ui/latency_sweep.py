@@ -18,7 +18,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.base.names import session_key
 from attnviz.figures import latency_figures
 from attnviz.latency import calibrate, compare, decode, engines, measure, pi_memory, quantize, results, sweep, tradeoff
-from attnviz.latency import costmodel, pacing
+from attnviz.latency import costmodel, int8_story, latency_answers, pacing
 from attnviz.ui import common, latency_crossover
 from attnviz.ui import job_controls
 from attnviz.ui import shared_view
@@ -32,6 +32,15 @@ DECODE_SHARE = 0.7  # of the time budget for the forward sweep when decode depth
 # the table: what tells two rows apart first (a device, engine and dtype), then the numbers
 TABLE = ["backend", "engine", "dtype", "measured", "model", "variant", "seq_len", "n_heads", "threads", "median_ms",
          "p10_ms", "p90_ms", "peak_mem_mb", "tokens_per_s"]
+
+
+# milliseconds to three significant figures; what peak_mem_mb counts, said where it is read
+TABLE_COLUMNS = {**{c: st.column_config.NumberColumn(c, format="%.3g", help="milliseconds") for c in
+                    ("median_ms", "p10_ms", "p90_ms")},
+                 "peak_mem_mb": st.column_config.NumberColumn(
+                     "peak_mem_mb (activations)", format="%.3g", help="peak of the activations and workspace of one "
+                     "forward pass, in MB: the model's weights are not counted (they are the same at every length)"),
+                 "tokens_per_s": st.column_config.NumberColumn("tokens_per_s", format="%.3g")}
 
 
 def K(name: str) -> str:
@@ -205,7 +214,11 @@ def results_views():
         st.caption(common.plain(df.attrs["estimate"]))
     for note in df.attrs.get("pi_memory", ()):  # modelled Pi rows of a model the board could not hold
         st.warning(common.plain(note))
-    st.dataframe(df[TABLE], hide_index=True, key=K("table"))
+    said = latency_answers.sweep_sentence(df[df["test"].isna() | (df["test"] == "")] if "test" in df.columns else df,
+                                   quote=common.plain)
+    if said:
+        st.info(said)
+    st.dataframe(df[TABLE], hide_index=True, key=K("table"), column_config=TABLE_COLUMNS)
     # results.to_csv is exports.csv_text: text cells that a spreadsheet would run as formulas are neutralised
     st.download_button("Download CSV", results.to_csv(df), "attnviz-latency.csv", "text/csv", key=K("download"),
                        on_click="ignore")
@@ -223,7 +236,10 @@ def results_views():
 
 def latency_view(df):
     st.plotly_chart(latency_figures.latency_figure(df), key=K("fig_linear"))
-    st.plotly_chart(latency_figures.growth_figure(df), key=K("fig_log"))
+    if df["seq_len"].nunique() > 1:
+        st.plotly_chart(latency_figures.growth_figure(df), key=K("fig_log"))
+    else:
+        st.caption("One sequence length: add more (e.g. 16,32,64,128,256) to see how the time grows with n.")
     latency_crossover.crossover_view(st.session_state.get(RESULTS))  # one block: test "block" rows
 
 
@@ -305,10 +321,13 @@ def model_error_view(df):
 
 
 # ---------------------------------------------------------------- edge questions: quantization, heads
-@st.cache_data(max_entries=2, show_spinner="Quantizing and measuring each bundled model…")
-def quantization_tables(rounds: int):
+QUANT_MODELS = ("minilm", "smollm2", "dinov2", "en-pt", "pt-en")
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def quantization_tables(keys: tuple[str, ...], rounds: int):
     with job_controls.heavy_job("quantization") as cancel:  # a closed tab stops it between copies
-        return (quantize.quantization_table(rounds=rounds, loader=common.shared_model, check=cancel.check),
+        return (int8_story.int8_table(keys, loader=common.shared_model, rounds=rounds, check=cancel.check),
                 quantize.probabilities_int8(common.shared_model("minilm")))
 
 
@@ -323,19 +342,41 @@ def edge_views():
     if st.button("4 vs 8 heads at equal d_model on a Pi 4 and Pi 5 (4 threads, cost model)", key=K("heads_tradeoff")):
         st.session_state[K("heads_shown")] = True
     if st.session_state.get(K("heads_shown")):  # computed once asked for, not on every page open
-        st.dataframe(heads_table(), hide_index=True, key=K("heads_table"))
-        st.caption("The Lab's recall toys (d_model 64) and a MiniLM-sized shape: more, narrower heads cost "
-                   "almost nothing more on the Pi; the toys' exact accuracy on their held-out set is beside it.")
-    if st.button("Measure int8 and bf16 copies of every bundled model here", key=K("quantize")):
+        table = heads_table()
+        said = latency_answers.heads_tradeoff_sentence(table)
+        if said:
+            st.info(said)   # built from our own numbers and names: no user text to escape
+        st.dataframe(table.fillna(""), hide_index=True, key=K("heads_table"), column_config={
+            c: st.column_config.NumberColumn(c, format="%.3g") for c in table.columns if c.endswith(" ms")})
+        st.caption("The Lab's recall toys (d_model 64) and a MiniLM-sized shape; the toys' exact accuracy on their "
+                   "held-out set is beside them (blank for a shape: it has no task).")
+    int8_section()
+
+
+def int8_section():
+    """int8 in one table per model: modelled on each Pi, measured here, and its fidelity."""
+    st.markdown("**int8: modelled on the Pi, measured here, and what it keeps**")
+    keys = st.multiselect("Models", list(QUANT_MODELS), default=["minilm"], key=K("quant_models"),
+                          help="each is loaded (SmolLM2: about 45 s the first time), copied to int8 (and bf16 where "
+                               "this CPU has it) and timed against float32 here")
+    st.caption("Computed only when you press the button (it loads, quantizes and times each model: tens of seconds "
+               "a model); the Pi columns are the cost model's, the rest is measured on this CPU.")
+    if st.button("Measure int8 of these models here", key=K("quantize"), disabled=not keys):
         try:
-            st.session_state[K("quantized")] = quantization_tables(3)
+            with st.spinner(f"Quantizing and timing {len(keys)} model(s)…"):
+                st.session_state[K("quantized")] = quantization_tables(tuple(keys), 3)
         except ValueError as err:  # the server is busy, or the tab that asked has gone
             st.error(common.plain(str(err)))
     if K("quantized") in st.session_state:
         table, probs = st.session_state[K("quantized")]
+        for _, row in table.iterrows():
+            st.info(int8_story.int8_sentence(row))   # bundled keys and our numbers: nothing to escape
         st.dataframe(table, hide_index=True, key=K("quant_table"))
-        st.caption("latency_ratio: quantized / float32 on this CPU (below 1 is faster); int8 is torch's dynamic "
-                   "quantization of the linear layers, bf16 a bf16 copy of them.")
+        st.caption("Speed-up: float32 time / int8 time (above 1× is faster). Pi: the cost model at "
+                   f"{int8_story.TOKENS} tokens and 4 threads, torch int8 against torch fp32, with its ±25 % band; "
+                   "this CPU: torch's dynamic int8 of the linear layers (bf16: a bf16 copy), timed in turn with "
+                   "float32. Blank: the Pi cost model does not price that kind of model here.")
+        st.caption(int8_story.why(table))
         st.dataframe(probs, hide_index=True, key=K("probs_table"))
         better = probs.set_index("variant")["l1_per_row"].idxmin()
         st.caption(f"Attention probabilities stored in 8 bits (MiniLM): {better} survives better — softmax "

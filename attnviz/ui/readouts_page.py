@@ -18,8 +18,10 @@ PAGE = "readouts"
 VIEWS = ["Logit lens", "Attribution", "Generation", "Two prompts", "Patching"]
 DEFAULT_TEXT = "When Mary and John went to the store, John gave a drink to"
 SAMPLE_TARGETS = (" Mary", " John")   # the indirect object and the subject: the sample's question
-PAIR = ("The trophy didn't fit in the suitcase because it was too big",
-        "The trophy didn't fit in the suitcase because it was too small")
+# The two differ before the words that read them: a causal model's attention at the last "it" sees
+# "big" or "small" (when they were the last words, every position before them attended alike).
+PAIR = ("The trophy didn't fit in the suitcase because it was too big, so it",
+        "The trophy didn't fit in the suitcase because it was too small, so it")
 FROZEN_NOTE = ("Direct logit attribution, as TransformerLens computes it: the final norm's scale is frozen at "
                "the value the full residual gives it (1/RMS here), which makes the norm linear, so every "
                "part's contribution adds up to the logit difference. A part's direct effect is not its total "
@@ -69,7 +71,14 @@ def page():
     if model.kind == "encoder":
         st.caption("An encoder has no next-token logits: of this page's views, patching (with an embedding "
                    "metric) is the one that applies.")
-    view = common.view_choice(PAGE, VIEWS if model.cfg.task != "encoder" else ["Patching"])
+    views = VIEWS if model.cfg.task != "encoder" else ["Patching"]
+    # an encoder has only Patching: a language model picked after it opens on its first view, not on
+    # the one view the encoder forced (a view the user chose for a language model is kept)
+    was = st.session_state.get(key("view_model"))
+    if was is not None and was != model.info.key and st.session_state.get(key("view_forced")):
+        st.session_state[names.session_key(PAGE, "view")] = views[0]
+    st.session_state[key("view_model")], st.session_state[key("view_forced")] = model.info.key, len(views) == 1
+    view = common.view_choice(PAGE, views)
     try:
         if view == "Patching":
             patching_view.view(model, PAGE)

@@ -246,7 +246,7 @@ def heads_off(model, data: bytes, tr):
         return draw
 
     head_editor(shape, PAGE, marked, model_key=model.info.key, effect=effect,
-                score_label="alignment head", staged=True, link=True)   # every Apply transcribes: edits wait for it
+                score_label="alignment head", link=True)
 
 
 VIEWS = {
