@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8501
-# pytest-xdist workers for `make test` (2: one per core of the 2-core machines it is sized for)
+# pytest-xdist workers for `make test`: one per core of the 2-core machines it is sized for (0: one process)
 TEST_WORKERS ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
