@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8501
+# pytest-xdist workers for `make test`: one per core of the 2-core machines it is sized for (0: one process)
+TEST_WORKERS ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -23,7 +25,7 @@ run: $(STAMP) fonts
 	$(BIN)/streamlit run app.py --server.headless true --server.port $(PORT) --browser.gatherUsageStats false
 
 test: $(STAMP) chromium fonts nginx
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # Debian's Chromium for the real-browser tests (Playwright drives it; it never downloads a browser).
 chromium:

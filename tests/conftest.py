@@ -1,13 +1,36 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Under pytest-xdist (`make test` runs `pytest -n 2`) each worker is a process with its own torch
+# thread pool: the cores are split between the workers, so two workers on two cores do not run four
+# spinning threads. Set before torch is imported; servers and Dask workers the tests start inherit it.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    _threads = str(max(1, _cores // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+    os.environ.setdefault("MKL_NUM_THREADS", _threads)
+
+# The server's private folder (the corpus tool's results files, evicted oldest first when over their
+# budget) is per user by default: one per test process instead, so two workers, or a test run beside
+# a developer's own server, never see or evict each other's files. Servers the tests start inherit it.
+if not os.environ.get("ATTNVIZ_PRIVATE_DIR"):
+    _private = tempfile.mkdtemp(prefix="attnviz-tests-")   # made 0700, as the app requires
+    os.environ["ATTNVIZ_PRIVATE_DIR"] = _private
+    atexit.register(shutil.rmtree, _private, ignore_errors=True)
+
 import torch  # noqa: E402,F401  (imported once here so the first AppTest does not time out on it)
 import transformers  # noqa: E402,F401
 
 torch.manual_seed(0)
+if _WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 import contextlib  # noqa: E402
@@ -59,3 +82,26 @@ def deadline_after_checks(monkeypatch):
         limit[0] = n
         monkeypatch.setattr(jobs, "Deadline", StopsAfter)
     return install
+
+
+# ---------------------------------------------------------------- pytest-xdist grouping
+# `make test` runs `pytest -n 2 --dist loadgroup`: tests go to whichever worker is free, except that
+# tests sharing an `xdist_group` run in one worker. A fixture of module (class, package) scope is set
+# up once per worker that runs a test needing it: a Streamlit server, a Chromium, a loaded model.
+# So the tests of a module that use such a fixture form one group, and the fixture is made once.
+# A test that must not run beside another of its kind (one that takes every core: a Dask cluster, a
+# server with many sessions) is marked `pytest.mark.xdist_group("whole_machine")` in its module.
+WIDE_SCOPES = {"module", "class", "package"}
+
+
+def _wide_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(fixturedefs and fixturedefs[-1].scope in WIDE_SCOPES for fixturedefs in defs)
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the marks to name the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and _wide_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -12,6 +12,8 @@ from tests.browser import (ARGS, ARTIFACTS, CHROMIUM, expected_cosine, run_sessi
                            streamlit_server, wait_idle)
 
 N_SESSIONS, ROUNDS = 8, 2
+# eight sessions on one server keep both cores busy: never beside another test that does
+pytestmark = pytest.mark.xdist_group("whole_machine")
 
 
 def home_fingerprint(url: str) -> str:

@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["The cat sat on the mat.", "Stock markets fell sharply today.", "A kitten is resting on a rug.",
          "I love you very much.", "The train leaves at noon.", "Rain is expected over the hills tonight."]
 CURVE = dict(fractions=(0.0, 0.3), random_orders=1)
+# a local cluster of one worker per core: never beside another test that takes every core
+pytestmark = pytest.mark.xdist_group("whole_machine")
 
 
 def corpus(n=len(TEXTS)):

