@@ -119,9 +119,12 @@ def head_steps(model: Model, trace: Trace, layer: int, head: int, *, temperature
         cap = f", then soft-capped: {scored.softcap:g}·tanh(s / {scored.softcap:g})" if scored.softcap else ""
         t_note = f", then divided by the temperature {temperature:g}" if temperature != 1 else ""
         alibi = ""
-        if scored.bias is not None:  # ALiBi: the head's slope times each key's position
+        if scored.bias is not None and attn.slopes is not None:  # ALiBi: the head's slope times each key's position
             how += " + ALiBi"
             alibi = f", plus the head's ALiBi bias {float(attn.slopes[local]):.4g} × key position"
+        elif scored.bias is not None:  # a learned bias per distance (relative positions)
+            how += " + position bias"
+            alibi = ", plus the head's learned bias for each query-key distance"
         add("scaled", f"scaled = scores {how}" + (f" / {temperature:g}" if temperature != 1 else ""),
             scaled, "tokens", "tokens", f"multiplied by {scored.scale_value:.4g}{cap}{alibi}{t_note}")
         allowed = replace(scored, causal=causal).mask()

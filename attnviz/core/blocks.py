@@ -78,7 +78,7 @@ class Attention(nn.Module):
 
     def forward(self, x, *, rope=None, allowed=None, causal=False, head_mask=None,
                 need_weights=False, variant: Variant = SOFTMAX, heads_out=None, head_fill=None, past=None,
-                kv=None, patch=None, rope_local=None):
+                kv=None, patch=None, rope_local=None, position_bias=None):
         """`past`: this layer's K/V cache, a dict ("k", "v": (B, hkv, S, dh), rope applied) that is
         extended in place (incremental decoding); `kv`: keys and values computed once from another
         source (`keys_values`: cross-attention), then only the queries come from x; `heads_out`: a
@@ -86,7 +86,8 @@ class Attention(nn.Module):
         (logit attribution); `head_fill` [H, dh]: added to each head's output after the mask
         (mean ablation); `patch(name, t) -> t`: this call's edit of "q" (B, h, T, dh), "k" and "v"
         (B, hkv, T, dh, rope applied) and "z" (the per-head outputs, after mask and fill):
-        activation patching, never a change to the module."""
+        activation patching, never a change to the module; `position_bias` (1, H, T, S): a score
+        bias for every ORIGINAL head, computed once for all layers (T5's relative positions)."""
         B, T, _ = x.shape
         if self.n_heads == 0:  # every head of this layer pruned: the layer adds only the output bias
             return self.out(x.new_zeros(B, T, 0)), None
@@ -100,7 +101,7 @@ class Attention(nn.Module):
             if "k" in past:
                 k, v = torch.cat([past["k"], k], 2), torch.cat([past["v"], v], 2)  # (B, hkv, S, dh)
             past["k"], past["v"] = k, v
-        bias = self.score_bias(k.shape[2])
+        bias = self.score_bias(k.shape[2], position_bias)
         if not self.uniform_groups:
             k, v = k[:, self.kv_of_head], v[:, self.kv_of_head]
         y, att = attend(q, k, v, causal=causal, allowed=allowed, variant=variant, need_weights=need_weights,
@@ -117,11 +118,13 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, -1)      # (B, T, h*dh)
         return self.out(y), att
 
-    def score_bias(self, S: int):
-        """(1, h, 1, S) what each head adds to its scaled scores: ALiBi's slope · key position, the
+    def score_bias(self, S: int, position_bias=None):
+        """What each head adds to its scaled scores: ALiBi's slope · key position (1, h, 1, S), the
         keys at positions 0..S-1 (a cached prefix's included), as BLOOM builds it (softmax ignores
-        the part that is constant along a row, so this is -slope · distance up to that); None
-        without ALiBi."""
+        the part that is constant along a row, so this is -slope · distance up to that); or this
+        layer's heads' rows of a shared `position_bias` (1, h, T, S); None without either."""
+        if position_bias is not None:
+            return position_bias[:, self.heads]
         if self.slopes is None:
             return None
         return (self.slopes[:, None, None] * torch.arange(S, device=self.slopes.device))[None]
@@ -162,7 +165,8 @@ class Attention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-    def explain(self, x, *, rope=None, rope_local=None, allowed=None, causal=False, **_) -> Scored:
+    def explain(self, x, *, rope=None, rope_local=None, allowed=None, causal=False, position_bias=None,
+                **_) -> Scored:
         """What this layer computes for x (B, T, d), its input: the queries, keys and values as
         scored, with the scale, cap, window and mask it applies (see `Scored`), so analyses read
         the attention instead of rebuilding it."""
@@ -170,7 +174,7 @@ class Attention(nn.Module):
         rope = rope_local if self.local_rope else rope
         q, k, v = self.project(x, rope, steps)
         return Scored(x, q, k, v, self.kv_of_head, self.scale, self.softcap, self.window, causal, allowed,
-                      rotated=rope is not None, bias=self.score_bias(k.shape[2]), **steps)
+                      rotated=rope is not None, bias=self.score_bias(k.shape[2], position_bias), **steps)
 
 
 class Block(nn.Module):

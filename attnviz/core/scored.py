@@ -32,7 +32,8 @@ class Scored:
     k_proj: torch.Tensor | None = None
     q_normed: torch.Tensor | None = None  # after QK-norm (None: the layer has none)
     k_normed: torch.Tensor | None = None
-    bias: torch.Tensor | None = None      # (1, h, 1, S) added to the scaled scores (ALiBi: slope · key position)
+    bias: torch.Tensor | None = None      # added to the scaled scores: (1, h, 1, S) ALiBi's slope · key position,
+                                          # or (1, h, T, S) relative positions' bias (T5)
 
     @property
     def scale_value(self) -> float:
@@ -54,6 +55,12 @@ class Scored:
             pad = pad[..., r0:r1, :]
         return combine(out, pad)
 
+    def rows_bias(self, r0: int = 0, r1: int | None = None) -> torch.Tensor | None:
+        """The bias of query rows r0..r1 (a per-row bias sliced; ALiBi's is the same for every row)."""
+        if self.bias is None or self.bias.shape[-2] == 1:
+            return self.bias
+        return self.bias[..., r0:r1, :]
+
     def keys(self) -> torch.Tensor:
         """(B, h, S, dh) the keys each query head reads."""
         return self.k[:, self.kv_of_head]
@@ -63,9 +70,9 @@ class Scored:
 
     def logits(self, r0: int = 0, r1: int | None = None, temperature: float = 1.0) -> torch.Tensor:
         """(B, h, r, S) scaled (capped, biased) scores of query rows r0..r1, before the mask."""
-        return scores(self.q[:, :, r0:r1], self.keys(), self.scale, temperature, self.softcap, self.bias)
+        return scores(self.q[:, :, r0:r1], self.keys(), self.scale, temperature, self.softcap, self.rows_bias(r0, r1))
 
     def weights(self, r0: int = 0, r1: int | None = None) -> torch.Tensor:
         """(B, h, r, S) the softmax weights of query rows r0..r1."""
         return softmax_weights(self.q[:, :, r0:r1], self.keys(), self.mask(r0, r1), self.scale,
-                               softcap=self.softcap, bias=self.bias)
+                               softcap=self.softcap, bias=self.rows_bias(r0, r1))

@@ -26,8 +26,8 @@ import torch
 
 from attnviz.core.config import TASKS, Config
 from attnviz.weights.families import (bart, bergamot, bert, bloom, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2,
-                                      gpt_neo, gpt_neox, gptj, llama, marian, mistral, mixtral, olmo2, opt, phi, phi3,
-                                      qwen2, qwen3, qwen3_moe, vit, whisper)
+                                      gpt_neo, gpt_neox, gptj, llama, m2m_100, marian, mbart, mistral, mixtral, mt5,
+                                      olmo2, opt, phi, phi3, qwen2, qwen3, qwen3_moe, t5, vit, whisper)
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
@@ -55,6 +55,10 @@ FAMILIES = {f.NAME: f for f in (
     dinov2,
     marian,
     bart,
+    mbart,
+    m2m_100,
+    t5,
+    mt5,
     bergamot,
     whisper,
 )}
