@@ -75,6 +75,11 @@ def settle_heap():
     gc.freeze()
 
 
+def hub_model(name: str) -> Model:
+    """A model by name from this server's Hugging Face cache (a picker entry), shared like the rest."""
+    return _shared_model(hub_picker.key_of(name), name)
+
+
 def shared_model(key: str) -> Model:
     """A model of the catalogue (bundled or toy), shared by every session. Never a path: typed
     folders go through `load_folder`, which applies the deployment's allow-list."""
