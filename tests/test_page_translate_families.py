@@ -8,7 +8,7 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz.weights import hub
 from tests import hub_cache
-from tests.test_page_translate import PAGE, charts_of_every_view
+from tests.test_page_translate import PAGE, charts_of_every_view, view
 from tests.test_parity import LANGUAGES, S2S_REPOS, SEQ2SEQ, seq2seq_tokenizer, tiny_seq2seq
 
 
@@ -50,3 +50,6 @@ def test_the_translate_page_runs_every_view_on_every_family(row, cache):
     if row in LANGUAGES:
         assert any(c.value.startswith("Translating into w61") for c in at.caption)
     assert charts_of_every_view(at) >= 8   # the same views as the bundled en-pt model
+    # T5's relative positions: the encoder view shows the head's bias beside its map
+    relative = SEQ2SEQ[row][0].endswith("T5ForConditionalGeneration")
+    assert len(view(at, "Encoder self-attention").get("plotly_chart")) == 3 + relative

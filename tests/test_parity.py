@@ -578,3 +578,16 @@ def test_seq2seq_folder_round_trip_and_hub_cache_by_name(row, tmp_path, monkeypa
         close(tr.cross_attentions, torch.cat(ref.cross_attentions))
         close(tr.logprobs, torch.log_softmax(ref.logits[0], -1).gather(
             1, torch.tensor(S2S_TGT + [ours.cfg.eos_id])[:, None])[:, 0])
+
+
+def test_relative_position_bias_is_computed_once_per_side_as_transformers_does(s2s_pair):
+    row, hf, ours = s2s_pair
+    if not hasattr(hf, "encoder") or hasattr(hf, "model"):
+        assert ours.position_bias(5) is None
+        return
+    for side, stack in (("encoder", hf.encoder), ("decoder", hf.decoder)):
+        with torch.no_grad():
+            want = stack.block[0].layer[0].SelfAttention.compute_bias(N + 9, N + 9)[0]
+        close(ours.position_bias(N + 9, side), want)
+    with pytest.raises(ValueError, match="side"):
+        ours.position_bias(3, "cross")

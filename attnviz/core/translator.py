@@ -81,6 +81,16 @@ class Seq2SeqModel(BaseModel):
         """The language token forced first in every target, or None."""
         return None if self.forced_first < 0 or self.pieces is None else self.pieces.label(self.forced_first)
 
+    def position_bias(self, n: int, side: str = "encoder") -> torch.Tensor | None:
+        """[H, n, n] what each head of `side`'s ("encoder" or "decoder") self-attention adds to its
+        scores for n positions from their distances alone (T5's relative positions: one table, every
+        layer of the side), as the blocks add it; None for a model without relative positions."""
+        if side not in ("encoder", "decoder"):
+            raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
+        with torch.inference_mode():
+            bias = self.net.position_bias("enc" if side == "encoder" else "dec", n, n)
+        return None if bias is None else bias[0].float()
+
     def into(self, language: str) -> "Seq2SeqModel":
         """This model translating into `language` (one of `languages`): its token forced as the first
         target token, as transformers' forced-BOS decoding does. A new model object over the same

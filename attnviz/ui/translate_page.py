@@ -248,6 +248,12 @@ def encoder(model, tr):
                                      title=names.head_name(layer, head)), key=key("enc_heatmap"))
     st.plotly_chart(attention_figures.lines_figure(tr.encoder_attentions[layer], tr.source_tokens, [head],
                                      title=attention_figures.lines_title(layer, [head])), key=key("enc_lines"))
+    bias = model.position_bias(tr.n_src)
+    if bias is not None:   # relative positions: one learned bias per distance, the same in every layer
+        st.caption("Part of the map above comes from position alone: this head adds a learned bias for each "
+                   "query-key distance to its scores before the softmax, computed once and used by every layer.")
+        st.plotly_chart(translation_figures.position_bias_figure(
+            bias[head], tr.source_tokens, title=f"head {head}: relative position bias"), key=key("enc_bias"))
 
 
 @dataclass(frozen=True)
