@@ -591,3 +591,25 @@ def test_relative_position_bias_is_computed_once_per_side_as_transformers_does(s
         close(ours.position_bias(N + 9, side), want)
     with pytest.raises(ValueError, match="side"):
         ours.position_bias(3, "cross")
+
+
+def test_seq2seq_pruning_equals_the_masked_model_and_leaves_it_untouched(s2s_pair):
+    row, hf, ours = s2s_pair
+    keep = torch.ones(3, 4, dtype=torch.bool)
+    keep[0, 2] = keep[1, 0] = keep[1, 1] = False
+    keep[2] = False                                   # a whole layer's cross-attention
+    target = S2S_TGT + [ours.cfg.eos_id]
+    before = ours.trace(S2S_SRC, target=target)
+    small = ours.prune(keep)
+    assert small.info.key.endswith("(pruned 7/12)") and [len(b.cross.heads) for b in small.net.decoder] == [3, 2, 0]
+    masked, pruned = ours.trace(S2S_SRC, target=target, head_mask=keep.float()), small.trace(S2S_SRC, target=target)
+    close(pruned.logprobs, masked.logprobs)
+    close(pruned.cross_attentions, masked.cross_attentions * keep[:, :, None, None])   # pruned heads: zero rows
+    close(pruned.self_attentions, masked.self_attentions)
+    assert small.translate(S2S_SRC, max_tokens=8).target_ids.tolist() == \
+        ours.translate(S2S_SRC, max_tokens=8, head_mask=keep.float()).target_ids.tolist()
+    again = small.prune(torch.ones(3, 4, dtype=torch.bool))    # heads already pruned stay gone
+    close(again.trace(S2S_SRC, target=target).logprobs, pruned.logprobs)
+    close(ours.trace(S2S_SRC, target=target).logprobs, before.logprobs, tol=1e-6)   # the original is untouched
+    with pytest.raises(ValueError, match="shape"):
+        ours.prune(torch.ones(2, 4, dtype=torch.bool))

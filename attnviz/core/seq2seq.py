@@ -298,6 +298,18 @@ class Seq2Seq(nn.Module):
         state.position += 1
         return x
 
+    def all_heads(self, layer: int, weights, state: DecoderState, T: int) -> torch.Tensor:
+        """A cross-attention layer's weights (B, h, T, S) over every ORIGINAL head (B, H, T, S): a
+        pruned layer's dropped heads (`Seq2SeqModel.prune`) read as zero rows."""
+        attn = self.decoder[layer].cross
+        if weights is not None and attn.n_heads == self.cfg.n_heads:
+            return weights
+        k = state.layers[layer]["memory"][0]                                  # (B, h_kv, S, dh)
+        full = torch.zeros(k.shape[0], self.cfg.n_heads, T, k.shape[2])
+        if weights is not None:
+            full[:, attn.heads] = weights
+        return full
+
     def step(self, ids, state: DecoderState, *, head_mask=None, self_head_mask=None, need_weights=False,
              need_self=False, logits=True, head_fill=None, heads_out=None, patch=None) -> StepOutput:
         """Feed target positions state.position.. (ids (B, T); position 0 is the start token) and
@@ -314,8 +326,8 @@ class Seq2Seq(nn.Module):
                                 else (), head_fill=head_fill, cache=state.layers, allowed=state.allowed,
                                 head_outputs=range(L) if heads_out is not None else (), patch=patch,
                                 position_bias=self.position_bias("dec", T, state.position + T)):
-            if step.weights is not None:
-                cross[step.layer] = step.weights
+            if step.layer in capture:
+                cross[step.layer] = self.all_heads(step.layer, step.weights, state, T)
             if step.self_weights is not None:
                 self_att[step.layer] = step.self_weights
             if heads_out is not None:

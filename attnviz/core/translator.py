@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from attnviz.base.jobs import Deadline, heavy_job
 from attnviz.base.limits import LIMITS
-from attnviz.core import decoding
+from attnviz.core import decoding, surgery
 from attnviz.core.base_model import BaseModel, ModelInfo
 from attnviz.core.decoding import Decoded
 from attnviz.core.seq2seq import Seq2Seq, Seq2SeqConfig
@@ -80,6 +80,28 @@ class Seq2SeqModel(BaseModel):
     def target_language(self) -> str | None:
         """The language token forced first in every target, or None."""
         return None if self.forced_first < 0 or self.pieces is None else self.pieces.label(self.forced_first)
+
+    def prune(self, keep) -> "Seq2SeqModel":
+        """A NEW model without the cross-attention heads `keep` (BoolTensor [L_dec, H], ORIGINAL
+        numbering) switches off: the same outputs as `head_mask=keep.float()`, from smaller layers
+        (their K/V projected once a sentence, read every step); this one is untouched. Heads
+        already pruned stay gone; a pruned head's cross-attention reads as zero rows."""
+        c = self.cfg
+        keep = surgery.check_keep(keep, c.n_dec_layers, c.n_heads)
+        blocks, decoder = c.block_config("decoder"), []
+        for i, held in enumerate(self.net.decoder):   # a copy of each block sharing every module but its cross-attention
+            block = copy.copy(held)
+            block._modules = dict(held._modules)
+            block.cross = surgery.sliced_attention(held.cross, blocks, [h for h in held.cross.heads.tolist() if keep[i, h]])
+            decoder.append(block)
+        net = copy.copy(self.net)
+        net._modules = dict(self.net._modules)
+        net.decoder = type(self.net.decoder)(decoder)
+        gone = sum(c.n_heads - len(b.cross.heads) for b in net.decoder)
+        twin = Seq2SeqModel(net, replace(self.info, key=f"{self.info.key} (pruned {gone}/{keep.numel()})"),
+                            None, self.shortlist)
+        twin.pieces, twin.forced_first = self.pieces, self.forced_first
+        return twin
 
     def position_bias(self, n: int, side: str = "encoder") -> torch.Tensor | None:
         """[H, n, n] what each head of `side`'s ("encoder" or "decoder") self-attention adds to its
