@@ -73,7 +73,8 @@ class Seq2SeqModel(BaseModel):
         eng_Latn, M2M100's __en__, mBART-50's en_XX), in its order; [] for a model of one pair."""
         tokenizer = None if self.pieces is None or self.pieces.native else self.pieces.tokenizer
         extra = getattr(tokenizer, "extra_special_tokens", None) or getattr(tokenizer, "additional_special_tokens", None)
-        found = [t for t in extra or [] if isinstance(t, str)]
+        # T5's sentinels (<extra_id_0>...) are special tokens too, but no language
+        found = [t for t in extra or [] if isinstance(t, str) and not (t.startswith("<") and t.endswith(">"))]
         return [t for t in found if tokenizer.convert_tokens_to_ids(t) is not None]
 
     @property
