@@ -16,8 +16,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
 from attnviz.ui import hub_picker, kept_inputs, patching_view, shared_view
-from attnviz.ui.common import (LOCAL, hub_model, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav,
-                               view_choice)
+from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
 from attnviz.ui.heads_corpus import page_tool
 from attnviz.weights.catalogue import list_models
@@ -71,8 +70,7 @@ def inputs():
         return None
     try:
         with st.spinner(f"Loading {typed or direction}…"):
-            model = load_folder(typed) if direction == LOCAL else \
-                shared_model(direction) if direction in bundled else hub_model(direction)
+            model = load_folder(typed) if direction == LOCAL else shared_model(direction)
     except ValueError as err:
         st.error(plain(str(err)))
         return None
