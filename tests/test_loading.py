@@ -82,12 +82,13 @@ def test_folder_problems(tmp_path):
 
 
 def test_unsupported_architecture(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(ValueError, match="supported: bert, gpt2, llama, .*vit, dinov2"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "pegasus"}))
+    with pytest.raises(ValueError, match="supported: bert, gpt2, llama, .*vit, dinov2.*translation marian, bart"):
         attnviz.load_model(str(tmp_path))
     with pytest.raises(ValueError, match="not supported"):
-        attnviz.from_hf(tf.T5Model(tf.T5Config(d_model=16, d_ff=16, num_layers=1, num_heads=2, d_kv=8,
-                                               vocab_size=20)))
+        attnviz.from_hf(tf.PegasusModel(tf.PegasusConfig(d_model=16, encoder_layers=1, decoder_layers=1,
+                                                         encoder_attention_heads=2, decoder_attention_heads=2,
+                                                         encoder_ffn_dim=16, decoder_ffn_dim=16, vocab_size=20)))
 
 
 def test_weights_that_do_not_fit(tmp_path):
@@ -433,9 +434,9 @@ def test_the_registry_answers_for_every_family():
     assert family("bergamot").TASK == "translation" and hf_family("whisper").TASK == "speech"
     assert {f.TASK for f in FAMILIES.values()} == {"encoder", "lm", "vision", "translation", "speech"}
     with pytest.raises(ValueError, match="not registered; registered: bert, gpt2"):
-        family("t5")
-    with pytest.raises(ValueError, match="and for translation marian, bart, and for speech whisper"):
-        hf_family("t5")
+        family("pegasus")
+    with pytest.raises(ValueError, match="and for translation marian, bart, mbart, m2m_100, t5, mt5, and for speech whisper"):
+        hf_family("pegasus")
     with pytest.raises(ValueError, match="'bergamot' is not supported"):  # no transformers half
         hf_family("bergamot")
     assert synthetic_preset("bert")["embedding_norm"] and not synthetic_preset("gpt2").get("embedding_norm")

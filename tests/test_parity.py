@@ -8,7 +8,7 @@ import transformers as tf
 import attnviz
 from attnviz.weights.families import convert
 from attnviz.core.attention import attend, parse_variant
-from attnviz.core.positional import alibi_slopes, log_bucket, relative_bucket
+from attnviz.core.positional import alibi_slopes, log_bucket, relative_buckets
 from attnviz.weights.families import gpt_neo
 
 TOL = 1e-4
@@ -510,7 +510,7 @@ def test_relative_buckets_are_mpnets():
     """Far past the tiny texts: every distance up to twice the max distance, both ways."""
     from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
     d = torch.arange(-300, 301)
-    assert torch.equal(relative_bucket(d), MPNetEncoder.relative_position_bucket(d))
+    assert torch.equal(relative_buckets(d, True, 32, 128), MPNetEncoder.relative_position_bucket(d))
 
 
 @pytest.mark.parametrize("span,max_position", [(256, 512), (8, 16), (6, 12)])
@@ -532,3 +532,222 @@ def test_relative_position_bias_is_read_by_analyses_from_the_block(family):
             scored = ours.net.blocks[layer].explain(tr.states[layer][None], **ours.net.shared(tr.n))
             close(scored.weights()[0], tr.attentions[layer], 1e-5)
             close(scored.weights(3, 7)[0], tr.attentions[layer][:, 3:7], 1e-5)
+
+
+# ---------------------------------------------------------------- encoder-decoders
+# A row per encoder-decoder family (transformers' model class, its config class, the tiny config).
+# T5's head width (d_kv) differs from d / heads and its 8 distance buckets reach the logarithmic
+# ones within N tokens; M2M100 is NLLB's architecture.
+S2S_BASE = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64)
+T5_BASE = dict(vocab_size=VOCAB, d_model=32, d_kv=12, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
+               relative_attention_num_buckets=8, relative_attention_max_distance=12)
+SEQ2SEQ = {
+    "marian": ("MarianMTModel", "MarianConfig", dict(S2S_BASE, pad_token_id=VOCAB - 1, eos_token_id=0,
+                                                     decoder_start_token_id=VOCAB - 1, scale_embedding=True)),
+    "bart": ("BartForConditionalGeneration", "BartConfig", S2S_BASE),
+    "mbart": ("MBartForConditionalGeneration", "MBartConfig", dict(S2S_BASE, scale_embedding=True)),
+    "m2m_100": ("M2M100ForConditionalGeneration", "M2M100Config", dict(S2S_BASE, scale_embedding=True)),
+    "t5": ("T5ForConditionalGeneration", "T5Config", T5_BASE),
+    "t5_v1_1": ("T5ForConditionalGeneration", "T5Config", dict(T5_BASE, feed_forward_proj="gated-gelu",
+                                                                tie_word_embeddings=False)),
+    "mt5": ("MT5ForConditionalGeneration", "MT5Config", dict(T5_BASE, d_kv=8, feed_forward_proj="gated-gelu")),
+}
+S2S_REPOS = {"marian": "Helsinki-NLP/opus-mt-en-zh"}   # a Marian pair by its Hub name (random weights)
+LANGUAGES = {"m2m_100": ("w60", "w61")}   # a multilingual row: language tokens, the target's forced first
+S2S_SRC = [5, 9, 17, 3, 22, 40, 8, 11, 13, 14, 19, 20, 21, 30]   # the end of sentence follows
+S2S_TGT = [7, 8, 11, 30, 12, 4, 6, 9, 10, 33, 34]
+
+
+def tiny_seq2seq(row: str, seed: int = 0):
+    cls_name, make, fields = SEQ2SEQ[row]
+    torch.manual_seed(seed)
+    hf = getattr(tf, cls_name)(getattr(tf, make)(**fields, attn_implementation="eager")).eval()
+    with torch.no_grad():  # norms and biases start at constants: make them random too
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith("bias") or "relative_attention_bias" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return hf
+
+
+def seq2seq_tokenizer(hf, languages=()) -> tf.PreTrainedTokenizerFast:
+    """A word-level tokenizer over a tiny model's vocabulary ("w5" is id 5; the model's own special
+    ids named; `languages`: words that are its language tokens), built here: no download, no sentencepiece."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    cfg = hf.config
+    specials = {cfg.pad_token_id: "<pad>", cfg.eos_token_id: "</s>"}
+    if getattr(cfg, "bos_token_id", None) is not None:
+        specials.setdefault(cfg.bos_token_id, "<s>")
+    specials.setdefault(next(i for i in range(3, VOCAB) if i not in specials), "<unk>")
+    backend = Tokenizer(models.WordLevel({specials.get(i, f"w{i}"): i for i in range(VOCAB)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                                      extra_special_tokens=list(languages))
+
+
+def s2s_ids(ours):
+    """(source ids (1, S) with the end of sentence, decoder input (1, T): the start, then the target)."""
+    return torch.tensor([S2S_SRC + [ours.cfg.eos_id]]), torch.tensor([[ours.cfg.decoder_start_id] + S2S_TGT])
+
+
+def s2s_attentions(hf):
+    """{"encoder", "self", "cross"}: each layer's attention module, as the family names it."""
+    if hasattr(hf, "model"):   # the BART layout (Marian, BART, mBART, M2M100)
+        enc, dec = hf.model.encoder.layers, hf.model.decoder.layers
+        return {"encoder": [l.self_attn for l in enc], "self": [l.self_attn for l in dec],
+                "cross": [l.encoder_attn for l in dec]}
+    return {"encoder": [b.layer[0].SelfAttention for b in hf.encoder.block],
+            "self": [b.layer[0].SelfAttention for b in hf.decoder.block],
+            "cross": [b.layer[1].EncDecAttention for b in hf.decoder.block]}
+
+
+def s2s_reference(hf, src, dec, masks=None):
+    """transformers eager with every attention and hidden state; head masks as pre-hooks scaling
+    each head's slice before the output projection."""
+    hooks = []
+    for side, mask in (masks or {}).items():
+        for layer, attn in enumerate(s2s_attentions(hf)[side]):
+            def hook(mod, args, row=mask[layer]):
+                (h,) = args
+                return (h * row.repeat_interleave(h.shape[-1] // len(row)).to(h.dtype),)
+            hooks.append(output_projection(attn).register_forward_pre_hook(hook) if not hasattr(attn, "o")
+                         else attn.o.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            return hf(input_ids=src, decoder_input_ids=dec, output_attentions=True, output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@pytest.fixture(scope="module", params=list(SEQ2SEQ))
+def s2s_pair(request):
+    hf = tiny_seq2seq(request.param)
+    specials = LANGUAGES.get(request.param, ("<extra_id_0>",) if "t5" in request.param else ())   # T5: a sentinel
+    return request.param, hf, attnviz.from_hf(hf, seq2seq_tokenizer(hf, specials))
+
+
+def test_seq2seq_hidden_states_logits_and_every_attention_match(s2s_pair):
+    row, hf, ours = s2s_pair
+    src, dec = s2s_ids(ours)
+    ref = s2s_reference(hf, src, dec)
+    with torch.no_grad():
+        memory, enc_att = ours.net.encode(src, need_weights=True)
+        out = ours.net.step(dec, ours.net.start(memory), need_weights=True, need_self=True)
+        hidden = ours.net.step(dec, ours.net.start(memory), logits=False).logits / ours.cfg.output_scale
+    close(memory, ref.encoder_last_hidden_state)
+    close(hidden, ref.decoder_hidden_states[-1])
+    close(out.logits, ref.logits)
+    for ours_att, theirs in ((enc_att, ref.encoder_attentions), (out.self_att, ref.decoder_attentions),
+                             (out.cross, ref.cross_attentions)):
+        close(torch.cat([ours_att[i] for i in range(len(theirs))]), torch.cat(theirs))
+    # the public trace: the same tensors, teacher-forced on the target
+    tr = ours.trace(S2S_SRC, target=S2S_TGT + [ours.cfg.eos_id])
+    close(tr.encoder_attentions, torch.cat(ref.encoder_attentions))
+    close(tr.self_attentions, torch.cat(ref.decoder_attentions))
+    close(tr.cross_attentions, torch.cat(ref.cross_attentions))
+    want = torch.log_softmax(ref.logits[0], -1).gather(1, torch.tensor(S2S_TGT + [ours.cfg.eos_id])[:, None])[:, 0]
+    close(tr.logprobs, want)
+
+
+def test_seq2seq_head_masks_match(s2s_pair):
+    row, hf, ours = s2s_pair
+    src, dec = s2s_ids(ours)
+    masks = {"encoder": torch.ones(2, 4), "self": torch.ones(3, 4), "cross": torch.ones(3, 4)}
+    masks["encoder"][0, 1] = masks["encoder"][1, 3] = masks["self"][2, 0] = 0
+    masks["cross"][0, 2] = masks["cross"][1, 0] = masks["cross"][1, 1] = 0.0
+    masks["self"][0, 1] = 0.5
+    ref = s2s_reference(hf, src, dec, masks)
+    assert not torch.allclose(ref.logits, s2s_reference(hf, src, dec).logits, atol=1e-3)
+    tr = ours.trace(S2S_SRC, target=S2S_TGT + [ours.cfg.eos_id], head_mask=masks["cross"],
+                    encoder_head_mask=masks["encoder"], self_head_mask=masks["self"])
+    want = torch.log_softmax(ref.logits[0], -1).gather(1, torch.tensor(S2S_TGT + [ours.cfg.eos_id])[:, None])[:, 0]
+    close(tr.logprobs, want)
+    close(tr.cross_attentions, torch.cat(ref.cross_attentions))   # what the masked heads would attend to
+
+
+def hf_generate(hf, ours, n: int) -> list[int]:
+    """transformers' greedy generation, the target language forced first where the model has one."""
+    config = tf.GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=n, min_new_tokens=0,
+                                 decoder_start_token_id=ours.cfg.decoder_start_id, eos_token_id=ours.cfg.eos_id,
+                                 pad_token_id=ours.cfg.pad_id, forced_eos_token_id=None,
+                                 forced_bos_token_id=ours.forced_first if ours.forced_first >= 0 else None)
+    hf.generation_config.forced_eos_token_id = None   # Marian's: an end forced at the length limit, where we stop
+    with torch.no_grad():
+        # without transformers' cache: it sizes T5's by the encoder's layer count, fewer than the decoder's here
+        out = hf.generate(torch.tensor([S2S_SRC + [ours.cfg.eos_id]]), generation_config=config, use_cache=False)
+    return out[0, 1:].tolist()
+
+
+def test_seq2seq_greedy_generation_equals_transformers(s2s_pair):
+    row, hf, ours = s2s_pair
+    assert ours.languages == list(LANGUAGES.get(row, ()))   # language tokens, never T5's sentinels
+    if row in LANGUAGES:   # a multilingual model: the target language's token forced first
+        assert ours.target_language is None
+        ours = ours.into("w61")
+        assert ours.target_language == "w61" and ours.info.key.endswith("→ w61")
+    tr = ours.translate(S2S_SRC, max_tokens=10)
+    assert tr.target_ids.tolist() == hf_generate(hf, ours, 10)
+    if row in LANGUAGES:
+        assert tr.target_tokens[0] == "w61" and float(tr.logprobs[0]) == 0.0
+    full = ours.translate(S2S_SRC, max_tokens=10, cache=False)
+    assert torch.equal(tr.target_ids, full.target_ids)
+    close(tr.self_attentions, full.self_attentions)
+    close(tr.cross_attentions, full.cross_attentions)
+
+
+@pytest.mark.parametrize("row", list(SEQ2SEQ))
+def test_seq2seq_folder_round_trip_and_hub_cache_by_name(row, tmp_path, monkeypatch):
+    from tests import hub_cache
+    from attnviz.weights import hub
+    hf = tiny_seq2seq(row, seed=1)
+    hf.save_pretrained(tmp_path / "src")
+    seq2seq_tokenizer(hf).save_pretrained(tmp_path / "src")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "HfApi", None)   # no Hub call can happen
+    name = S2S_REPOS.get(row, f"org/tiny-{row.replace('_', '-')}")
+    hub_cache.lay_out(tmp_path / "hub", name, tmp_path / "src")
+    text = " ".join(f"w{i}" for i in S2S_SRC)
+    for ours in (attnviz.load_model(str(tmp_path / "src")), attnviz.load_model(name)):
+        assert ours.cfg.family == row.split("_v1")[0]
+        tr = ours.trace(text, target=S2S_TGT)   # read with the folder's own tokenizer
+        assert tr.source_ids.tolist() == S2S_SRC + [ours.cfg.eos_id] and tr.source_tokens[0] == "w5"
+        ref = s2s_reference(hf, *s2s_ids(ours))
+        close(tr.cross_attentions, torch.cat(ref.cross_attentions))
+        close(tr.logprobs, torch.log_softmax(ref.logits[0], -1).gather(
+            1, torch.tensor(S2S_TGT + [ours.cfg.eos_id])[:, None])[:, 0])
+
+
+def test_relative_position_bias_is_computed_once_per_side_as_transformers_does(s2s_pair):
+    row, hf, ours = s2s_pair
+    if not hasattr(hf, "encoder") or hasattr(hf, "model"):
+        assert ours.position_bias(5) is None
+        return
+    for side, stack in (("encoder", hf.encoder), ("decoder", hf.decoder)):
+        with torch.no_grad():
+            want = stack.block[0].layer[0].SelfAttention.compute_bias(N + 9, N + 9)[0]
+        close(ours.position_bias(N + 9, side), want)
+    with pytest.raises(ValueError, match="side"):
+        ours.position_bias(3, "cross")
+
+
+def test_seq2seq_pruning_equals_the_masked_model_and_leaves_it_untouched(s2s_pair):
+    row, hf, ours = s2s_pair
+    keep = torch.ones(3, 4, dtype=torch.bool)
+    keep[0, 2] = keep[1, 0] = keep[1, 1] = False
+    keep[2] = False                                   # a whole layer's cross-attention
+    target = S2S_TGT + [ours.cfg.eos_id]
+    before = ours.trace(S2S_SRC, target=target)
+    small = ours.prune(keep)
+    assert small.info.key.endswith("(pruned 7/12)") and [len(b.cross.heads) for b in small.net.decoder] == [3, 2, 0]
+    masked, pruned = ours.trace(S2S_SRC, target=target, head_mask=keep.float()), small.trace(S2S_SRC, target=target)
+    close(pruned.logprobs, masked.logprobs)
+    close(pruned.cross_attentions, masked.cross_attentions * keep[:, :, None, None])   # pruned heads: zero rows
+    close(pruned.self_attentions, masked.self_attentions)
+    assert small.translate(S2S_SRC, max_tokens=8).target_ids.tolist() == \
+        ours.translate(S2S_SRC, max_tokens=8, head_mask=keep.float()).target_ids.tolist()
+    again = small.prune(torch.ones(3, 4, dtype=torch.bool))    # heads already pruned stay gone
+    close(again.trace(S2S_SRC, target=target).logprobs, pruned.logprobs)
+    close(ours.trace(S2S_SRC, target=target).logprobs, before.logprobs, tol=1e-6)   # the original is untouched
+    with pytest.raises(ValueError, match="shape"):
+        ours.prune(torch.ones(2, 4, dtype=torch.bool))

@@ -98,8 +98,9 @@ class Attention(nn.Module):
         (mean ablation); `patch(name, t) -> t`: this call's edit of "q" (B, h, T, dh), "k" and "v"
         (B, hkv, T, dh, rope applied) and "z" (the per-head outputs, after mask and fill):
         activation patching, never a change to the module; `position_bias` (1, H, T, S): every
-        original head's score bias from relative positions (MPNet), shared by the layers; `rel_pos`:
-        the relative-position embeddings and each query-key pair's row of them (DeBERTa)."""
+        original head's score bias from relative positions, computed once for all layers (MPNet's,
+        T5's); `rel_pos`: the relative-position embeddings and each query-key pair's row of them
+        (DeBERTa)."""
         B, T, _ = x.shape
         if self.n_heads == 0:  # every head of this layer pruned: the layer adds only the output bias
             return self.out(x.new_zeros(B, T, 0)), None

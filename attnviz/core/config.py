@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 # and `family` is only the label it signs the config with.
 TASKS = ("encoder", "lm", "vision")
 NORMS = ("layernorm", "rmsnorm")
-POSITIONALS = ("learned", "rotary", "sinusoidal", "alibi", "none")
+POSITIONALS = ("learned", "rotary", "sinusoidal", "alibi", "relative", "none")
 QK_NORMS = ("none", "head", "all")
 ROPE_KINDS = ("default", "linear", "dynamic", "yarn", "llama3")
 
@@ -32,7 +32,9 @@ class Config:
     norm: str = "layernorm"      # layernorm | rmsnorm
     norm_eps: float = 1e-12
     norm_bias: bool = True       # a LayerNorm's bias (RMSNorm has none)
-    positional: str = "learned"  # learned | rotary | sinusoidal | alibi (a score bias per head) | none
+    positional: str = "learned"  # learned | rotary | sinusoidal | alibi (a score bias per head) | relative | none
+    rel_buckets: int = 0         # relative: a learned score bias per head and distance bucket, shared by every layer (T5)
+    rel_max_distance: int = 128  # relative: distances from here on share the last bucket
     rope_theta: float = 10000.0
     rotary_dim: int = 0          # channels of each head that rotate (0: all; GPT-NeoX, GPT-J, Phi rotate a part)
     rope_scaling: tuple = ()     # (("rope_type", "llama3"), ("factor", 8.0), ...): sorted pairs, () = none
@@ -125,6 +127,8 @@ class Config:
         if not set(self.disentangled) <= {"c2p", "p2c"} or (self.disentangled and self.rel_span < 1):
             raise ValueError(f"disentangled position terms are c2p and p2c, over a span of at least 1; "
                              f"got {self.disentangled!r:.40} over {self.rel_span}")
+        if (self.positional == "relative") != (self.rel_buckets > 0):
+            raise ValueError("relative positions (and only they) have distance buckets (rel_buckets > 0)")
         if not 0 <= self.rotary_dim <= self.d_head or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim must be an even number in 0..{self.d_head}; got {self.rotary_dim}")
 

@@ -77,7 +77,8 @@ class CrossBlock(nn.Module):
     then cross-attention over the encoder's output (its K/V computed once per decoding, in the cache
     as "memory"), then the MLP. Post-norm (residual, then LayerNorm) or pre-norm (Whisper). The head
     mask, fill, variant, captured weights and `patch` (see `Attention.forward`) are the
-    cross-attention's; `self_head_mask` and `self_weights_out` the self-attention's."""
+    cross-attention's; `self_head_mask`, `self_weights_out` and `position_bias` (T5's relative
+    positions, computed once for every layer) the self-attention's."""
 
     def __init__(self, cfg: Config, mixer: str, causal: bool = True, source_width: int | None = None):
         """`causal=False`: the self-attention reads every position (a text encoder over an image,
@@ -104,13 +105,13 @@ class CrossBlock(nn.Module):
 
     def forward(self, x, *, past: dict, allowed=None, head_mask=None, need_weights=False,
                 variant: Variant = SOFTMAX, heads_out=None, head_fill=None, self_head_mask=None,
-                self_weights_out=None, rope=None, causal=False, patch=None):
+                self_weights_out=None, rope=None, causal=False, patch=None, position_bias=None):
         if self.has_ssru:  # the Bergamot students: post-norm
             x = self.norm_ssru(x + self.ssru(x, past))
         else:
             h = self.norm_self(x) if self.pre_norm else x
             a, s_att = self.self_attn(h, causal=self.causal, head_mask=self_head_mask, past=past,
-                                      need_weights=self_weights_out is not None)
+                                      need_weights=self_weights_out is not None, position_bias=position_bias)
             if self_weights_out is not None:
                 self_weights_out.append(s_att)
             x = x + a if self.pre_norm else self.norm_self(x + a)

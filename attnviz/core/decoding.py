@@ -202,7 +202,10 @@ def beam(self, memory, masks, beam: int, n_max: int, deadline, start=None) -> tu
     for t in range(n_max):
         logits = self._logits(net.step(feed, state, head_mask=masks["cross"], self_head_mask=masks["self"],
                                        head_fill=masks.get("cross_fill"), logits=vocab is None), vocab)
-        total = (scores[:, None] + torch.log_softmax(logits[:, -1].float(), dim=-1)).flatten()  # (B*V,)
+        step = logits[:, -1].float()
+        if vocab is None and t == 0:  # one hypothesis yet: the model's first-step rule (a forced first token)
+            step = self.adjust_logits(step[0], 0)[None]
+        total = (scores[:, None] + torch.log_softmax(step, dim=-1)).flatten()  # (B*V,)
         best = total.topk(live)
         last = t == n_max - 1 or deadline.expired()
         keep = []

@@ -147,17 +147,40 @@ def interpolate_grid(pos: torch.Tensor, src: int, h: int, w: int) -> torch.Tenso
     return grid.to(pos.dtype).permute(0, 2, 3, 1).reshape(1, h * w, d)
 
 
-def relative_bucket(distance: torch.Tensor, n_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
-    """Log-bucketed relative positions, both directions (MPNet's, after T5's bidirectional buckets):
-    half the buckets for keys after the query; in each half, exact distances below a quarter of the
-    buckets, then logarithmic bins up to `max_distance`, past which all share the last.
-    `distance`: key position - query position (an integer tensor)."""
-    half = n_buckets // 2
-    out = (distance > 0).long() * half
-    n = distance.abs()
-    exact = half // 2
-    large = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
-    return out + torch.where(n < exact, n, large.clamp_max(half - 1))
+def relative_buckets(relative: torch.Tensor, bidirectional: bool, n_buckets: int, max_distance: int) -> torch.Tensor:
+    """T5's distance buckets (Raffel et al. 2020, as transformers' `_relative_position_bucket`):
+    `relative` = key position - query position -> a bucket in [0, n_buckets). Half the buckets
+    (of each direction, when bidirectional) count distances exactly, the rest grow logarithmically
+    up to `max_distance`; a causal decoder sees no later key, so its later distances read as 0."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        n_buckets //= 2
+        buckets = buckets + (relative > 0).long() * n_buckets
+        relative = relative.abs()
+    else:
+        relative = -relative.clamp_max(0)
+    exact = n_buckets // 2
+    large = exact + (torch.log(relative.float() / exact) / math.log(max_distance / exact)
+                     * (n_buckets - exact)).long()
+    large = large.clamp_max(n_buckets - 1)
+    return buckets + torch.where(relative < exact, relative, large)
+
+
+class RelativeBias(torch.nn.Module):
+    """One side's relative position bias (T5): a learned value per head and distance bucket, computed
+    once for a pass and added to the scaled scores of every self-attention layer of that side."""
+
+    def __init__(self, n_buckets: int, n_heads: int, max_distance: int, bidirectional: bool):
+        super().__init__()
+        self.table = torch.nn.Embedding(n_buckets, n_heads)   # (buckets, h)
+        self.max_distance, self.bidirectional = max_distance, bidirectional
+
+    def forward(self, T: int, S: int) -> torch.Tensor:
+        """(1, h, T, S): the bias of queries at positions S-T..S-1 (after a cached prefix) over keys 0..S-1."""
+        device = self.table.weight.device
+        relative = torch.arange(S, device=device)[None, :] - torch.arange(S - T, S, device=device)[:, None]
+        buckets = relative_buckets(relative, self.bidirectional, self.table.num_embeddings, self.max_distance)
+        return self.table(buckets).permute(2, 0, 1)[None]
 
 
 def log_bucket(distance: torch.Tensor, span: int, max_position: int) -> torch.Tensor:

@@ -33,7 +33,7 @@ class Scored:
     q_normed: torch.Tensor | None = None  # after QK-norm (None: the layer has none)
     k_normed: torch.Tensor | None = None
     bias: torch.Tensor | None = None      # (1, h, 1 or T, S) added to the scaled scores (ALiBi: slope · key
-                                          # position; a relative-position bias, MPNet's or BEiT's: one row per query)
+                                          # position; a relative-position bias, MPNet's, T5's or BEiT's: one row per query)
     bias_parts: dict | None = None        # the bias's named parts, each like it (DeBERTa: "c2p", "p2c")
 
     @property

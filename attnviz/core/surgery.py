@@ -4,12 +4,15 @@ Pruning a head removes its rows from the fused QKV projection and its columns fr
 projection. With grouped K/V heads a K/V head stays while any kept query head reads it. A QK-norm
 over the whole layer (OLMo 2) averages over every head's channels: the dropped heads' Q and K rows
 move to the layer's `q_rest` / `k_rest`, which only that norm reads.
-`Model.prune` wraps the result in a new `Model`.
+`Model.prune` wraps the result in a new `Model`; `Seq2SeqModel.prune` takes cross-attention heads out
+of a copy of its decoder through `sliced_attention`.
 """
 from __future__ import annotations
 
 import torch
 
+from attnviz.core.blocks import Attention
+from attnviz.core.config import Config
 from attnviz.core.transformer import Transformer
 
 
@@ -77,3 +80,29 @@ def prune(net: Transformer, keep, kept: torch.Tensor) -> tuple[Transformer, torc
             state[p + "rel_bias"] = state[p + "rel_bias"][:, torch.tensor(q_idx, dtype=torch.long)]
     # clone: the new model owns its tensors, so nothing done to it can reach the original
     return Transformer.from_state(new_cfg, {k: v.clone() for k, v in state.items()}, heads, kv_heads), keep
+
+
+def sliced_attention(attn: Attention, cfg: Config, on: list[int]) -> Attention:
+    """A NEW un-fused attention layer (queries from `q`, keys and values from `kv`: the decoders'
+    cross-attention) keeping query heads `on` (ORIGINAL numbering; a subset of those `attn` holds)
+    and the K/V heads they read; its tensors are copies, `attn` is untouched."""
+    dh, old = cfg.d_head, attn.heads.tolist()
+    kv_on, old_kv = sorted({h // cfg.group for h in on}), sorted({h // cfg.group for h in old})
+    q_idx, kv_idx = [old.index(h) for h in on], [old_kv.index(k) for k in kv_on]
+
+    def rows(idx, base):  # the d_head rows of each listed head, in a projection starting at `base`
+        return torch.tensor([base + j * dh + r for j in idx for r in range(dh)], dtype=torch.long)
+
+    # kv rows: [K (h_kv * dh) | V (h_kv * dh)]
+    pick = {"q": rows(q_idx, 0), "kv": torch.cat([rows(kv_idx, 0), rows(kv_idx, attn.n_kv * dh)])}
+    state = {}
+    for name, t in attn.state_dict().items():
+        layer, part = name.split(".")
+        if layer in pick:
+            t = t[pick[layer]]
+        elif layer == "out" and part == "weight":
+            t = t[:, pick["q"]]
+        state[name] = t.clone()
+    small = Attention(cfg, on, kv_on, fused=False)
+    small.load_state_dict(state)
+    return small.eval()

@@ -17,7 +17,7 @@ from attnviz.core.attention import padding_mask
 from attnviz.core.base_model import adopt_state
 from attnviz.core.blocks import ACTIVATIONS, Block, Linear, iter_layers, make_norm
 from attnviz.core.config import Config
-from attnviz.core.positional import (interpolate_grid, relative_bucket, relative_index, rope_cos_sin, sinusoidal,
+from attnviz.core.positional import (RelativeBias, interpolate_grid, relative_index, rope_cos_sin, sinusoidal,
                                        square_grid)
 
 ROPE_CACHE_MAX = 8192  # positions precomputed; longer inputs compute their table on the fly
@@ -76,7 +76,8 @@ class Transformer(nn.Module):
         self.emb_norm = make_norm(cfg, cfg.embed_width) if cfg.embedding_norm else None
         self.embed_proj = Linear(cfg.d_embed, d) if cfg.d_embed else None
         # one table of per-head score biases by relative-position bucket, read by every layer (MPNet)
-        self.rel_bias = nn.Embedding(cfg.relative_buckets, cfg.n_heads) if cfg.relative_buckets else None
+        self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.n_heads, cfg.relative_max_distance, bidirectional=True)
+                         if cfg.relative_buckets else None)
         # relative-position embeddings every layer projects into its position terms (DeBERTa)
         self.rel_emb = nn.Embedding(2 * cfg.rel_span, d) if cfg.disentangled else None
         self.rel_norm = make_norm(cfg) if cfg.disentangled and cfg.rel_norm else None
@@ -196,11 +197,7 @@ class Transformer(nn.Module):
     def relative_bias(self, n: int, offset: int = 0) -> torch.Tensor:
         """(1, H, n, offset + n) every head's score bias for queries at positions offset..offset+n-1
         and keys at 0..offset+n-1, read from the shared table by relative-position bucket."""
-        cfg = self.cfg
-        keys = torch.arange(offset + n, device=self.rel_bias.weight.device)
-        buckets = relative_bucket(keys[None, :] - keys[offset:, None], cfg.relative_buckets,
-                                  cfg.relative_max_distance)
-        return self.rel_bias(buckets).permute(2, 0, 1)[None]
+        return self.rel_bias(n, offset + n)   # T5's bidirectional buckets, as MPNet reads them
 
     # ---------------------------------------------------------------- the forward loop
     def iter_blocks(self, x, start: int = 0, stop: int | None = None, *, head_mask=None, capture=(),

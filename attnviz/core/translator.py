@@ -16,6 +16,7 @@ the start symbol (t = 0) or target token t - 1.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import replace
 
 import torch
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from attnviz.base.jobs import Deadline, heavy_job
 from attnviz.base.limits import LIMITS
-from attnviz.core import decoding
+from attnviz.core import decoding, surgery
 from attnviz.core.base_model import BaseModel, ModelInfo
 from attnviz.core.decoding import Decoded
 from attnviz.core.seq2seq import Seq2Seq, Seq2SeqConfig
@@ -43,6 +44,8 @@ class Seq2SeqModel(BaseModel):
         super().__init__(net, info)
         self.pieces = None if tokenizer is None else Pieces(tokenizer, net.cfg.eos_id)
         self.shortlist = shortlist
+        # the token forced first in every target (a multilingual model's target language; -1: none)
+        self.forced_first = net.cfg.forced_bos_id
 
     @classmethod
     def build(cls, cfg: Seq2SeqConfig, state: dict, key: str, source: str, tokenizer=None,
@@ -63,6 +66,65 @@ class Seq2SeqModel(BaseModel):
     @property
     def kind(self) -> str:
         return "translator"
+
+    @property
+    def languages(self) -> list[str]:
+        """The language tokens of a multilingual model's tokenizer (its added special tokens: NLLB's
+        eng_Latn, M2M100's __en__, mBART-50's en_XX), in its order; [] for a model of one pair."""
+        tokenizer = None if self.pieces is None or self.pieces.native else self.pieces.tokenizer
+        extra = getattr(tokenizer, "extra_special_tokens", None) or getattr(tokenizer, "additional_special_tokens", None)
+        # T5's sentinels (<extra_id_0>...) are special tokens too, but no language
+        found = [t for t in extra or [] if isinstance(t, str) and not (t.startswith("<") and t.endswith(">"))]
+        return [t for t in found if tokenizer.convert_tokens_to_ids(t) is not None]
+
+    @property
+    def target_language(self) -> str | None:
+        """The language token forced first in every target, or None."""
+        return None if self.forced_first < 0 or self.pieces is None else self.pieces.label(self.forced_first)
+
+    def prune(self, keep) -> "Seq2SeqModel":
+        """A NEW model without the cross-attention heads `keep` (BoolTensor [L_dec, H], ORIGINAL
+        numbering) switches off: the same outputs as `head_mask=keep.float()`, from smaller layers
+        (their K/V projected once a sentence, read every step); this one is untouched. Heads
+        already pruned stay gone; a pruned head's cross-attention reads as zero rows."""
+        c = self.cfg
+        keep = surgery.check_keep(keep, c.n_dec_layers, c.n_heads)
+        blocks, decoder = c.block_config("decoder"), []
+        for i, held in enumerate(self.net.decoder):   # a copy of each block sharing every module but its cross-attention
+            block = copy.copy(held)
+            block._modules = dict(held._modules)
+            block.cross = surgery.sliced_attention(held.cross, blocks, [h for h in held.cross.heads.tolist() if keep[i, h]])
+            decoder.append(block)
+        net = copy.copy(self.net)
+        net._modules = dict(self.net._modules)
+        net.decoder = type(self.net.decoder)(decoder)
+        gone = sum(c.n_heads - len(b.cross.heads) for b in net.decoder)
+        twin = Seq2SeqModel(net, replace(self.info, key=f"{self.info.key} (pruned {gone}/{keep.numel()})"),
+                            None, self.shortlist)
+        twin.pieces, twin.forced_first = self.pieces, self.forced_first
+        return twin
+
+    def position_bias(self, n: int, side: str = "encoder") -> torch.Tensor | None:
+        """[H, n, n] what each head of `side`'s ("encoder" or "decoder") self-attention adds to its
+        scores for n positions from their distances alone (T5's relative positions: one table, every
+        layer of the side), as the blocks add it; None for a model without relative positions."""
+        if side not in ("encoder", "decoder"):
+            raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
+        with torch.inference_mode():
+            bias = self.net.position_bias("enc" if side == "encoder" else "dec", n, n)
+        return None if bias is None else bias[0].float()
+
+    def into(self, language: str) -> "Seq2SeqModel":
+        """This model translating into `language` (one of `languages`): its token forced as the first
+        target token, as transformers' forced-BOS decoding does. A new model object over the same
+        network and tokenizer (the shared one is never changed)."""
+        if language not in self.languages:
+            shown = ", ".join(self.languages[:8]) or "none: this model translates one pair"
+            raise ValueError(f"{str(language)[:40]!r} is not one of this model's languages ({shown})")
+        twin = copy.copy(self)
+        twin.forced_first = int(self.pieces.tokenizer.convert_tokens_to_ids(language))
+        twin.info = replace(self.info, key=f"{self.info.key} → {language}")
+        return twin
 
     @property
     def mask_layers(self) -> int:
@@ -156,8 +218,16 @@ class Seq2SeqModel(BaseModel):
         return torch.full((n, 1), self.cfg.decoder_start_id, dtype=torch.long)
 
     def adjust_logits(self, logits: torch.Tensor, step: int) -> torch.Tensor:
-        """Greedy decoding's hook on step `step`'s logits (vocab,): speech models suppress tokens."""
-        return logits
+        """Decoding's hook on step `step`'s logits (..., vocab): the first target token is forced
+        where the model names one (the target language of M2M100 / NLLB, mBART-50), as transformers'
+        forced-BOS processor does it (every other token -inf, the forced one 0); speech models
+        suppress tokens."""
+        forced = self.forced_first
+        if step != 0 or forced < 0:
+            return logits
+        out = torch.full_like(logits, float("-inf"))
+        out[..., forced] = 0.0
+        return out
 
     def translate(self, text, beam: int = 1, max_tokens: int | None = None, head_mask=None,
                   encoder_head_mask=None, self_head_mask=None, *, attentions: bool = True,

@@ -140,3 +140,17 @@ def word_row_figure(words: list[str], weights, title: str = "", highlight: int |
     figure.update_yaxes(title="attention weight", range=[0, 1.08])
     figure.update_layout(title=title, height=320, margin=dict(l=10, r=10, t=50 if title else 20, b=10))
     return figure
+
+
+def position_bias_figure(bias, tokens: list[str], title: str = "") -> go.Figure:
+    """bias [n, n]: what one head adds to its scores for each query (row) and key (column) from
+    their distance alone (relative positions), before the softmax; diverging colours around 0."""
+    z = _array(bias)
+    labels = [token_label(t) for t in tokens]
+    top = float(np.abs(z).max()) or 1.0
+    fig = go.Figure(go.Heatmap(z=z, x=np.arange(len(tokens)), y=np.arange(len(tokens)), colorscale="RdBu",
+                               zmid=0, zmin=-top, zmax=top, colorbar=dict(title="bias")))
+    ticks = dict(tickmode="array", tickvals=list(range(len(tokens))), ticktext=labels)
+    fig.update_layout(title=title, xaxis=dict(title="key", **ticks), yaxis=dict(title="query", autorange="reversed",
+                                                                                **ticks), height=420)
+    return fig

@@ -72,11 +72,11 @@ def settle_heap():
 
 
 def shared_model(key: str) -> Model:
-    """A model of the catalogue (bundled or toy), shared by every session. Never a path: typed
-    folders go through `load_folder`, which applies the deployment's allow-list."""
-    if key not in BUNDLED and key not in TOYS:
+    """A model of the catalogue (bundled or toy) or a name of the Hugging Face cache ("org/name", read
+    by name only), shared by every session. Never a path: typed folders go through `load_folder`."""
+    if key not in BUNDLED and key not in TOYS and "/" not in key:
         raise ValueError(f"unknown model {key!r}")
-    return _shared_model(key)
+    return _shared_model(key) if "/" not in key else _shared_model(hub_picker.key_of(key), key)
 
 
 def folder_key(typed: str) -> str:

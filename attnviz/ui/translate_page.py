@@ -15,7 +15,7 @@ from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
-from attnviz.ui import kept_inputs, patching_view, prompt_translate_view, shared_view
+from attnviz.ui import hub_picker, kept_inputs, patching_view, prompt_translate_view, shared_view
 from attnviz.ui.common import LOCAL, load_folder, local_folders_allowed, plain, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
 from attnviz.ui.heads_corpus import page_tool
@@ -24,6 +24,7 @@ from attnviz.weights.catalogue import list_models
 PAGE = "translate"
 DEFAULT_TEXT = "I love you."
 AVERAGE = "average of heads"
+KINDS = "Marian (opus-mt), BART, mBART, M2M100 / NLLB or T5"   # the encoder-decoders a folder or name may hold
 
 
 def key(name: str) -> str:
@@ -37,12 +38,14 @@ def directions() -> list[str]:
 # ---------------------------------------------------------------- inputs
 def inputs():
     """Sidebar and text box -> (model, text, beam), or None after showing why."""
-    keys = directions() + ([LOCAL] if local_folders_allowed() else [])
+    bundled = directions()
+    named = [n for n in hub_picker.entries(("translation",)) if n != hub_picker.ENTRY]   # the HF cache's
+    keys = bundled + named + ([LOCAL] if local_folders_allowed() else [])
     sidebar_nav()
     with st.sidebar:
-        direction = st.radio("Direction", horizontal=True,
-                             **shared_view.linked(key("direction"), format_func=lambda k: k.replace("-", " → "), options=keys))
-        typed = st.text_input("Marian (opus-mt) or BART folder", key=key("folder"),
+        direction = st.radio("Direction", horizontal=True, **shared_view.linked(
+            key("direction"), format_func=lambda k: k.replace("-", " → ") if k in bundled else k, options=keys))
+        typed = st.text_input(f"{KINDS} folder", key=key("folder"),
                               help="A Hugging Face folder inside this server's allowed model folders") \
             if direction == LOCAL else ""
         beam = st.select_slider("Beam size", value=1, **shared_view.linked(key("beam"), options=[1, 2, 3, 4, 5]),
@@ -63,7 +66,7 @@ def inputs():
         st.error("The text is empty: type or paste a sentence to translate.")
         return None
     if direction == LOCAL and not typed.strip():
-        st.info("Type the folder of a Marian (opus-mt) or BART checkpoint.")
+        st.info(f"Type the folder of a {KINDS} checkpoint.")
         return None
     try:
         with st.spinner(f"Loading {typed or direction}…"):
@@ -72,13 +75,29 @@ def inputs():
         st.error(plain(str(err)))
         return None
     if model.kind != "translator":
-        st.error(f"{plain(typed)} holds a {plain(model.info.family)} model, not a translator: "
-                 "give a Marian (opus-mt) or BART folder.")
+        st.error(f"{plain(typed or direction)} holds a {plain(model.info.family)} model, not a translator: "
+                 f"give a {KINDS} folder.")
         return None
     if model.pieces is None:
-        st.error(f"{plain(typed)} has no tokenizer: this page needs one to read text.")
+        st.error(f"{plain(typed or direction)} has no tokenizer: this page needs one to read text.")
         return None
-    return model, text, beam
+    return target_language(model), text, beam
+
+
+def target_language(model):
+    """A multilingual model (its tokenizer names language tokens) translating into the language
+    picked in the sidebar: its token forced first, as the model was trained. Others as they are."""
+    languages = model.languages
+    if not languages:
+        return model
+    default = model.target_language or next((t for t in languages if t.lower().strip("_")[:2] in ("pt", "po")),
+                                            languages[0])
+    if st.session_state.get(key("into")) not in languages:   # another model's language
+        st.session_state.pop(key("into"), None)
+    with st.sidebar:
+        picked = st.selectbox("Into", languages, index=languages.index(default), key=key("into"),
+                              help="The target language: its token is forced as the first target token.")
+    return model.into(picked)
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
@@ -128,6 +147,10 @@ def explain(model):
                "Only cross-attention looks anywhere, so every attention map here is decoder → source."
                if c.decoder == "ssru" else
                "Each decoder layer also has causal self-attention over the pieces written so far."))
+    if model.target_language:
+        st.caption(f"Translating into {plain(model.target_language)}: its token is forced as the first target "
+                   "piece, as this multilingual model was trained; the source starts with its own language's "
+                   "token where its tokenizer writes one.")
 
 
 def summary(model, tr):
@@ -223,6 +246,12 @@ def encoder(model, tr):
                                      title=names.head_name(layer, head)), key=key("enc_heatmap"))
     st.plotly_chart(attention_figures.lines_figure(tr.encoder_attentions[layer], tr.source_tokens, [head],
                                      title=attention_figures.lines_title(layer, [head])), key=key("enc_lines"))
+    bias = model.position_bias(tr.n_src)
+    if bias is not None:   # relative positions: one learned bias per distance, the same in every layer
+        st.caption("Part of the map above comes from position alone: this head adds a learned bias for each "
+                   "query-key distance to its scores before the softmax, computed once and used by every layer.")
+        st.plotly_chart(translation_figures.position_bias_figure(
+            bias[head], tr.source_tokens, title=f"head {head}: relative position bias"), key=key("enc_bias"))
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ from __future__ import annotations
 import torch
 
 from attnviz.core.config import TASKS, Config
-from attnviz.weights.families import (bart, beit, bergamot, bert, blip, bloom, clip, deit, dinov2, falcon, gemma, gemma2, gemma3_text, gpt2,
-                                      gpt_neo, gpt_neox, gptj, llama, marian, mistral, mixtral, olmo2, opt, phi, phi3,
-                                      qwen2, qwen3, qwen3_moe, siglip, vit, whisper)
+from attnviz.weights.families import (bart, beit, bergamot, bert, blip, bloom, clip, deit, dinov2, falcon, gemma,
+                                      gemma2, gemma3_text, gpt2, gpt_neo, gpt_neox, gptj, llama, m2m_100, marian, mbart,
+                                      mistral, mixtral, mt5, olmo2, opt, phi, phi3, qwen2, qwen3, qwen3_moe, siglip, t5,
+                                      vit, whisper)
 from attnviz.weights.families import deberta_v2, distilbert, electra, modernbert, mpnet, roberta, xlm_roberta
 from attnviz.weights.mapper import get
 
@@ -70,6 +71,10 @@ FAMILIES = {f.NAME: f for f in (
     blip,
     marian,
     bart,
+    mbart,
+    m2m_100,
+    t5,
+    mt5,
     bergamot,
     whisper,
 )}

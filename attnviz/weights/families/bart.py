@@ -15,12 +15,14 @@ POSITION_OFFSET = 2   # BartLearnedPositionalEmbedding: a fairseq legacy, rows 0
 
 
 # ---------------------------------------------------------------- config half
-def config(hf, sd: dict) -> Seq2SeqConfig:
+def config(hf, sd: dict, family: str = NAME, pre_norm: bool = False) -> Seq2SeqConfig:
+    """BART's; mBART's with `pre_norm`."""
+    if not pre_norm:
+        marian.post_norm_only(hf)
     start = get(hf, "decoder_start_token_id")
-    return Seq2SeqConfig(family=NAME, positional="learned", position_offset=POSITION_OFFSET,
-                         embedding_norm=True,
-                         decoder_start_id=get(hf, "eos_token_id") if start is None else start,
-                         **marian.shape(hf))
+    return Seq2SeqConfig.of(marian.blocks(hf, family, pre_norm), positional="learned", position_offset=POSITION_OFFSET,
+                            embedding_norm=True, decoder_start_id=get(hf, "eos_token_id") if start is None else start,
+                            **marian.shape(hf))
 
 
 def size(hf, b) -> int:

@@ -3,7 +3,8 @@ self-attention and cross-attention in the decoder, sinusoidal positions (sin | c
 embeddings scaled by sqrt(d_model), output tied to the shared embeddings plus `final_logits_bias`.
 Builds `attnviz.core.seq2seq.Seq2Seq` (TASK "translation"), not a `Transformer`.
 
-The layer layout (`layers`) is BART's too; `bart.py` reuses it.
+The layer layout (`layers`) and the blocks' config (`blocks`) are BART's, mBART's and M2M100's too;
+their files reuse them.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import math
 
 import torch
 
+from attnviz.core.config import Config
 from attnviz.core.seq2seq import Seq2SeqConfig
 from attnviz.weights.mapper import Mapper, activation, get
 
@@ -20,28 +22,40 @@ PREFIXES = ("model.",)
 
 
 # ---------------------------------------------------------------- config half
-def shape(hf) -> dict:
-    """What Marian and BART configs share: sizes, activation, special ids."""
-    heads, ffn = get(hf, "encoder_attention_heads"), get(hf, "encoder_ffn_dim")
+def blocks(hf, family: str, pre_norm: bool = False) -> Config:
+    """The blocks' config both sides read, in the layout Marian, BART, mBART and M2M100 share: LayerNorm
+    (eps 1e-5), biases everywhere, one MLP width and head count on both sides; post-norm unless `pre_norm`."""
+    heads, ffn, d = get(hf, "encoder_attention_heads"), get(hf, "encoder_ffn_dim"), get(hf, "d_model")
     if get(hf, "decoder_attention_heads", heads) != heads or get(hf, "decoder_ffn_dim", ffn) != ffn:
         raise ValueError("encoder and decoder must have the same number of heads and FFN width")
+    return Config(family=family, task="encoder", n_layers=get(hf, "encoder_layers"), n_heads=heads, n_kv_heads=heads,
+                  d_model=d, d_head=d // heads, d_ff=ffn, vocab_size=get(hf, "vocab_size"), norm_eps=1e-5,
+                  activation=activation(get(hf, "activation_function", "gelu")), positional="none", pre_norm=pre_norm)
+
+
+def post_norm_only(hf):
     if get(hf, "normalize_before", False) or get(hf, "add_final_layer_norm", False):
-        raise ValueError("pre-norm variants (mBART-style normalize_before / final layer norm) are not supported")
-    d = get(hf, "d_model")
-    return dict(n_enc_layers=get(hf, "encoder_layers"), n_dec_layers=get(hf, "decoder_layers"),
-                n_heads=heads, d_model=d, d_ff=ffn, vocab_size=get(hf, "vocab_size"),
-                activation=activation(get(hf, "activation_function", "gelu")), norm_eps=1e-5,
-                embed_scale=math.sqrt(d) if get(hf, "scale_embedding", False) else 1.0,
+        raise ValueError("pre-norm variants (normalize_before / add_final_layer_norm) of this architecture are "
+                         "not supported; mBART and M2M100 checkpoints are")
+
+
+def shape(hf) -> dict:
+    """The seq2seq fields Marian, BART, mBART and M2M100 configs share: decoder layers, embedding
+    scale, special ids (the target language forced first, where the config names one)."""
+    forced = get(hf, "forced_bos_token_id")
+    return dict(n_dec_layers=get(hf, "decoder_layers"), decoder="attention",
+                embed_scale=math.sqrt(get(hf, "d_model")) if get(hf, "scale_embedding", False) else 1.0,
                 eos_id=get(hf, "eos_token_id"), pad_id=get(hf, "pad_token_id"),
-                max_positions=get(hf, "max_position_embeddings"), decoder="attention")
+                max_positions=get(hf, "max_position_embeddings"), forced_bos_id=-1 if forced is None else forced)
 
 
 def config(hf, sd: dict) -> Seq2SeqConfig:
     if not get(hf, "share_encoder_decoder_embeddings", True):
         raise ValueError("Marian checkpoints with separate source and target vocabularies are not supported")
+    post_norm_only(hf)
     start = get(hf, "decoder_start_token_id")
-    return Seq2SeqConfig(family=NAME, positional="hf_marian",
-                         decoder_start_id=get(hf, "pad_token_id") if start is None else start, **shape(hf))
+    return Seq2SeqConfig.of(blocks(hf, NAME), positional="hf_marian",
+                            decoder_start_id=get(hf, "pad_token_id") if start is None else start, **shape(hf))
 
 
 def size(hf, b) -> int:

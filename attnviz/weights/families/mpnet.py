@@ -42,7 +42,7 @@ def weights(cfg: Config, sd: dict) -> dict[str, torch.Tensor]:
     m.put("tok.weight", m.take("embeddings.word_embeddings.weight"))
     m.put("pos.weight", m.take("embeddings.position_embeddings.weight"))
     m.norm("emb_norm", "embeddings.LayerNorm")
-    m.put("rel_bias.weight", m.take("encoder.relative_attention_bias.weight"))
+    m.put("rel_bias.table.weight", m.take("encoder.relative_attention_bias.weight"))
     for i in range(cfg.n_layers):
         p, o = f"encoder.layer.{i}.", f"blocks.{i}."
         m.fused(o + "attn.qkv", [p + f"attention.attn.{n}" for n in "qkv"])
