@@ -21,6 +21,7 @@ from attnviz.analysis.corpus import CorpusLimits, bundled_corpora, open_corpus
 from attnviz.analysis.corpus_engine import SCHEDULER_ENV, WORKER_THREADS_ENV, resolve_scheduler, worker_model
 from attnviz.analysis.corpus_metrics import REFERENCES
 from attnviz.analysis.corpus_runs import RUN_KINDS, RunResult
+from attnviz.analysis.pruning import decode_mask
 from attnviz.base.exports import csv_text
 from attnviz.latency import corpus_cost
 from attnviz.latency.tradeoff import kept_heads_latency
@@ -121,7 +122,11 @@ def estimate(args, corpus) -> tuple:
     process loads anyway); (config, mean tokens) for the running estimate, (None, 0) otherwise."""
     if resolve_scheduler(args.scheduler) is not None or corpus.kind != "text":
         return None, 0.0
+    if args.kind == "mask" and not args.mask:
+        return None, 0.0   # the run itself says what is missing, and no estimate precedes it
     model = worker_model(args.model)
+    if args.kind == "mask":   # a mask of another shape: its error, not an estimate first
+        decode_mask(args.mask, int(model.mask_layers), int(model.cfg.n_heads))
     tokens = corpus_runs.item_tokens(model, corpus.items)
     if not tokens:
         return None, 0.0

@@ -31,7 +31,9 @@ def test_mask_run_prints_progress_and_summary_and_writes_csvs(tmp_path, capsys):
                           "--out", str(out)])
     got = capsys.readouterr()
     assert code == 0, got.err
-    assert [x for x in got.err.splitlines() if x.startswith("item ")] == ["item 1/3", "item 2/3", "item 3/3"]
+    items = [x for x in got.err.splitlines() if x.startswith("item ")]
+    assert [x.split(" · ")[0] for x in items] == ["item 1/3", "item 2/3", "item 3/3"]
+    assert "s left" in items[-1] and got.err.startswith("estimate: ")   # priced first, then as it runs
     assert "cosine" in got.out and "ci_low" in got.out
     table = pd.read_csv(out)
     assert list(table["item"]) == [0, 1, 2] and (table["heads_kept"] == 68).all()

@@ -324,7 +324,7 @@ def test_app_offers_no_local_folders_without_an_allow_list(tmp_path):
     assert not at.exception and at.sidebar.selectbox(key=PICK).value == "minilm"
     assert not any(str(tmp_path) in c.value for c in at.caption)
     from attnviz.ui import common
-    with pytest.raises(ValueError, match="unknown model"):
+    with pytest.raises(ValueError, match="unknown model|not a Hugging Face model name"):
         common.shared_model(str(tmp_path))                  # the app's cached loader takes no paths
 
 

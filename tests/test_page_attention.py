@@ -75,8 +75,8 @@ def page():
 
 def test_home_page_describes_and_shows_shape():
     at = _run(AppTest.from_file(HOME, default_timeout=120))
-    text = " ".join(m.value for m in at.markdown)
-    assert "Attention" in text and "Heads" in text
+    links = [p.proto.label for p in at.get("page_link")]   # each page's card is a link to it
+    assert any("Attention" in label for label in links) and any("Heads" in label for label in links)
     shape = " ".join(c.value for c in at.caption)
     assert "6 layers × 12 heads" in shape and "512 positions" in shape
 
@@ -428,13 +428,13 @@ def test_home_lists_every_page_with_a_thumbnail_and_the_model_table_fits():
 
     at = _run(AppTest.from_file(HOME, default_timeout=120))
     pages = sorted(p.stem.split("_", 1)[1] for p in (ROOT / "pages").glob("*.py"))
-    text = " ".join(m.value for m in at.markdown)
+    links = [p.proto.label for p in at.get("page_link")]
     for name in pages:
-        assert f". {name}** — " in text, name
+        assert any(label.endswith(f". {name}**") for label in links), name
     assert len(at.get("image")) == len(pages)
     table = [d for d in at.dataframe if "licence" in d.value.columns][0]
     config = json.loads(table.proto.columns)
-    assert len(table.value.columns) <= 6
+    assert len(table.value.columns) <= 7   # model, task, chinese, shape, positions, source, licence
     assert all(config[c].get("width") in ("small", "medium", "large") for c in table.value.columns)
 
 
