@@ -15,7 +15,10 @@ import torch
 from attnviz.base.timing import measure
 from attnviz.latency.costmodel import op_counts
 
-ASSUMED_SHARE = 0.25     # of the matmul peak a corpus run reaches before it measured its own rate
+# of the matmul peak a corpus run reaches before it measured its own rate: batched runs measured on a
+# quiet 2-core machine reached 0.46-0.54 (gradients) and 0.72-0.81 (masked forwards, most of a
+# pruning curve) of it; 0.25 priced them 3x long
+ASSUMED_SHARE = 0.65
 PEAK_SIZE = 1024         # square fp32 products: large enough to reach the kernels' plateau
 PEAK_REPEATS = 5
 
