@@ -146,6 +146,7 @@ ENCODER_BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_
 ENCODERS = {
     "roberta": ("RobertaForMaskedLM", "RobertaConfig", dict(type_vocab_size=1, layer_norm_eps=1e-5)),
     "roberta_base": ("RobertaModel", "RobertaConfig", dict(pad_token_id=3, type_vocab_size=2)),
+    # the family file xlm_roberta.py: RoBERTa under its own name
     "xlm-roberta": ("XLMRobertaForMaskedLM", "XLMRobertaConfig", dict(pad_token_id=2, type_vocab_size=1)),
     "distilbert": ("DistilBertForMaskedLM", "DistilBertConfig", dict(hidden_dim=37)),
     "distilbert_base": ("DistilBertModel", "DistilBertConfig", dict(hidden_dim=37, activation="relu")),
