@@ -64,17 +64,18 @@ def wait_idle(page, timeout_ms: int = 120_000):
 
 
 
-def browser_fixtures(viewport: dict, timeout_ms: int):
+def browser_fixtures(viewport: dict, timeout_ms: int, server_env=None):
     """A module's `server`, `browser` and `page` fixtures: one Streamlit server and one Chromium for
     the module, a fresh browser context of `viewport` for each test. Bind them in the module:
-    `server, browser, page = browser_fixtures(...)`."""
+    `server, browser, page = browser_fixtures(...)`. `server_env(tmp_path_factory) -> dict`: the
+    server's environment (models laid out for it first)."""
     import pytest
     from playwright.sync_api import sync_playwright
 
     @pytest.fixture(scope="module")
-    def server():
+    def server(tmp_path_factory):
         ARTIFACTS.mkdir(exist_ok=True)
-        with streamlit_server() as url:
+        with streamlit_server(**(server_env(tmp_path_factory) if server_env else {})) as url:
             yield url
 
     @pytest.fixture(scope="module")

@@ -2,13 +2,17 @@
 huggingface_hub writes), holding tiny random models saved with safetensors and a tokenizer.json."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
 
+import pytest
+
 import torch
 import transformers as tf
 
+from attnviz.weights import hub
 from tests.test_parity import tiny
 
 WORDS = ["[UNK]", "[EOS]", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "hello", "world", "."]
@@ -57,3 +61,17 @@ def edit_config(folder: Path, **changes):
     config = json.loads((folder / "config.json").read_text())
     config.update(changes)
     (folder / "config.json").write_text(json.dumps(config))
+
+
+@contextlib.contextmanager
+def offline_cache(root: Path):
+    """HF_HUB_CACHE pointed at `root` with every Hub call made impossible, for as long as a module's
+    tests read models from it by name."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_CACHE", str(root))
+    mp.setattr(hub, "HfApi", None)                  # no Hub call can happen
+    mp.setattr(hub, "snapshot_download", None)
+    try:
+        yield root
+    finally:
+        mp.undo()

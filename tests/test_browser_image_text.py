@@ -6,40 +6,23 @@ import pytest
 pytest.importorskip("playwright")
 
 from tests import hub_cache  # noqa: E402
-from tests.browser import ARTIFACTS, ARGS, CHROMIUM, ROOT, assert_no_errors, open_page, streamlit_server, wait_idle  # noqa: E402
+from tests.browser import ROOT, assert_no_errors, browser_fixtures, open_page, wait_idle  # noqa: E402
 from tests.test_image_text import save_blip, save_dual  # noqa: E402
 
 SHOTS = ROOT / "bench" / "screenshots"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def laid_out(tmp_path_factory) -> dict:
+    """A Hugging Face cache holding a tiny CLIP and a tiny BLIP, for the server."""
     root = tmp_path_factory.mktemp("hf") / "hub"
     for name, save in (("clip", lambda f: save_dual(f, "clip")), ("blip", save_blip)):
         folder = tmp_path_factory.mktemp(name)
         save(folder)
         hub_cache.lay_out(root, f"org/{name}", folder)
-    ARTIFACTS.mkdir(exist_ok=True)
-    with streamlit_server(HF_HUB_CACHE=str(root), ATTNVIZ_CACHE=str(tmp_path_factory.mktemp("converted"))) as url:
-        yield url
+    return dict(HF_HUB_CACHE=str(root), ATTNVIZ_CACHE=str(tmp_path_factory.mktemp("converted")))
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 2000})
-    pg = context.new_page()
-    pg.set_default_timeout(240_000)
-    yield pg
-    context.close()
+server, browser, page = browser_fixtures({"width": 1400, "height": 2000}, 240_000, laid_out)
 
 
 def pick(page, server, model: str, view: str):

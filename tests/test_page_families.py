@@ -7,7 +7,6 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from attnviz.weights import hub
 from attnviz.weights.families import FAMILIES
 from tests import hub_cache
 from tests.test_parity import DECODERS, ENCODERS
@@ -25,17 +24,12 @@ ENCODER_PAGES = PAGES[:3]
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    root = tmp_path_factory.mktemp("hf") / "hub"
-    mp.setenv("HF_HUB_CACHE", str(root))
-    mp.setattr(hub, "HfApi", None)                  # no Hub call can happen
-    mp.setattr(hub, "snapshot_download", None)
-    for row in ROWS + ENCODER_ROWS:
-        folder = tmp_path_factory.mktemp(row)
-        hub_cache.model_folder(folder, row)
-        hub_cache.lay_out(root, f"org/{row}", folder)
-    yield root
-    mp.undo()
+    with hub_cache.offline_cache(tmp_path_factory.mktemp("hf") / "hub") as root:
+        for row in ROWS + ENCODER_ROWS:
+            folder = tmp_path_factory.mktemp(row)
+            hub_cache.model_folder(folder, row)
+            hub_cache.lay_out(root, f"org/{row}", folder)
+        yield root
 
 
 @pytest.mark.parametrize("row,pages", [(r, PAGES) for r in ROWS] + [(r, ENCODER_PAGES) for r in ENCODER_ROWS])

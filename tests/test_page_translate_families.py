@@ -6,7 +6,6 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from attnviz.weights import hub
 from tests import hub_cache
 from tests.test_page_translate import PAGE, charts_of_every_view, view
 from tests.test_parity import LANGUAGES, S2S_REPOS, SEQ2SEQ, seq2seq_tokenizer, tiny_seq2seq
@@ -18,19 +17,14 @@ def repo(row: str) -> str:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    root = tmp_path_factory.mktemp("hf") / "hub"
-    mp.setenv("HF_HUB_CACHE", str(root))
-    mp.setattr(hub, "HfApi", None)                  # no Hub call can happen
-    mp.setattr(hub, "snapshot_download", None)
-    for row in SEQ2SEQ:
-        folder = tmp_path_factory.mktemp(row)
-        hf = tiny_seq2seq(row, seed=3)
-        hf.save_pretrained(folder)
-        seq2seq_tokenizer(hf, LANGUAGES.get(row, ())).save_pretrained(folder)
-        hub_cache.lay_out(root, repo(row), folder)
-    yield root
-    mp.undo()
+    with hub_cache.offline_cache(tmp_path_factory.mktemp("hf") / "hub") as root:
+        for row in SEQ2SEQ:
+            folder = tmp_path_factory.mktemp(row)
+            hf = tiny_seq2seq(row, seed=3)
+            hf.save_pretrained(folder)
+            seq2seq_tokenizer(hf, LANGUAGES.get(row, ())).save_pretrained(folder)
+            hub_cache.lay_out(root, repo(row), folder)
+        yield root
 
 
 @pytest.mark.parametrize("row", list(SEQ2SEQ))

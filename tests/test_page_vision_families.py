@@ -7,7 +7,6 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from attnviz.weights import hub
 from tests import hub_cache
 from tests.test_image_text import save_blip, save_dual
 from tests.test_parity import VISION
@@ -20,22 +19,17 @@ ROWS = [*VISION, *DUAL, "blip"]
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    root = tmp_path_factory.mktemp("hf") / "hub"
-    mp.setenv("HF_HUB_CACHE", str(root))
-    mp.setattr(hub, "HfApi", None)                  # no Hub call can happen
-    mp.setattr(hub, "snapshot_download", None)
-    for row in ROWS:
-        folder = tmp_path_factory.mktemp(row)
-        if row in DUAL:
-            save_dual(folder, row)
-        elif row == "blip":
-            save_blip(folder)
-        else:
-            hub_cache.model_folder(folder, row)
-        hub_cache.lay_out(root, f"org/{row}", folder)
-    yield root
-    mp.undo()
+    with hub_cache.offline_cache(tmp_path_factory.mktemp("hf") / "hub") as root:
+        for row in ROWS:
+            folder = tmp_path_factory.mktemp(row)
+            if row in DUAL:
+                save_dual(folder, row)
+            elif row == "blip":
+                save_blip(folder)
+            else:
+                hub_cache.model_folder(folder, row)
+            hub_cache.lay_out(root, f"org/{row}", folder)
+        yield root
 
 
 def opened(row) -> AppTest:
