@@ -198,7 +198,10 @@ def test_a_plan_is_priced_from_the_cost_models_flops_and_the_default_is_the_most
     plan = corpus_plan.plan("pruning_curve", "lm", [10, 10], 2, masks=4, cells=12, probes=8)
     assert plan.total() == 2 * 10 * corpus_plan.GRADIENT_FORWARDS + 2 * 10 * 5
     got = corpus_cost.price(LLAMA, plan, 10, gflops=1.0)
-    assert got["flops"] == pytest.approx(plan.total() * per) and got["seconds"] == pytest.approx(got["flops"] / 1e9)
+    assert got["flops"] == pytest.approx(plan.total() * per)
+    # a gradient pass's forward-tokens take their phase's pace in time, not in FLOPs
+    assert got["seconds"] == pytest.approx((2 * 10 * corpus_plan.GRADIENT_FORWARDS * corpus_plan.PACE["importance"]
+                                            + 2 * 10 * 5) * per / 1e9)
 
     def plan_of(n):
         return corpus_plan.plan("pruning_curve", "lm", [10] * n, n, masks=4, cells=12, probes=8)
@@ -216,7 +219,9 @@ def test_each_phase_is_priced_at_its_own_measured_rate():
     now[0] = 10.0
     budget.finished(10.0)           # gradients: 1 forward-token a second
     est = budget.estimate(plan)
-    assert est["seconds_left"] == pytest.approx(10.0 + 200.0)      # the scored phase at the only rate known
+    # the scored phase from the only rate known, at its pace: masked forwards go faster than gradients
+    assert est["seconds_left"] == pytest.approx(10.0 + 200.0 / corpus_plan.PACE["importance"])
+    assert est["forward_rate"] == pytest.approx(corpus_plan.PACE["importance"])
     budget.begin("importance")
     now[0] = 20.0
     budget.finished(10.0)

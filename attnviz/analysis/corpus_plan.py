@@ -25,6 +25,15 @@ TEXTS_PER_TASK = 4      # texts a batch carries: 4 x 128 tokens of an LM's logit
 BATCH_MULTIPLE = 2      # batches come in multiples of two, so two workers (a 2-core machine) share them evenly
 GRADIENT_FORWARDS = 3   # a forward and its backward, as forwards (the backward's two products per one)
 PROBE_FORWARDS = 2      # each encoder probe of the Gauss-Newton diagonal: one more backward
+# Seconds a forward-token takes in each phase, against a masked forward's: on a quiet 2-core machine a
+# gradient pass's products reached 0.46-0.54 of the fp32 matmul peak and a masked forward's 0.72-0.81
+# (bench/corpus_speed.py). A phase not measured yet is priced from the rate of one that was, at this
+# ratio: a pruning curve priced from its first (gradient) batch alone came out 1.5x long.
+PACE = {"importance": 1.5, "scored": 1.0}
+
+
+def pace(phase: str | None) -> float:
+    return PACE.get(phase, 1.0)
 
 
 def batches(items: list[tuple[int, object]], tokens: list[int] | None,
@@ -61,6 +70,10 @@ class Plan:
         units = self.phases.get(phase, [])
         return float(sum(units[i] for i in indices)) if units else 0.0
 
+    def work(self) -> float:
+        """The forward-tokens, each phase's at its `pace`: what the time a run takes is proportional to."""
+        return float(sum(pace(phase) * sum(v) for phase, v in self.phases.items()))
+
 
 def plan(run_kind: str, model_kind: str, tokens: list[int] | None, n_items: int, *, masks: int,
          cells: int, probes: int) -> Plan:
@@ -86,7 +99,7 @@ class Budget:
     """A run's time budget (None: no budget, only the estimate) on `clock`; `begin(phase)` as a phase
     starts, `finished(units)` after each batch, `exhausted(next_units)` before the next one starts.
     Rates are kept per phase (a gradient pass and a masked forward use the machine differently); a
-    phase not measured yet is priced at the rate measured so far."""
+    phase not measured yet is priced from the rate measured so far at its `pace`."""
 
     def __init__(self, seconds: float | None, clock: Callable[[], float] = time.perf_counter):
         if seconds is not None and not seconds > 0:
@@ -127,6 +140,18 @@ class Budget:
         spent = self.clock() - self.first
         return self.units / spent if spent > 0 else None
 
+    def priced(self, phase: str | None) -> float | None:
+        """The rate `phase`'s forward-tokens go at: its own once measured, else the work rate measured
+        so far (every phase's tokens at their `pace`) at this phase's pace."""
+        own = self.rate(phase) if phase is not None else None
+        if own:
+            return own
+        if not self.batches or self.first is None:
+            return None
+        spent = self.clock() - self.first
+        work = sum(pace(p) * units for p, units in self.done.items())
+        return work / spent / pace(phase) if spent > 0 and work > 0 else None
+
     def finished(self, units: float):
         self.units += units
         self.batches += 1
@@ -139,7 +164,7 @@ class Budget:
         if self.seconds is None:
             return False
         now = self.elapsed()
-        rate = self.rate(self.phase) or self.rate()
+        rate = self.priced(self.phase)
         ahead = next_units / rate if rate else 0.0
         self.stopped = self.stopped or now + ahead > self.seconds
         return self.stopped
@@ -151,8 +176,9 @@ class Budget:
         total, rate, spent = plan.total(), self.rate(), self.elapsed()
         left = None
         if rate:
-            left = sum(max(sum(units) - self.done.get(phase, 0.0), 0.0) / (self.rate(phase) or rate)
+            left = sum(max(sum(units) - self.done.get(phase, 0.0), 0.0) / self.priced(phase)
                        for phase, units in plan.phases.items())
         return dict(units_done=self.units, units_total=total, seconds=spent, rate=rate, batches=self.batches,
+                    forward_rate=self.priced("scored") if rate else None,
                     seconds_left=left, seconds_total=None if left is None else spent + left,
                     budget=self.seconds)

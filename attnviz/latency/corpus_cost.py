@@ -1,10 +1,11 @@
 """Corpus runs priced in FLOPs and seconds: a run's plan (`analysis.corpus_plan`, forward-tokens)
 times the cost model's FLOPs per token (`costmodel.op_counts`), at a rate measured on this machine.
 
-Before a run has measured its own rate it is priced at `ASSUMED_SHARE` of this machine's fp32
-matrix-product peak (`matmul_peak`, measured once per process and thread count); once its first
-batch has finished, at the rate that batch (and every later one) achieved. The same FLOP count is
-what `bench/corpus_speed.py` divides by the time taken (GFLOP/s against that peak).
+Before a run has measured its own rate its masked forwards are priced at `ASSUMED_SHARE` of this
+machine's fp32 matrix-product peak (`matmul_peak`, measured once per process and thread count) and
+its gradient passes at their `corpus_plan.PACE`; once its first batch has finished, at the rate that
+batch (and every later one) achieved. The same FLOP count is what `bench/corpus_speed.py` divides by
+the time taken (GFLOP/s against that peak).
 """
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import torch
 from attnviz.base.timing import measure
 from attnviz.latency.costmodel import op_counts
 
-# of the matmul peak a corpus run reaches before it measured its own rate: batched runs measured on a
-# quiet 2-core machine reached 0.46-0.54 (gradients) and 0.72-0.81 (masked forwards, most of a
-# pruning curve) of it; 0.25 priced them 3x long
-ASSUMED_SHARE = 0.65
+# of the matmul peak a corpus run's masked forwards reach before it measured its own rate: batched runs
+# on a quiet 2-core machine reached 0.72-0.81 of it (gradient passes 0.46-0.54: `corpus_plan.PACE`);
+# 0.25 priced them 3x long
+ASSUMED_SHARE = 0.75
 PEAK_SIZE = 1024         # square fp32 products: large enough to reach the kernels' plateau
 PEAK_REPEATS = 5
 
@@ -46,19 +47,22 @@ def _peak(threads: int, size: int) -> float:
 
 
 def price(cfg, plan, tokens: float, gflops: float) -> dict:
-    """FLOPs and seconds of a plan at `gflops` (GFLOP/s): dict(flops, seconds)."""
-    flops = plan.total() * flops_per_token(cfg, tokens)
-    return dict(flops=flops, seconds=flops / (gflops * 1e9) if gflops > 0 else float("inf"))
+    """FLOPs and seconds of a plan with its masked forwards at `gflops` (GFLOP/s), each phase at its
+    pace: dict(flops, seconds)."""
+    per = flops_per_token(cfg, tokens)
+    flops, work = plan.total() * per, plan.work() * per
+    return dict(flops=flops, seconds=work / (gflops * 1e9) if gflops > 0 else float("inf"))
 
 
 def prior_rate() -> float:
-    """GFLOP/s a run is priced at before it measured its own: a share of the matmul peak."""
+    """GFLOP/s a run's masked forwards are priced at before it measured its own: a share of the matmul peak."""
     return ASSUMED_SHARE * matmul_peak()
 
 
 def measured_gflops(cfg, estimate: dict, tokens: float) -> float | None:
-    """The GFLOP/s a running corpus run achieved so far (its `extra["estimate"]`), None before a batch ended."""
-    rate = estimate.get("rate")
+    """The GFLOP/s a masked forward of a running corpus run achieved so far (its `extra["estimate"]`;
+    a gradient phase's rate at its pace), the rate `price` takes; None before a batch ended."""
+    rate = estimate.get("forward_rate")
     return None if not rate else rate * flops_per_token(cfg, tokens) / 1e9
 
 
