@@ -211,6 +211,9 @@ class _Phases:
             return results
         chunks = corpus_plan.batches(todo, self.tokens, self.per_task)
         left = {first: self.plan.of(phase, [i for i, _ in chunk]) for first, chunk in chunks}
+        # the dearest batches first (Dask runs them in the order submitted): the last to finish are
+        # the cheapest, so no worker waits long on another's long batch at the end of a phase
+        chunks.sort(key=lambda c: (-left[c[0]], c[0]))
 
         def on_result(first, values):
             self.budget.finished(left.pop(first, 0.0))
