@@ -171,7 +171,7 @@ def test_encoder_step_by_step_head_equals_the_trace(encoder):
     tr = encoder.trace(x, states=True, layers=[1])
     steps = head_recompute.head_steps(encoder, tr, 1, 2)
     assert steps.output_diff < 1e-5
-    if encoder.cfg.relative_buckets or encoder.cfg.disentangled:   # the position terms, viewable apart,
+    if encoder.cfg.rel_buckets or encoder.cfg.disentangled:   # the position terms, viewable apart,
         bias = steps.steps["position_bias"].value                      # are what the scores add
         scaled = steps.steps["scores"].value * encoder.cfg.scale + bias
         assert (steps.steps["scaled"].value - scaled).abs().max() < 1e-5
