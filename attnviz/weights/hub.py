@@ -232,8 +232,8 @@ def plan(name: str, limits=None) -> Plan:
     """Size a download from the Hub's file metadata, refusing (ValueError) before any byte is fetched:
     downloads off, a name not on the allow-list, a repo that needs its own code, an unsupported
     architecture, no safetensors weights, a text model without tokenizer.json (or opus-mt's source.spm,
-    target.spm and vocab.json), a file whose size the
-    Hub does not give, weights over ATTNVIZ_MAX_WEIGHT_BYTES, or too little disk."""
+    target.spm and vocab.json), a file whose size the Hub does not give, weights over
+    ATTNVIZ_MAX_WEIGHT_BYTES, or too little disk."""
     limits = limits or LIMITS
     repo, revision = parse(name)
     if not limits.hub:
