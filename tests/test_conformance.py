@@ -1,14 +1,19 @@
-"""Every analysis on every decoder family's tiny model, checked against the trace: the analyses
-read what the blocks computed (`Block.explain`, `Block.head_parts`), so a family's QK-norm,
-windows, soft caps, sandwich norms or experts reach them without a line of their own."""
+"""Every analysis on every family's tiny model (decoders, encoders, vision), checked against the
+trace: the analyses read what the blocks computed (`Block.explain`, `Block.head_parts`), so a
+family's QK-norm, windows, soft caps, sandwich norms, experts, position terms or prefix tokens reach
+them without a line of their own."""
+import functools
+
 import pytest
 import torch
 
 import attnviz
-from attnviz.analysis import capture, generation, head_recompute, readouts
+from attnviz.analysis import capture, generation, head_recompute, readouts, vision
 from attnviz.core.attention import Variant
 from attnviz.weights.families import FAMILIES as REGISTERED
-from tests.test_parity import DECODERS, ENCODERS, tiny
+from tests.test_image_text import CAPTIONS, DUAL, blip_tokenizer, tiny_blip, tiny_dual
+from tests.test_image_text import tokenizer as dual_tokenizer
+from tests.test_parity import DECODERS, ENCODERS, VISION, close, tiny
 
 FAMILIES = ["gpt2", "llama", *DECODERS]
 LONG = 13  # tokens: past every tiny window (4, 5), so windows and two RoPE bases matter
@@ -171,7 +176,7 @@ def test_encoder_step_by_step_head_equals_the_trace(encoder):
     tr = encoder.trace(x, states=True, layers=[1])
     steps = head_recompute.head_steps(encoder, tr, 1, 2)
     assert steps.output_diff < 1e-5
-    if encoder.cfg.relative_buckets or encoder.cfg.disentangled:   # the position terms, viewable apart,
+    if encoder.cfg.rel_buckets or encoder.cfg.disentangled:   # the position terms, viewable apart,
         bias = steps.steps["position_bias"].value                      # are what the scores add
         scaled = steps.steps["scores"].value * encoder.cfg.scale + bias
         assert (steps.steps["scaled"].value - scaled).abs().max() < 1e-5
@@ -208,3 +213,122 @@ def test_encoder_head_mask_prune_and_mean_ablation_agree(encoder):
 def test_every_encoder_family_has_a_row():
     encoders = [n for n, f in REGISTERED.items() if f.TASK == "encoder" and n != "bert"]
     assert all(any(row == n or row.startswith(n + "_") for row in ENCODERS) for n in encoders), encoders
+
+
+# ---------------------------------------------------------------- vision
+# The analyses of the Images page (step-by-step head, CLS and patch maps, rollout, distances,
+# high-norm patches, masks and pruning) on every vision family's tiny model, each checked against
+# the trace by hand: the distillation token (DeiT), a per-layer relative bias (BEiT), no CLS
+# (SigLIP's tower) and the towers beside the image (CLIP and SigLIP's text, BLIP's text over the
+# image) reach them through the blocks.
+VISION_ROWS = ["vit", "dinov2", *VISION, *DUAL, "blip"]
+PREFIX = {"deit": 2, "siglip": 0}   # tokens before the patches (default: CLS alone)
+
+
+@functools.cache
+def vision_row(row: str):
+    if row in DUAL:
+        return row, attnviz.from_hf(tiny_dual(row), dual_tokenizer(row))
+    if row == "blip":
+        return row, attnviz.from_hf(tiny_blip(), blip_tokenizer())
+    return row, attnviz.from_hf(tiny(row))
+
+
+@pytest.fixture(scope="module", params=VISION_ROWS)
+def vision_model(request):
+    return vision_row(request.param)
+
+
+@pytest.fixture(scope="module", params=[*DUAL, "blip"])
+def towers(request):
+    return vision_row(request.param)
+
+
+def photo(model):
+    torch.manual_seed(2)
+    return torch.randn(3, model.cfg.image_size, model.cfg.image_size)
+
+
+def test_vision_step_by_step_head_equals_the_trace(vision_model):
+    row, model = vision_model
+    x = photo(model)
+    assert head_recompute.verify(model, x) < 1e-5
+    tr = model.trace(x, states=True, layers=[1])
+    steps = head_recompute.head_steps(model, tr, 1, 2)
+    assert steps.output_diff < 1e-5
+    if model.cfg.rel_pos_bias:   # BEiT's bias by 2-D patch offset, viewable apart, is what the scores add
+        bias = steps.steps["position_bias"].value
+        scaled = steps.steps["scores"].value * model.cfg.scale + bias
+        assert (steps.steps["scaled"].value - scaled).abs().max() < 1e-5
+
+
+def test_patch_maps_rollout_and_distances_read_the_traces_rows(vision_model):
+    row, model = vision_model
+    tr = model.trace(photo(model), states=True)
+    A, p, (gh, gw) = tr.attentions, tr.n_prefix, tr.grid
+    assert p == PREFIX.get(row.split("_")[0], 1) and (gh, gw) == (4, 4) and tr.n == p + 16
+    L, H = A.shape[:2]
+    grid = lambda rows: rows[..., p:].reshape(*rows.shape[:-1], gh, gw)   # noqa: E731
+    assert torch.equal(vision.cls_maps(tr), grid(A[:, :, 0] if p else A.mean(2)))
+    assert torch.equal(vision.patch_query_maps(tr, 1, 2), grid(A[:, :, p + 1 * gw + 2]))
+    flow = torch.eye(tr.n)                              # rollout: 0.5 A + 0.5 I per layer, bottom up
+    for layer in A:
+        step = 0.5 * layer.mean(0) + 0.5 * torch.eye(tr.n)
+        flow = (step / step.sum(-1, keepdim=True)) @ flow
+    close(vision.rollout_map(tr), grid(flow[0] if p else flow.mean(0)), 1e-6)
+    want = torch.zeros(L, H)                            # mean distance between patch centres, in pixels
+    centres = torch.tensor([[r, c] for r in range(gh) for c in range(gw)], dtype=torch.float32)
+    far = torch.cdist(centres, centres) * model.cfg.patch_size
+    for i in range(L):
+        for h in range(H):
+            w = A[i, h, p:, p:]
+            want[i, h] = ((w / w.sum(-1, keepdim=True)) * far).sum(-1).mean()
+    close(vision.attention_distance_px(tr, model.cfg.patch_size), want, 1e-4)
+    found = vision.find_artefacts(tr)   # the input of the last block, on the patch grid
+    close(found.norms, tr.states[-2][p:].norm(dim=-1).reshape(gh, gw), 1e-6)
+
+
+def test_vision_head_mask_prune_and_mask_effect_agree(vision_model):
+    row, model = vision_model
+    x = photo(model)
+    keep = torch.ones(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
+    keep[1, 0] = keep[0, 3] = False
+    full, masked, pruned = model.trace(x), model.trace(x, head_mask=keep.float()), model.prune(keep).trace(x)
+    assert (masked.hidden - pruned.hidden).abs().max() < 1e-4
+    assert (masked.attentions[keep] - pruned.attentions[keep]).abs().max() < 1e-5
+    assert (masked.attentions - full.attentions).abs().max() > 0   # layer 0's heads off change layer 1
+    effect = vision.mask_effect(full, masked, keep.float())
+    want = torch.nn.functional.cosine_similarity(full.hidden[0].double(), masked.hidden[0].double(), dim=0)
+    assert effect.heads_off == 2 and abs(effect.cls_cosine - float(want)) < 1e-9
+    assert vision.mask_effect(full, model.trace(x)).cls_cosine == pytest.approx(1.0)
+
+
+def test_the_towers_beside_the_image_are_read_from_their_traces(towers):
+    """CLIP and SigLIP: each caption's trace is the text tower's (causal for CLIP), its step-by-step
+    head equals it, and what the pooled tokens read are rows of the traces; BLIP: each word's map
+    over the patches is its cross-attention row, the prefix left out."""
+    row, model = towers
+    x = photo(model)
+    if row in DUAL:
+        match = model.match(x, CAPTIONS)
+        for caption, text, i, reads in zip(CAPTIONS, match.texts, match.pooled, match.text_reads):
+            ids = model.caption_ids(caption)
+            assert torch.equal(text.attentions, model.text_model.trace(ids).attentions)
+            assert head_recompute.verify(model.text_model, ids) < 1e-5
+            assert torch.equal(reads, text.attentions[:, :, i])
+            causal = text.attentions.triu(1).abs().max() == 0
+            assert causal == model.joint.text.causal
+        if not match.probe:
+            assert torch.equal(match.image_reads, match.image.attentions[:, :, 0])
+    else:
+        reading = model.read(x, "a photo of cat on the mat")
+        p, (gh, gw) = reading.image.n_prefix, reading.image.grid
+        cross = reading.cross_attentions
+        assert torch.equal(reading.patch_attentions, cross[..., p:].reshape(*cross.shape[:-1], gh, gw))
+        close(cross.sum(-1), torch.ones(cross.shape[:-1]))
+        assert torch.equal(reading.image.attentions, model.trace(x).attentions)
+
+
+def test_every_vision_family_has_a_row():
+    kinds = [n for n, f in REGISTERED.items() if f.TASK == "vision"]
+    assert all(any(row == n or row.startswith(n + "_") for row in VISION_ROWS) for n in kinds), kinds

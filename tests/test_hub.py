@@ -220,6 +220,25 @@ def test_what_a_download_plan_refuses(online, files, config, match):
     assert calls == []
 
 
+def test_an_opus_mt_repo_is_planned_with_its_two_sided_tokenizer_and_refused_without_one(online):
+    """opus-mt repos carry source.spm, target.spm and vocab.json instead of tokenizer.json."""
+    marian = {k: v for k, v in SIZES.items() if k != "tokenizer.json"}
+    spm = {"source.spm": 800_000, "target.spm": 800_000, "vocab.json": 1_500_000, "README.md": 10}
+    online({**marian, **spm}, model_type="marian")
+    plan = hub.plan("Qwen/tiny")
+    assert sorted(plan.files) == ["config.json", "model.safetensors", "source.spm", "target.spm",
+                                  "tokenizer_config.json", "vocab.json"]
+    for missing in spm:   # all three are needed; without them it is refused by name
+        if missing != "README.md":
+            online({**marian, **{k: v for k, v in spm.items() if k != missing}}, model_type="marian")
+            with pytest.raises(ValueError, match="no tokenizer.json \\(nor an opus-mt tokenizer: source.spm, "
+                                                 "target.spm, vocab.json\\)"):
+                hub.plan("Qwen/tiny")
+    online({**marian, **spm, "source.spm": 65 * 2**20}, model_type="marian")
+    with pytest.raises(ValueError, match="source.spm is 65.0 MiB, over the 64.0 MiB limit"):
+        hub.plan("Qwen/tiny")
+
+
 def test_downloads_off_or_offline_say_so(online, monkeypatch, set_limits):
     class Offline:
         def model_info(self, *args, **kwargs):

@@ -201,7 +201,9 @@ def tiny_blip():
     torch.manual_seed(0)
     text = dict(TOWER, vocab_size=len(BLIP_WORDS) + 3, max_position_embeddings=16, encoder_hidden_size=32,
                 bos_token_id=2, sep_token_id=3, pad_token_id=0)
-    cfg = tf.BlipConfig(text_config=text, vision_config=dict(TOWER, image_size=32, patch_size=8), projection_dim=16)
+    # BLIP's vision tower initialises at a scale of 1e-10 (uniform attention): a usual scale instead
+    vision = dict(TOWER, image_size=32, patch_size=8, initializer_range=0.02)
+    cfg = tf.BlipConfig(text_config=text, vision_config=vision, projection_dim=16)
     cfg._attn_implementation = cfg.text_config._attn_implementation = cfg.vision_config._attn_implementation = "eager"
     model = tf.BlipForImageTextRetrieval(cfg).eval()
     with torch.no_grad():

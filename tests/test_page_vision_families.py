@@ -1,13 +1,17 @@
 """The Images page opens and runs on a tiny model of every vision family (AppTest): each laid out in
 a Hugging Face cache and picked by name; the two-tower families (CLIP, SigLIP) also score typed
 captions against the photo in their joint view."""
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+import attnviz
 from tests import hub_cache
+from tests.test_page_attention import _array
 from tests.test_image_text import save_blip, save_dual
 from tests.test_parity import VISION
 
@@ -62,6 +66,28 @@ def test_captions_are_scored_against_the_photo(row, cache):
     assert any("Best match" in m.value for m in at.markdown)
     at.text_area(key="images.captions").input("  \n ").run()
     assert [e.value for e in at.error] == ["type at least one caption, one per line"]
+
+
+@pytest.mark.parametrize("row", DUAL)
+def test_the_text_towers_attention_is_shown_per_head_for_a_chosen_caption(row, cache):
+    """The joint view's text side: the chosen caption's attention in the chosen layer and head is
+    the text tower's own trace (causal for CLIP, the future greyed; both ways for SigLIP)."""
+    at = opened(row)
+    at.button_group(key="images.view_choice").set_value("Image ↔ captions").run()
+    at.text_area(key="images.captions").input("a photo of cat\nthe dog on mat\na red car").run()
+    at.selectbox(key="images.caption_i").set_value(1).run()
+    at.slider(key="images.text_layer").set_value(1).run()
+    at.slider(key="images.text_head").set_value(2).run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    [spec] = [json.loads(c.proto.spec) for c in at.get("plotly_chart")
+              if "text layer 1, head 2" in c.proto.spec]
+    shown = _array(spec["data"][0]["z"])
+    model = attnviz.load_model(f"org/{row}")
+    want = model.text_model.trace(model.caption_ids("the dog on mat")).attentions[1, 2].numpy()
+    np.testing.assert_allclose(shown, want, atol=1e-6)
+    causal = row == "clip"
+    assert model.joint.text.causal == causal and (np.abs(np.triu(want, 1)).max() == 0) == causal
+    assert len(spec["data"]) == 1 + causal   # the future greyed where the tower is causal
 
 
 def test_words_read_the_photo_per_head_with_heads_switchable(cache):

@@ -514,6 +514,21 @@ def test_relative_buckets_are_mpnets():
     assert torch.equal(relative_buckets(d, True, 32, 128), MPNetEncoder.relative_position_bucket(d))
 
 
+def test_one_pair_of_bucket_fields_serves_relative_positions_alone_and_added_to_absolute_ones():
+    """T5 (positions only through the buckets) and MPNet (buckets added to learned positions) read
+    the same two Config fields; relative positions without buckets are refused."""
+    from attnviz.core.config import Config
+    t5, mpnet = tiny_seq2seq("t5").config, tiny("mpnet").config
+    ours_t5, ours_mpnet = attnviz.from_hf(tiny_seq2seq("t5")).cfg.block_config(), attnviz.from_hf(tiny("mpnet")).cfg
+    assert (ours_t5.positional, ours_t5.rel_buckets, ours_t5.rel_max_distance) == (
+        "relative", t5.relative_attention_num_buckets, t5.relative_attention_max_distance)
+    assert (ours_mpnet.positional, ours_mpnet.rel_buckets, ours_mpnet.rel_max_distance) == ("learned", 32, 128)
+    assert mpnet.relative_attention_num_buckets == 32
+    with pytest.raises(ValueError, match="relative positions need distance buckets"):
+        Config(family="x", task="encoder", n_layers=1, n_heads=1, n_kv_heads=1, d_model=4, d_head=4, d_ff=4,
+               positional="relative")
+
+
 @pytest.mark.parametrize("span,max_position", [(256, 512), (8, 16), (6, 12)])
 def test_log_buckets_are_debertas(span, max_position):
     from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position

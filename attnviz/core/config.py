@@ -33,8 +33,10 @@ class Config:
     norm_eps: float = 1e-12
     norm_bias: bool = True       # a LayerNorm's bias (RMSNorm has none)
     positional: str = "learned"  # learned | rotary | sinusoidal | alibi (a score bias per head) | relative | none
-    rel_buckets: int = 0         # relative: a learned score bias per head and distance bucket, shared by every layer (T5)
-    rel_max_distance: int = 128  # relative: distances from here on share the last bucket
+    rel_buckets: int = 0         # a learned score bias per head from log-bucketed relative positions, one table
+                                 # shared by every layer: the only position signal (positional "relative": T5) or
+                                 # added to absolute positions (MPNet); 0: none
+    rel_max_distance: int = 128  # distances from here on share the last bucket
     rope_theta: float = 10000.0
     rotary_dim: int = 0          # channels of each head that rotate (0: all; GPT-NeoX, GPT-J, Phi rotate a part)
     rope_scaling: tuple = ()     # (("rope_type", "llama3"), ("factor", 8.0), ...): sorted pairs, () = none
@@ -69,9 +71,6 @@ class Config:
     pad_position: int = -1       # RoBERTa, MPNet: tokens of this id (padding_idx) read this row of the position
                                  # table; the others count from the row after it, skipping such tokens; -1: none
     d_embed: int = 0             # the embeddings' width, projected up to d_model (ELECTRA); 0: d_model
-    relative_buckets: int = 0    # a score bias per head from log-bucketed relative positions, one table shared
-                                 # by every layer (MPNet); 0: none
-    relative_max_distance: int = 128  # distances past this share the last bucket
     first_input_norm: bool = True  # pre-norm: the first block norms its attention input (ModernBERT's does not:
                                    # its embeddings are normed already)
     disentangled: tuple = ()     # position terms each layer adds to q·kᵀ from relative-position embeddings the
@@ -122,13 +121,13 @@ class Config:
             raise ValueError("a block without input norms normalises its outputs (output_norms=True)")
         if self.n_experts and not 1 <= self.experts_per_token <= self.n_experts:
             raise ValueError(f"experts_per_token must lie in 1..{self.n_experts}")
-        if self.d_embed < 0 or self.relative_buckets < 0 or self.pad_position < -1:
-            raise ValueError("d_embed and relative_buckets must be >= 0, pad_position >= -1")
+        if self.d_embed < 0 or self.rel_buckets < 0 or self.pad_position < -1:
+            raise ValueError("d_embed and rel_buckets must be >= 0, pad_position >= -1")
         if not set(self.disentangled) <= {"c2p", "p2c"} or (self.disentangled and self.rel_span < 1):
             raise ValueError(f"disentangled position terms are c2p and p2c, over a span of at least 1; "
                              f"got {self.disentangled!r:.40} over {self.rel_span}")
-        if (self.positional == "relative") != (self.rel_buckets > 0):
-            raise ValueError("relative positions (and only they) have distance buckets (rel_buckets > 0)")
+        if self.positional == "relative" and not self.rel_buckets:
+            raise ValueError("relative positions need distance buckets (rel_buckets > 0)")
         if not 0 <= self.rotary_dim <= self.d_head or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim must be an even number in 0..{self.d_head}; got {self.rotary_dim}")
 

@@ -76,8 +76,8 @@ class Transformer(nn.Module):
         self.emb_norm = make_norm(cfg, cfg.embed_width) if cfg.embedding_norm else None
         self.embed_proj = Linear(cfg.d_embed, d) if cfg.d_embed else None
         # one table of per-head score biases by relative-position bucket, read by every layer (MPNet)
-        self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.n_heads, cfg.relative_max_distance, bidirectional=True)
-                         if cfg.relative_buckets else None)
+        self.rel_bias = (RelativeBias(cfg.rel_buckets, cfg.n_heads, cfg.rel_max_distance, bidirectional=True)
+                         if cfg.rel_buckets else None)
         # relative-position embeddings every layer projects into its position terms (DeBERTa)
         self.rel_emb = nn.Embedding(2 * cfg.rel_span, d) if cfg.disentangled else None
         self.rel_norm = make_norm(cfg) if cfg.disentangled and cfg.rel_norm else None

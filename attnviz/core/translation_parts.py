@@ -2,6 +2,7 @@
 adapter (`Pieces`) and the lexical shortlist (`Shortlist`). `attnviz.core.translator` decodes."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,11 @@ UNKNOWN = "⟨unk⟩"  # appended to the label of a source piece outside the voc
 class Pieces:
     """What translation needs from a tokenizer, over a `tokenizers.Tokenizer` (Bergamot's
     tokenizer.json: no end of sentence added, so we add it) or a transformers tokenizer (which
-    adds its own)."""
+    adds its own).
+
+    A tokenizer that reads a model of its own for each side (opus-mt's source.spm and target.spm)
+    splits a target text with the target side's; it switches sides by changing its own state, so
+    its calls are serialised: one model serves every session at once."""
 
     def __init__(self, tokenizer, eos_id: int, unk_id: int | None = None):
         self.tokenizer, self.eos_id = tokenizer, eos_id
@@ -20,17 +25,22 @@ class Pieces:
         if unk_id is None:
             unk_id = tokenizer.token_to_id("<unk>") if self.native else getattr(tokenizer, "unk_token_id", None)
         self.unk_id = unk_id
+        self.two_sided = "target_spm" in (getattr(tokenizer, "vocab_files_names", None) or {})
+        self.lock = threading.Lock()
 
-    def encode(self, text: str) -> tuple[list[int], list[str]]:
-        """(ids ending with the end of sentence, labels); an unknown piece is labelled with the
-        text it stands for, marked ⟨unk⟩. The text was checked first (`BaseModel.check_text`)."""
+    def encode(self, text: str, target: bool = False) -> tuple[list[int], list[str]]:
+        """(ids ending with the end of sentence, labels) of a source text, or of a target text
+        (`target`); an unknown piece is labelled with the text it stands for, marked ⟨unk⟩. The
+        text was checked first (`BaseModel.check_text`)."""
         if self.native:
             enc = self.tokenizer.encode(text)
             ids, labels = list(enc.ids), list(enc.tokens)
             ids.append(self.eos_id)
             labels.append(self.label(self.eos_id))
         else:
-            ids = list(self.tokenizer(text)["input_ids"])
+            with self.lock:
+                side = {"text_target": text} if target and self.two_sided else {"text": text}
+                ids = list(self.tokenizer(**side)["input_ids"])
             labels = [self.label(i) for i in ids]
             if not ids or ids[-1] != self.eos_id:
                 ids.append(self.eos_id)
@@ -47,7 +57,8 @@ class Pieces:
         ids = [int(i) for i in ids if int(i) != self.eos_id]
         if self.native:
             return self.tokenizer.decode(ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        with self.lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 @dataclass

@@ -274,7 +274,7 @@ class Seq2SeqModel(BaseModel):
         masks.update(self._fills(head_fill, encoder_head_fill))
         src, labels, cut = self.source(source)
         if isinstance(target, str):
-            ids = self.pieces.encode(self.check_text(target))[0]
+            ids = self.pieces.encode(self.check_text(target), target=True)[0]
         else:
             ids = self.check_ids(target, "target").tolist()
             if ids[-1] != self.cfg.eos_id:

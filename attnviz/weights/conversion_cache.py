@@ -27,8 +27,9 @@ def cache_root() -> Path:
 # Raised whenever what a converter stores changes (a config field, a state key), so an entry made
 # by an older converter is rebuilt, never read as this one's. v2: `Config` carries `task` and
 # `embedding_norm`, which the family files set. v3: the decoder families' structural fields
-# (sandwich and parallel blocks, QK-norm, windows, soft caps, rope scaling, experts).
-CACHE_VERSION = 4
+# (sandwich and parallel blocks, QK-norm, windows, soft caps, rope scaling, experts). v5: one pair of
+# relative-bucket fields (`rel_buckets`, `rel_max_distance`) where there were two.
+CACHE_VERSION = 5
 
 
 def source_key(path: Path) -> str:

@@ -29,8 +29,11 @@ from attnviz.weights.mapper import get
 
 SMALL_JSON = ("config.json", "preprocessor_config.json", "tokenizer_config.json", "special_tokens_map.json",
               "generation_config.json", "added_tokens.json", "chat_template.json")
+# opus-mt's tokenizer: a SentencePiece model per side and one vocabulary (transformers' MarianTokenizer)
+TWO_SIDED_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model",
-                   "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja")
+                   "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "source.spm", "target.spm",
+                   "target_vocab.json")
 MAX_TOKENIZER_BYTES = 64 * 2**20   # one tokenizer file (vocabularies of large models are ~10-20 MB)
 MAX_FOLDER_ENTRIES = 10_000        # a model folder has a handful of files; more is refused
 FOLDER_TASKS = (*TASKS, "translation")  # what a local HF folder may hold (Whisper comes as CTranslate2)
@@ -315,13 +318,12 @@ def _load_translator(folder: Folder, entries: dict, hf_config, fam, key, source,
     state = folder.read_state(folder.weight_files(entries))
     cfg = fam.config(hf_config, state)
     tokenizer = None
-    if any(f in entries for f in TOKENIZER_FILES + ("source.spm", "target.spm")):
+    if any(f in entries for f in TOKENIZER_FILES):
         from transformers import AutoTokenizer
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder.path), local_files_only=True)
-        except Exception as err:  # opus-mt's MarianTokenizer needs the sentencepiece package
-            raise folder.fail(f"its tokenizer files could not be read ({type(err).__name__}; a Marian "
-                              "tokenizer needs the sentencepiece package)") from None
+        except Exception as err:
+            raise folder.fail(f"its tokenizer files could not be read ({type(err).__name__})") from None
     return Seq2SeqModel.build(cfg, fam.weights(cfg, state), key or folder.name,
                               source or f"local folder {folder.name}", tokenizer, **info)
 

@@ -29,7 +29,8 @@ from huggingface_hub.utils import validate_repo_id
 from attnviz.base.jobs import JobCancelled
 from attnviz.base.limits import LIMITS
 from attnviz.weights.families import hf_family
-from attnviz.weights.folders import FOLDER_TASKS, MAX_TOKENIZER_BYTES, Folder, load_dir, size_text
+from attnviz.weights.folders import (FOLDER_TASKS, MAX_TOKENIZER_BYTES, TOKENIZER_FILES, TWO_SIDED_TOKENIZER_FILES,
+                                     Folder, load_dir, size_text)
 
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 NAME = re.compile(rf"(?P<repo>{_PART}/{_PART})(?:@(?P<revision>[A-Za-z0-9][A-Za-z0-9._/-]{{0,99}}))?")
@@ -230,8 +231,9 @@ def _hub_call(name: str, call):
 def plan(name: str, limits=None) -> Plan:
     """Size a download from the Hub's file metadata, refusing (ValueError) before any byte is fetched:
     downloads off, a name not on the allow-list, a repo that needs its own code, an unsupported
-    architecture, no safetensors weights, a text model without tokenizer.json, a file whose size the
-    Hub does not give, weights over ATTNVIZ_MAX_WEIGHT_BYTES, or too little disk."""
+    architecture, no safetensors weights, a text model without tokenizer.json (or opus-mt's source.spm,
+    target.spm and vocab.json), a file whose size the Hub does not give, weights over
+    ATTNVIZ_MAX_WEIGHT_BYTES, or too little disk."""
     limits = limits or LIMITS
     repo, revision = parse(name)
     if not limits.hub:
@@ -258,9 +260,12 @@ def plan(name: str, limits=None) -> Plan:
                             "the Hub" if pickles else ""))
     if "config.json" not in sizes:
         raise ValueError(f"{name!r} has no config.json")
-    if task in TEXT_TASKS and "tokenizer.json" not in sizes:
-        raise ValueError(f"{name!r} has no tokenizer.json, which models by name read their tokenizer from")
-    files = {f: sizes[f] for f in weights + [f for f in SMALL_FILES if f in sizes]}
+    two_sided = all(f in sizes for f in TWO_SIDED_TOKENIZER_FILES)
+    if task in TEXT_TASKS and "tokenizer.json" not in sizes and not two_sided:
+        raise ValueError(f"{name!r} has no tokenizer.json (nor an opus-mt tokenizer: "
+                         f"{', '.join(TWO_SIDED_TOKENIZER_FILES)}), which models by name read their tokenizer from")
+    tokenizer = TWO_SIDED_TOKENIZER_FILES if two_sided and "tokenizer.json" not in sizes else ()
+    files = {f: sizes[f] for f in weights + [f for f in SMALL_FILES + tokenizer if f in sizes]}
     unknown = [f for f, n in files.items() if type(n) is not int or n < 0]
     if unknown:
         raise ValueError(f"{name!r}: the Hub did not say how large {unknown[0]} is; not downloading")
@@ -270,7 +275,7 @@ def plan(name: str, limits=None) -> Plan:
                          f"{size_text(limits.max_weight_bytes)} limit (ATTNVIZ_MAX_WEIGHT_BYTES); nothing was downloaded")
     for f in files:
         if f not in weights:
-            bound = MAX_TOKENIZER_BYTES if f == "tokenizer.json" else limits.max_config_bytes
+            bound = MAX_TOKENIZER_BYTES if f in TOKENIZER_FILES else limits.max_config_bytes
             if files[f] > bound:
                 raise ValueError(f"{name!r}: {f} is {size_text(files[f])}, over the {size_text(bound)} limit")
     result = Plan(name, repo, revision, commit, files, weight_bytes)

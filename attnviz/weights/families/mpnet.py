@@ -15,7 +15,7 @@ PREFIXES = ("mpnet.",)
 PADDING_ROW = 1   # MPNet's embeddings fix padding_idx at 1 whatever the config's pad_token_id
 BUCKETS, MAX_DISTANCE = 32, 128   # what MPNet computes its buckets with, whatever the config says
 SYNTHETIC = dict(bert.SYNTHETIC, type_vocab_size=0, norm_eps=1e-5, pad_position=PADDING_ROW,
-                 relative_buckets=BUCKETS)
+                 rel_buckets=BUCKETS)
 has_mlm_head = roberta.has_mlm_head
 
 
@@ -28,8 +28,8 @@ def config(hf, sd: dict) -> Config:
     cfg = bert.config(hf, sd)
     if mlm and cfg.activation != "gelu":  # its masked-LM head applies GELU whatever hidden_act says
         raise ValueError(f"hidden_act {get(hf, 'hidden_act')!r:.40} with MPNet's masked-LM head is not supported")
-    return cfg.replace(family=NAME, type_vocab_size=0, pad_position=PADDING_ROW, relative_buckets=BUCKETS,
-                       relative_max_distance=MAX_DISTANCE, mlm_head=mlm, tie_embeddings=mlm,
+    return cfg.replace(family=NAME, type_vocab_size=0, pad_position=PADDING_ROW, rel_buckets=BUCKETS,
+                       rel_max_distance=MAX_DISTANCE, mlm_head=mlm, tie_embeddings=mlm,
                        max_positions=get(hf, "max_position_embeddings") - PADDING_ROW - 1)
 
 
