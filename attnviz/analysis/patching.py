@@ -19,7 +19,8 @@ measure how much of the clean behaviour comes back.
 
 Every patched run goes through the one forward loop (`Transformer.iter_blocks`), starting at the
 patched layer from the corrupted run's kept input of that layer, with the patch a per-call
-argument: the shared model is never changed.
+argument: the shared model is never changed. The runs of one layer go as rows of one batch (each
+row patching its own unit), so each weight read serves every unit of the layer.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from attnviz.base.limits import LIMITS
 from attnviz.core.transformer import sentence_embedding
 
 KINDS = ("z", "q", "k", "v")
+ROWS = 32       # patched runs a batch carries: (32, heads, tokens, tokens) weights stay small at the readout limit
 KIND_NAMES = {"z": "head output", "q": "query", "k": "key", "v": "value", "resid_pre": "residual stream"}
 METRICS = {"logit_diff": "logit difference", "distance": "embedding distance (minus)",
            "cosine": "embedding cosine with the clean run"}
@@ -156,13 +158,18 @@ def prepare(model, clean, corrupted, target=None, minus=None, check=None, metric
     return pair
 
 
-def replace_unit(kind: str, j: int, clean: torch.Tensor):
-    """A patch replacing unit j (a head, a K/V group) of activation `kind` with `clean`'s."""
+def replace_unit(kind: str, j, clean: torch.Tensor):
+    """A patch replacing unit j (a head, a K/V group) of activation `kind` with `clean`'s; `j` a
+    list: row b of the batch gets its own unit j[b]."""
     def patch(name, t):
         if name != kind:
             return t
         t = t.clone()
-        t[:, j] = clean[:, j]
+        if isinstance(j, int):
+            t[:, j] = clean[:, j]
+        else:
+            rows = torch.arange(len(j))
+            t[rows, j] = clean[0, j].to(t.dtype)
         return t
     return patch
 
@@ -188,7 +195,7 @@ def count(model, kind: str, pair: Pair) -> int:
 def patch_map(model, pair: Pair, kind: str, check=None, progress=None, units: dict | None = None) -> Patched:
     """The recovered fraction for every unit of `kind` ("z", "q", "k", "v" or "resid_pre"), one
     patched run each, from the patched layer on. `check()` runs before every block (a deadline or
-    a cancel); `progress(done, total)` after every patched run; `units` {layer: [columns]}: patch only
+    a cancel); `progress(done, total)` after every batch of patched runs; `units` {layer: [columns]}: patch only
     those (the rest stay NaN). Holds a heavy-job slot."""
     if kind not in KIND_NAMES:
         raise ValueError(f"unknown activation {kind!r}: one of {', '.join(KIND_NAMES)}")
@@ -200,19 +207,21 @@ def patch_map(model, pair: Pair, kind: str, check=None, progress=None, units: di
     net, variant, done = model.net, getattr(model, "variant", None), 0
     with heavy_job("activation patching"), torch.inference_mode():
         for layer, pairs in enumerate(units):
-            for j, col in pairs:
-                x = pair.corrupted_states[layer]
+            for at in range(0, len(pairs), ROWS):
+                chunk = pairs[at:at + ROWS]
+                js = [j for j, _ in chunk]
+                x = pair.corrupted_states[layer].expand(len(chunk), -1, -1).clone()
                 patch = None
                 if kind == "resid_pre":
-                    x = x.clone()
-                    x[:, j] = pair.clean_states[layer][:, j]
+                    x[torch.arange(len(js)), js] = pair.clean_states[layer][0, js]
                 else:
-                    patch = {layer: replace_unit(kind, j, pair.clean_acts[layer][kind])}
+                    patch = {layer: replace_unit(kind, js, pair.clean_acts[layer][kind])}
                 out = x
                 for step in net.iter_blocks(x, layer, variants=variant, check=check, patch=patch):
                     out = step.out
-                diffs[layer, col] = score(model, pair, out)
-                done += 1
+                for b, (_, col) in enumerate(chunk):
+                    diffs[layer, col] = score(model, pair, out[b:b + 1])
+                done += len(chunk)
                 if progress is not None:
                     progress(done, total)
     recovered = (diffs - pair.corrupted_diff) / (pair.clean_diff - pair.corrupted_diff)
