@@ -55,13 +55,46 @@ def streamlit_server(timeout: float = 90.0, root: Path = ROOT, log_path: Path | 
         log.close()
 
 
-def wait_idle(page, timeout_ms: int = 120_000):
-    """Wait until Streamlit has finished the rerun (the running-man status widget is gone)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    with contextlib.suppress(PlaywrightTimeout):  # a fast rerun may finish before it is seen
-        page.wait_for_selector('[data-testid="stStatusWidget"]', state="attached", timeout=1500)
-    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
+# Counts the page's script runs: Streamlit marks its app root with the script's state
+# (`data-test-script-state`, "running" while the script runs), the attribute its own end-to-end
+# tests wait on. The running-man widget shows only for runs long enough to notice, so waiting to
+# see it cost 1.5 s after every fast rerun.
+_RUN_COUNTER = """() => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  if (!app) return null;
+  if (window.__attnvizApp === app) return window.__attnvizRuns;
+  window.__attnvizApp = app;
+  window.__attnvizRuns = 0;
+  let last = app.getAttribute('data-test-script-state');
+  new MutationObserver(() => {
+    const now = app.getAttribute('data-test-script-state');
+    if (now !== last && now === 'running') window.__attnvizRuns += 1;
+    last = now;
+  }).observe(app, {attributes: true, attributeFilter: ['data-test-script-state']});
+  return null;
+}"""
+IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+RERUN_GRACE_MS = 1500      # how long an action may take to start its rerun
 
+
+def wait_idle(page, timeout_ms: int = 120_000):
+    """Wait until Streamlit has finished the rerun the last action started (or, when none starts
+    within RERUN_GRACE_MS, until it is idle)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    runs = page.evaluate(_RUN_COUNTER)
+    state = page.locator('[data-testid="stApp"]').get_attribute("data-test-script-state")
+    if runs is None or state != "notRunning":   # counting starts now, or a run is on: wait as before
+        with contextlib.suppress(PlaywrightTimeout):
+            page.wait_for_selector('[data-testid="stStatusWidget"]', state="attached",
+                                   timeout=RERUN_GRACE_MS if state == "notRunning" else 1)
+        page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
+        page.wait_for_selector(IDLE, timeout=timeout_ms)
+        return
+    try:
+        page.wait_for_function(f"window.__attnvizRuns > {runs}", timeout=RERUN_GRACE_MS)
+    except PlaywrightTimeout:
+        return      # no rerun came: it is idle already
+    page.wait_for_selector(IDLE, timeout=timeout_ms)
 
 
 def browser_fixtures(viewport: dict, timeout_ms: int, server_env=None):
@@ -97,9 +130,11 @@ def browser_fixtures(viewport: dict, timeout_ms: int, server_env=None):
 
 
 def open_page(page, server, path=""):
+    """Open a page and wait for its first run to end (the app root reads "initial" until then)."""
     page.goto(f"{server}/{path}")
     page.wait_for_selector('[data-testid="stSidebar"]')
-    wait_idle(page)
+    page.evaluate(_RUN_COUNTER)
+    page.wait_for_selector(IDLE, timeout=120_000)
 
 
 def assert_no_errors(page):
