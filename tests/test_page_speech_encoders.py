@@ -111,3 +111,11 @@ def test_no_speech_encoder_on_the_server_says_so(tmp_path):
         at.run()
     assert not at.exception, at.exception
     assert any("No audio model is available" in i.value for i in at.info)
+
+
+def test_a_clip_longer_than_the_capture_budget_holds_is_cut_with_a_warning(cache, set_limits):
+    """1 MB holds 2 layers x 4 heads of 181 x 181 frames: the clip's first 3.62 s."""
+    set_limits(max_capture_mb=1)
+    at = open_page("hubert")
+    assert [m.value for m in at.metric if m.label == "frames"] == ["181"]
+    assert any("only its first 3.6 s are encoded" in w.value for w in at.warning)

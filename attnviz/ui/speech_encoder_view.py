@@ -10,6 +10,8 @@ import streamlit as st
 import torch
 
 from attnviz.base import memory, names
+from attnviz.base.limits import LIMITS
+from attnviz.core.audio_frames import frame_count
 from attnviz.figures import speech_figures
 from attnviz.ui import shared_view
 from attnviz.ui.common import plain, view_choice
@@ -17,7 +19,7 @@ from attnviz.ui.head_editor import head_editor, mask_key
 from attnviz.uploads.audio import RATE, read_audio
 
 PAGE = "speech"
-MAX_SECONDS = 30        # the clip is cut to this: 1,500 frames of 20 ms, as Whisper's window
+MAX_SECONDS = 30        # the clip is cut to this at most: 1,500 frames of 20 ms, as Whisper's window
 VIEWS = ("Attention over frames", "Every head", "Switch heads off")
 
 
@@ -25,14 +27,21 @@ def key(name: str) -> str:
     return names.session_key(PAGE, "encoder_" + name)
 
 
+def longest_seconds(model) -> float:
+    """The clip is cut to what the capture budget holds: every layer's and head's frames x frames
+    (a 12 x 12 base model's 512 MB hold 965 frames, 19.3 s), at most MAX_SECONDS."""
+    c = model.cfg
+    frames = memory.longest_fitting(int(LIMITS.max_capture_mb * memory.MB), c.n_layers, c.n_heads)
+    return min(float(MAX_SECONDS), frames * c.hop / RATE)
+
+
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _traced(model_key: str, digest: str, mask_id: bytes, _model, _data: bytes, _mask):
     # cache_resource: one trace per clip and mask, shared by every session and never changed
-    audio = read_audio(_data, cut=True, max_seconds=MAX_SECONDS)
+    audio = read_audio(_data, cut=True, max_seconds=longest_seconds(_model))
     c = _model.cfg
-    n = len(_model.inputs(audio)["tokens"])
-    memory.plan_capture("this clip's encoder attention", layers=c.n_layers, heads=c.n_heads, n=n,
-                        shorten="the audio")
+    memory.plan_capture("this clip's encoder attention", layers=c.n_layers, heads=c.n_heads,
+                        n=frame_count(c, len(audio.samples)), shorten="the audio")
     return audio, _model.trace(audio, head_mask=_mask)
 
 
@@ -76,8 +85,9 @@ def summary(model, audio, tr):
     c3.metric("source", f"{audio.source_rate / 1000:g} kHz · {audio.channels} ch")
     st.audio(audio.samples, sample_rate=RATE)
     if audio.truncated_seconds:
-        st.warning(f"The audio is {audio.seconds:.1f} s long; only its first {MAX_SECONDS} s are encoded "
-                   f"({audio.truncated_seconds:.1f} s left out).")
+        st.warning(f"The audio is {audio.seconds:.1f} s long; only its first {audio.duration:.1f} s are encoded "
+                   f"({audio.truncated_seconds:.1f} s left out): every head's frames × frames map of a longer "
+                   f"clip would exceed this server's capture budget ({LIMITS.max_capture_mb} MB).")
     text = letters(model, tr)
     if text is not None:
         st.markdown("**CTC reading:** " + (plain(text) or "(blank)"))
