@@ -107,3 +107,16 @@ def test_bad_audio_input_is_a_clear_error():
         ours.trace(torch.randn(39))
     with pytest.raises(ValueError, match="shorten"):
         ours.trace(torch.randn(30 * RATE + 40))
+
+
+@pytest.mark.parametrize("row", list(AUDIO))
+def test_what_a_block_explains_is_the_traced_attention_over_frames(row):
+    """Analyses read a block's attention (`Block.explain`), never rebuild it: over audio frames, with
+    post-norm and pre-norm blocks, it gives the traced weights, whole and row by row."""
+    hf = tiny(row)
+    ours = attnviz.from_hf(hf)
+    tr = ours.trace(inputs(hf), states=True)
+    for layer in range(ours.cfg.n_layers):
+        scored = ours.net.blocks[layer].explain(tr.states[layer][None], **ours.net.shared(tr.n))
+        assert (scored.weights()[0] - tr.attentions[layer]).abs().max() < 1e-5
+        assert (scored.weights(3, 7)[0] - tr.attentions[layer][:, 3:7]).abs().max() < 1e-5

@@ -212,8 +212,8 @@ class Model(BaseModel):
                 dtype = next(self.net.parameters()).dtype
                 buf = torch.empty(len(layers), self.cfg.n_heads, n, n, dtype=dtype)
             out = self.net(input_ids=inp.get("input_ids"), pixel_values=inp.get("pixel_values"),
-                           input_values=inp.get("input_values"), head_mask=mask, need_weights=attentions, layers=layers, variants=variants,
-                           states=states,
+                           input_values=inp.get("input_values"), head_mask=mask, need_weights=attentions,
+                           layers=layers, variants=variants, states=states,
                            weights_out=None if buf is None else {i: buf[j:j + 1] for j, i in enumerate(layers)})
             att = buf if buf is not None else self.assemble(out.attentions, layers) if attentions else None
             sal = None

@@ -1,8 +1,8 @@
 """Figures of a transcription: the log-mel spectrogram with one head's (or the alignment heads')
 cross-attention under it on one time axis, every cross-attention head as tokens x time, and the
 word timestamps; of a speech encoder (wav2vec 2.0, HuBERT): one head's frames x frames under the
-waveform, and how far switching heads off moved each frame's output. Pure: arrays in, figures out. Time is in seconds: a log-mel frame is 10 ms, an
-encoder frame (what cross-attention reads) 20 ms."""
+waveform, and how far switching heads off moved each frame's output. Pure: arrays in, figures out.
+Time is in seconds: a log-mel frame is 10 ms, an encoder frame (what cross-attention reads) 20 ms."""
 from __future__ import annotations
 
 import numpy as np

@@ -211,7 +211,8 @@ def show_shape(model: Model):
     c = model.cfg
     st.caption(f"**{plain(model.info.key)}** · {c.family} · {c.n_layers} layers × {c.n_heads} heads"
                f" ({c.n_kv_heads} K/V) · d_model {c.d_model} · "
-               f"{'image ' + str(model.image_size) + ' px' if c.is_vision else str(c.max_positions) + (' frames' if c.is_audio else ' positions')}"
+               f"{'image ' + str(model.image_size) + ' px' if c.is_vision else str(c.max_positions)}"
+               f"{'' if c.is_vision else ' frames' if c.is_audio else ' positions'}"
                f" · {model.num_params() / 1e6:.1f} M params")
 
 
