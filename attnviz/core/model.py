@@ -6,8 +6,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from attnviz.core import surgery
 from attnviz.base.limits import LIMITS
+from attnviz.core import surgery
 from attnviz.core.attention import parse_variant
 from attnviz.core.audio_frames import frame_count, min_samples
 from attnviz.core.base_model import BaseModel, ModelInfo

@@ -261,10 +261,11 @@ class Transformer(nn.Module):
         cap = self.cfg.final_softcap if softcap else 0.0
         return x, logits if not cap else torch.tanh(logits / cap) * cap
 
-    def forward(self, input_ids=None, pixel_values=None, *, input_values=None, token_type_ids=None, attention_mask=None,
-                head_mask=None, need_weights=False, layers=None, variants=None, states=False, weights_out=None,
-                logits=True, check=None, head_fill=None) -> Output:
-        """`layers`: which layers' weights to capture (default all, when need_weights); the rest as
+    def forward(self, input_ids=None, pixel_values=None, *, input_values=None, token_type_ids=None,
+                attention_mask=None, head_mask=None, need_weights=False, layers=None, variants=None, states=False,
+                weights_out=None, logits=True, check=None, head_fill=None) -> Output:
+        """`input_values` (B, n): an audio model's samples, as its feature extractor writes them;
+        `layers`: which layers' weights to capture (default all, when need_weights); the rest as
         in `iter_blocks`."""
         x = self.embed(input_ids, pixel_values, input_values, token_type_ids)
         capture = (range(self.cfg.n_layers) if layers is None else layers) if need_weights else ()

@@ -160,7 +160,6 @@ def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model | Seq2Seq
                  features=fam.feature_extractor(None) if cfg.is_audio else None)   # its defaults
 
 
-
 def _bundled_info(key: str, cfg: Config, net) -> ModelInfo:
     s = BUNDLED[key]
     return Model.describe(key, cfg, s["source"], net, licence=s["licence"], size_mb=s["size_mb"])
