@@ -432,7 +432,7 @@ def test_core_checks_structure_and_takes_a_family_name_as_a_label():
 def test_the_registry_answers_for_every_family():
     from attnviz.weights.families import FAMILIES, family, hf_family, synthetic_preset
     assert family("bergamot").TASK == "translation" and hf_family("whisper").TASK == "speech"
-    assert {f.TASK for f in FAMILIES.values()} == {"encoder", "lm", "vision", "translation", "speech"}
+    assert {f.TASK for f in FAMILIES.values()} == {"encoder", "lm", "vision", "audio", "translation", "speech"}
     with pytest.raises(ValueError, match="not registered; registered: bert, gpt2"):
         family("pegasus")
     with pytest.raises(ValueError, match="and for translation marian, bart, mbart, m2m_100, t5, mt5, and for speech whisper"):

@@ -54,6 +54,10 @@ def tiny(family: str, **over):
         cls_name, make, fields = ENCODERS[family]
         cfg = getattr(tf, make)(**{**ENCODER_BASE, **fields, **over})
         cls = getattr(tf, cls_name)
+    elif family in AUDIO:
+        cls_name, make, fields = AUDIO[family]
+        cfg = getattr(tf, make)(**{**AUDIO_BASE, **fields, **over})
+        cls = getattr(tf, cls_name)
     cfg._attn_implementation = "eager"
     if hasattr(cfg, "_experts_implementation"):
         cfg._experts_implementation = "eager"  # the loop over experts, as ours (grouped kernels need aligned widths)
@@ -190,10 +194,27 @@ VISION = {
     "beit_shared": ("BeitModel", "BeitConfig", dict(use_shared_relative_position_bias=True,
                                                     use_absolute_position_embeddings=True, use_mean_pooling=False)),
 }
+# The speech encoders: a row each, as DECODERS, hearing AUDIO_SAMPLES samples (39 frames).
+# wav2vec2-base's layout (a GroupNorm after the first convolution, post-norm blocks, an even
+# positional kernel whose extra frame is dropped); the large models' (a LayerNorm after every
+# convolution, their biases, pre-norm blocks) with a CTC head; HuBERT without the norm before its
+# projection and with an odd kernel; HuBERT's large layout
+AUDIO_BASE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                  conv_dim=(16, 16, 32), conv_kernel=(10, 3, 3), conv_stride=(5, 2, 2), num_conv_pos_embeddings=16,
+                  num_conv_pos_embedding_groups=2)
+LARGE_AUDIO = dict(feat_extract_norm="layer", do_stable_layer_norm=True, conv_bias=True)
+AUDIO = {
+    "wav2vec2": ("Wav2Vec2Model", "Wav2Vec2Config", {}),
+    "wav2vec2_ctc": ("Wav2Vec2ForCTC", "Wav2Vec2Config", dict(LARGE_AUDIO, vocab_size=VOCAB)),
+    "hubert": ("HubertModel", "HubertConfig", dict(num_conv_pos_embeddings=15, feat_proj_layer_norm=False)),
+    "hubert_large": ("HubertModel", "HubertConfig", LARGE_AUDIO),
+}
+AUDIO_SAMPLES = 800
 ENCODER_MLMS = [r for r, (cls_name, _, _) in ENCODERS.items() if cls_name.endswith("MaskedLM")]
-LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS, *ENCODER_MLMS]
+AUDIO_CTC = [r for r, (cls_name, _, _) in AUDIO.items() if cls_name.endswith("CTC")]
+LMS = ["bert_mlm", "gpt2", "llama", "llama_untied", *DECODERS, *ENCODER_MLMS, *AUDIO_CTC]
 FAMILIES = ["bert", "bert_mlm", "gpt2", "llama", "llama_untied", "vit", "dinov2", "dinov2_swiglu", *DECODERS,
-            *ENCODERS, *VISION]
+            *ENCODERS, *VISION, *AUDIO]
 
 
 # Options a family has that we do not implement: each refused by its name, never ignored
@@ -219,6 +240,9 @@ def test_gptj_without_rotary_dim_is_refused_by_name():
 
 
 def inputs(model, size=None):
+    if model.main_input_name == "input_values":   # samples as the feature extractor gives them
+        torch.manual_seed(1)
+        return torch.randn(AUDIO_SAMPLES)
     if model.main_input_name == "pixel_values":
         side = size or model.config.image_size
         torch.manual_seed(1)
@@ -241,7 +265,9 @@ def reference(model, x, head_mask=None):
             hooks.append(proj.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
-            if x.is_floating_point():
+            if model.main_input_name == "input_values":
+                out = model(input_values=x[None], output_attentions=True, output_hidden_states=True)
+            elif x.is_floating_point():
                 kw = {"interpolate_pos_encoding": True} if isinstance(model, (tf.ViTModel, tf.BeitModel)) else {}
                 out = model(pixel_values=x[None], output_attentions=True, **kw)
             else:
@@ -261,7 +287,8 @@ def out_projections(model):
     base = model.base_model
     base = getattr(base, "decoder", base)  # OPT
     encoder = getattr(base, "encoder", None) or getattr(base, "transformer", None)  # DistilBERT: transformer
-    layers = getattr(base, "h", None) or getattr(base, "layers", None) or encoder.layer
+    layers = (getattr(base, "h", None) or getattr(base, "layers", None) or getattr(encoder, "layers", None)
+              or encoder.layer)   # wav2vec 2.0: encoder.layers
     return [output_projection(layer) for layer in layers]
 
 

@@ -10,9 +10,10 @@ from dataclasses import dataclass, replace
 
 # Core knows structure, not families: a family file (attnviz.weights.families) sets these fields,
 # and `family` is only the label it signs the config with.
-TASKS = ("encoder", "lm", "vision")
+TASKS = ("encoder", "lm", "vision", "audio")
 NORMS = ("layernorm", "rmsnorm")
-POSITIONALS = ("learned", "rotary", "sinusoidal", "alibi", "relative", "none")
+POSITIONALS = ("learned", "rotary", "sinusoidal", "alibi", "relative", "conv", "none")
+CONV_NORMS = ("group", "layer")
 QK_NORMS = ("none", "head", "all")
 ROPE_KINDS = ("default", "linear", "dynamic", "yarn", "llama3")
 
@@ -20,7 +21,7 @@ ROPE_KINDS = ("default", "linear", "dynamic", "yarn", "llama3")
 @dataclass(frozen=True)
 class Config:
     family: str                  # the family that built it (a label: nothing branches on it)
-    task: str                    # encoder | lm (an LM head) | vision (a patch embedding)
+    task: str                    # encoder | lm (an LM head) | vision (a patch embedding) | audio (a conv front end)
     n_layers: int
     n_heads: int                 # query heads
     n_kv_heads: int              # key/value heads (< n_heads: grouped-query attention; 1: multi-query)
@@ -32,7 +33,8 @@ class Config:
     norm: str = "layernorm"      # layernorm | rmsnorm
     norm_eps: float = 1e-12
     norm_bias: bool = True       # a LayerNorm's bias (RMSNorm has none)
-    positional: str = "learned"  # learned | rotary | sinusoidal | alibi (a score bias per head) | relative | none
+    positional: str = "learned"  # learned | rotary | sinusoidal | alibi (a score bias per head) | relative |
+                                 # conv (a grouped convolution over the frames, added to them) | none
     rel_buckets: int = 0         # a learned score bias per head from log-bucketed relative positions, one table
                                  # shared by every layer: the only position signal (positional "relative": T5) or
                                  # added to absolute positions (MPNet); 0: none
@@ -89,12 +91,23 @@ class Config:
     distill_token: bool = False  # DeiT: a second learned token after CLS, with a position of its own
     patch_bias: bool = True      # the patch embedding's bias (CLIP's has none)
     rel_pos_bias: bool = False   # BEiT: each layer adds a learned per-head bias, by 2-D patch offset, to its scores
+    # audio (wav2vec 2.0, HuBERT): raw 16 kHz samples through a stack of 1-D convolutions, then projected to d_model
+    conv_layers: tuple = ()      # (channels, kernel, stride) of each convolution of the feature encoder
+    conv_norm: str = "group"     # group: a GroupNorm per channel after the first convolution only; layer: a
+                                 # LayerNorm over the channels after every convolution
+    conv_bias: bool = False
+    conv_activation: str = "gelu"  # of the convolutions and of the positional convolution
+    feature_norm: bool = True    # a LayerNorm over the last convolution's channels before the projection
+    pos_conv_kernel: int = 0     # positional "conv": the convolution's width in frames (an even one makes an
+                                 # extra frame, dropped)
+    pos_conv_groups: int = 1
+    ctc_head: bool = False       # audio: a linear layer from each frame to CTC logits (Wav2Vec2ForCTC)
     head_dims: tuple[int, ...] | None = None  # per-layer query heads after pruning; None: n_heads everywhere
     kv_dims: tuple[int, ...] | None = None    # per-layer K/V heads after pruning
 
     def __post_init__(self):
         # a config read back from JSON (the conversion cache) has lists where tuples were
-        for f in ("rope_scaling", "windows", "head_dims", "kv_dims", "disentangled"):
+        for f in ("rope_scaling", "windows", "head_dims", "kv_dims", "disentangled", "conv_layers"):
             value = getattr(self, f)
             if isinstance(value, list):
                 value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
@@ -103,12 +116,22 @@ class Config:
             raise ValueError(f"family must be a non-empty name; got {self.family!r:.40}")
         for name, value, known in (("task", self.task, TASKS), ("norm", self.norm, NORMS),
                                    ("positional", self.positional, POSITIONALS),
-                                   ("qk_norm", self.qk_norm, QK_NORMS),
+                                   ("qk_norm", self.qk_norm, QK_NORMS), ("conv_norm", self.conv_norm, CONV_NORMS),
                                    ("rope scaling", self.rope_kind, ROPE_KINDS)):
             if value not in known:
                 raise ValueError(f"{name} must be one of {', '.join(known)}; got {value!r:.40}")
         if (self.task == "vision") != (self.patch_size > 0):
             raise ValueError("a vision config has a patch size (patch_size > 0), and only a vision config")
+        if (self.task == "audio") != bool(self.conv_layers) or (self.ctc_head and self.task != "audio"):
+            raise ValueError("an audio config has convolutions (conv_layers), and only an audio config; a CTC "
+                             "head reads audio frames")
+        if any(len(c) != 3 or min(c) < 1 for c in self.conv_layers):
+            raise ValueError(f"conv_layers are (channels, kernel, stride) triples of positive numbers; "
+                             f"got {self.conv_layers!r:.60}")
+        if (self.positional == "conv") != (self.pos_conv_kernel > 0) or \
+                (self.pos_conv_kernel and self.d_model % self.pos_conv_groups):
+            raise ValueError("convolutional positions (and only they) have a kernel (pos_conv_kernel > 0), "
+                             "in groups that divide d_model")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.windows and len(self.windows) != self.n_layers:
@@ -134,6 +157,18 @@ class Config:
     @property
     def is_vision(self) -> bool:
         return self.task == "vision"
+
+    @property
+    def is_audio(self) -> bool:
+        return self.task == "audio"
+
+    @property
+    def hop(self) -> int:
+        """Samples per frame of an audio model: the product of the convolutions' strides."""
+        hop = 1
+        for _, _, stride in self.conv_layers:
+            hop *= stride
+        return hop
 
     @property
     def n_positioned(self) -> int:

@@ -6,13 +6,16 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from attnviz.base.limits import LIMITS
 from attnviz.core import surgery
 from attnviz.core.attention import parse_variant
+from attnviz.core.audio_frames import frame_count, min_samples
 from attnviz.core.base_model import BaseModel, ModelInfo
 from attnviz.core.config import Config
 from attnviz.core.pixels import preprocess
 from attnviz.core.tokens import labels as token_labels
 from attnviz.core.transformer import Transformer
+from attnviz.uploads.audio import RATE, Audio, read_audio
 
 MAX_IMAGE_SIDE = 1036     # 74 DINOv2 patches: 5,477 tokens, about the most a trace should hold
 
@@ -28,6 +31,7 @@ class Trace:
     layers: list[int] = field(default_factory=list)  # which layers `attentions` holds, in order
     truncated: int = 0                   # tokens dropped to fit the model's positions
     grid: tuple[int, int] | None = None  # vision: patches per side (rows, cols)
+    seconds_per_token: float = 0.0       # audio: each token is a frame this long (0: not audio)
     n_prefix: int = 0                    # vision: tokens before the patches (CLS + registers)
     saliency: torch.Tensor | None = None  # [H, W] in [0, 1] when the model has a saliency decoder
     states: list[torch.Tensor] | None = None  # [n, d] input of each block, then the final hidden
@@ -39,12 +43,15 @@ class Trace:
 
 class Model(BaseModel):
     """A transformer of ours (`Transformer`: decoder, encoder or vision) plus what turns user input
-    into its input."""
+    into its input. `features`: an audio model's feature extractor (transformers' Wav2Vec2FeatureExtractor:
+    samples -> the normalised input values), as the tokenizer is a text model's."""
 
     def __init__(self, net: Transformer, info: ModelInfo, tokenizer=None, *, image_mean=None,
-                 image_std=None, image_size: int = 0, decoder=None, kept: torch.Tensor | None = None):
+                 image_std=None, image_size: int = 0, decoder=None, kept: torch.Tensor | None = None,
+                 features=None):
         super().__init__(net, info)
         self.tokenizer = tokenizer
+        self.features = features
         self.image_mean = image_mean or (0.5, 0.5, 0.5)
         self.image_std = image_std or (0.5, 0.5, 0.5)
         self.image_size = image_size or net.cfg.image_size
@@ -67,7 +74,8 @@ class Model(BaseModel):
 
     @property
     def kind(self) -> str:
-        return "vision" if self.cfg.is_vision else "lm" if self.next_token else "encoder"
+        return "vision" if self.cfg.is_vision else "audio" if self.cfg.is_audio else \
+            "lm" if self.next_token else "encoder"
 
     @property
     def next_token(self) -> bool:
@@ -122,6 +130,24 @@ class Model(BaseModel):
         return preprocess(image, size or self.image_size, mean=self.image_mean, std=self.image_std,
                           patch_size=p, min_size=p, max_size=MAX_IMAGE_SIDE)
 
+    def audio_values(self, x) -> torch.Tensor:
+        """Audio -> the input values [n] the convolutions read: WAV / FLAC bytes, an `Audio` or an
+        array of 16 kHz samples through the feature extractor; a float tensor [n] as given (values
+        already normalised, as the feature extractor writes them)."""
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            if x.dim() != 1:
+                raise ValueError(f"audio input values must be a float tensor [n_samples]; got {tuple(x.shape)}")
+            return x.float()
+        if isinstance(x, (str, list)) or hasattr(x, "convert"):
+            raise ValueError(f"model {self.info.key!r} takes audio (WAV / FLAC bytes or 16 kHz samples), "
+                             "not text or images")
+        if self.features is None:
+            raise ValueError(f"model {self.info.key!r} has no feature extractor (preprocessor_config.json): "
+                             "give its input values as a float tensor [n_samples]")
+        audio = x if isinstance(x, Audio) else read_audio(x, max_seconds=LIMITS.max_audio_seconds)
+        values = self.features(audio.samples, sampling_rate=RATE, return_tensors="np")["input_values"][0]
+        return torch.from_numpy(values).float()
+
     def check_layers(self, layers) -> list[int]:
         L = self.cfg.n_layers
         layers = list(range(L)) if layers is None else sorted(set(int(i) for i in layers))
@@ -144,6 +170,19 @@ class Model(BaseModel):
             special[: len(prefix)] = True
             return dict(pixel_values=px[None], tokens=toks, special=special, grid=(gh, gw),
                         n_prefix=len(prefix), ids=None, truncated=0)
+        if cfg.is_audio:
+            values = self.audio_values(x)
+            n = frame_count(cfg, len(values))
+            if n < 1:
+                raise ValueError(f"the audio is {len(values)} samples; model {self.info.key!r} needs at least "
+                                 f"{min_samples(cfg)} ({min_samples(cfg) / RATE * 1000:.0f} ms) to make a frame")
+            if n > self.max_tokens:
+                raise ValueError(f"the audio makes {n:,} frames; model {self.info.key!r} reads at most "
+                                 f"{self.max_tokens:,} ({self.max_tokens * cfg.hop / RATE:.0f} s): shorten it")
+            step = cfg.hop / RATE
+            return dict(input_values=values[None], tokens=[f"{i * step:.3f}s" for i in range(n)],
+                        special=torch.zeros(n, dtype=torch.bool), ids=None, truncated=0, grid=None, n_prefix=0,
+                        seconds_per_token=step)
         if hasattr(x, "convert") or (isinstance(x, torch.Tensor) and x.is_floating_point()):
             raise ValueError(f"model {self.info.key!r} takes text, not images")
         truncated = 0
@@ -173,8 +212,8 @@ class Model(BaseModel):
                 dtype = next(self.net.parameters()).dtype
                 buf = torch.empty(len(layers), self.cfg.n_heads, n, n, dtype=dtype)
             out = self.net(input_ids=inp.get("input_ids"), pixel_values=inp.get("pixel_values"),
-                           head_mask=mask, need_weights=attentions, layers=layers, variants=variants,
-                           states=states,
+                           input_values=inp.get("input_values"), head_mask=mask, need_weights=attentions,
+                           layers=layers, variants=variants, states=states,
                            weights_out=None if buf is None else {i: buf[j:j + 1] for j, i in enumerate(layers)})
             att = buf if buf is not None else self.assemble(out.attentions, layers) if attentions else None
             sal = None
@@ -185,7 +224,8 @@ class Model(BaseModel):
                      logits=None if out.logits is None else out.logits[0], ids=inp["ids"],
                      special=inp["special"], layers=layers if attentions else [],
                      truncated=inp["truncated"], grid=inp["grid"], n_prefix=inp["n_prefix"],
-                     saliency=sal, states=[s[0] for s in out.states] if states else None)
+                     saliency=sal, states=[s[0] for s in out.states] if states else None,
+                     seconds_per_token=inp.get("seconds_per_token", 0.0))
 
     def assemble(self, captured: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
         """Stack captured layers into [len(layers), H, n, n]; pruned heads read as zero rows."""
@@ -207,7 +247,7 @@ class Model(BaseModel):
         small, keep = surgery.prune(self.net, keep, self.kept)
         info = replace(self.info, key=f"{self.info.key} (pruned {int((~keep).sum())}/{keep.numel()})")
         return Model(small, info, self.tokenizer, image_mean=self.image_mean, image_std=self.image_std,
-                     image_size=self.image_size, decoder=self.decoder, kept=keep)
+                     image_size=self.image_size, decoder=self.decoder, kept=keep, features=self.features)
 
 
 def _variants(spec, n_layers):

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnviz.core.attention import padding_mask
+from attnviz.core.audio_frames import AudioFrames
 from attnviz.core.base_model import adopt_state
 from attnviz.core.blocks import ACTIVATIONS, Block, Linear, iter_layers, make_norm
 from attnviz.core.config import Config
@@ -66,6 +67,8 @@ class Transformer(nn.Module):
             learned = cfg.positional == "learned"
             self.pos = nn.Parameter(torch.zeros(1, cfg.n_positioned + cfg.grid ** 2, d)) if learned else None
             self.registers = nn.Parameter(torch.zeros(1, cfg.n_registers, d)) if cfg.n_registers else None
+        elif cfg.is_audio:  # samples -> frames through convolutions, positions added there (wav2vec 2.0)
+            self.audio = AudioFrames(cfg)
         else:
             e = cfg.embed_width
             self.tok = nn.Embedding(cfg.vocab_size, e)
@@ -89,9 +92,9 @@ class Transformer(nn.Module):
         if cfg.mlm_head:
             self.mlm_transform = Linear(d, cfg.embed_width)
             self.mlm_norm = make_norm(cfg, cfg.embed_width)
-        if cfg.task == "lm" or cfg.mlm_head:
+        if cfg.task == "lm" or cfg.mlm_head or cfg.ctc_head:
             self.lm_head = Linear(cfg.embed_width if cfg.mlm_head else d, cfg.vocab_size,
-                                  bias=cfg.mlm_head or cfg.lm_head_bias)
+                                  bias=cfg.mlm_head or cfg.lm_head_bias or cfg.ctc_head)
             if cfg.tie_embeddings:
                 self.lm_head.weight = self.tok.weight
         if cfg.positional == "rotary":
@@ -155,6 +158,19 @@ class Transformer(nn.Module):
         if self.registers is not None:  # registers go after CLS and carry no position
             x = torch.cat([x[:, :k], self.registers.expand(B, -1, -1), x[:, k:]], dim=1)
         return self.emb_norm(x) if self.emb_norm is not None else x
+
+    def embed_audio(self, samples):
+        """samples (B, n), as the feature extractor gives them -> frames (B, T, d), the blocks' input."""
+        x = self.audio(samples)
+        return self.emb_norm(x) if self.emb_norm is not None else x
+
+    def embed(self, input_ids=None, pixel_values=None, input_values=None, token_type_ids=None):
+        """The first block's input from whichever input this model takes."""
+        if self.cfg.is_vision:
+            return self.embed_image(pixel_values)
+        if self.cfg.is_audio:
+            return self.embed_audio(input_values)
+        return self.embed_text(input_ids, token_type_ids)
 
     def _rope_table(self, T: int, local: bool = False):
         cfg = self.cfg
@@ -245,12 +261,13 @@ class Transformer(nn.Module):
         cap = self.cfg.final_softcap if softcap else 0.0
         return x, logits if not cap else torch.tanh(logits / cap) * cap
 
-    def forward(self, input_ids=None, pixel_values=None, *, token_type_ids=None, attention_mask=None,
-                head_mask=None, need_weights=False, layers=None, variants=None, states=False, weights_out=None,
-                logits=True, check=None, head_fill=None) -> Output:
-        """`layers`: which layers' weights to capture (default all, when need_weights); the rest as
+    def forward(self, input_ids=None, pixel_values=None, *, input_values=None, token_type_ids=None,
+                attention_mask=None, head_mask=None, need_weights=False, layers=None, variants=None, states=False,
+                weights_out=None, logits=True, check=None, head_fill=None) -> Output:
+        """`input_values` (B, n): an audio model's samples, as its feature extractor writes them;
+        `layers`: which layers' weights to capture (default all, when need_weights); the rest as
         in `iter_blocks`."""
-        x = self.embed_image(pixel_values) if self.cfg.is_vision else self.embed_text(input_ids, token_type_ids)
+        x = self.embed(input_ids, pixel_values, input_values, token_type_ids)
         capture = (range(self.cfg.n_layers) if layers is None else layers) if need_weights else ()
         run = self.run_blocks(x, head_mask=head_mask, head_fill=head_fill, capture=capture, weights_out=weights_out,
                               variants=variants, attention_mask=attention_mask, states=states, check=check)

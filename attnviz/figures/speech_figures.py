@@ -1,7 +1,8 @@
 """Figures of a transcription: the log-mel spectrogram with one head's (or the alignment heads')
 cross-attention under it on one time axis, every cross-attention head as tokens x time, and the
-word timestamps. Pure: arrays in, figures out. Time is in seconds: a log-mel frame is 10 ms, an
-encoder frame (what cross-attention reads) 20 ms."""
+word timestamps; of a speech encoder (wav2vec 2.0, HuBERT): one head's frames x frames under the
+waveform, and how far switching heads off moved each frame's output. Pure: arrays in, figures out.
+Time is in seconds: a log-mel frame is 10 ms, an encoder frame (what cross-attention reads) 20 ms."""
 from __future__ import annotations
 
 import numpy as np
@@ -89,8 +90,10 @@ def spectrogram_and_attention(features, rows, tokens: list[str], audio_frames: i
     return fig
 
 
-def heads_grid(cross, audio_frames: int, alignment_heads=(), off=None) -> go.Figure:
-    """cross [L, H, n_tokens, N]: one tokens x time map per layer and head, cropped to the audio,
+def heads_grid(cross, audio_frames: int, alignment_heads=(), off=None, rows: str = "tokens",
+               frame_seconds: float = FRAME_SECONDS) -> go.Figure:
+    """cross [L, H, n_tokens, N]: one tokens x time map per layer and head, cropped to the audio
+    (a speech encoder's self-attention [L, H, N, N]: `rows="frames"`, frames `frame_seconds` long),
     each scaled to its own largest weight, tiled into ONE heatmap (24 heatmap subplots took
     seconds to draw at every rerun of the page); alignment heads marked ★ in their label,
     switched-off heads (off [L, H] bool) '(off)'."""
@@ -117,8 +120,50 @@ def heads_grid(cross, audio_frames: int, alignment_heads=(), off=None) -> go.Fig
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
     fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, autorange="reversed")
     fig.update_layout(height=int(np.clip(150 * L + 60, 260, 1200)), margin=dict(l=10, r=10, t=40, b=10),
-                      title=f"every head: tokens × time ({audio_frames * FRAME_SECONDS:.2f} s), each scaled to its "
+                      title=f"every head: {rows} × time ({audio_frames * frame_seconds:.2f} s), each scaled to its "
                             "own largest weight")
+    return fig
+
+
+def _envelope(samples, rate: int, seconds: float):
+    """(times, peaks): the waveform's peak every `seconds`, at the middle of each stretch."""
+    x = _array(samples)
+    step = max(1, int(round(rate * seconds)))
+    n = len(x) // step
+    peaks = np.abs(x[:n * step]).reshape(n, step).max(1) if n else np.zeros(0)
+    return (np.arange(n) + 0.5) * step / rate, peaks
+
+
+def frames_figure(samples, rate: int, att, frame_seconds: float, title: str) -> go.Figure:
+    """A speech encoder's head over a clip: the waveform's envelope above, its attention [n, n]
+    below on the same time axis (row: the frame reading, column: the frame read; both at their
+    frame's middle)."""
+    att = _array(att)
+    t = (np.arange(att.shape[0]) + 0.5) * frame_seconds
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.18, 0.82], vertical_spacing=0.03)
+    times, peaks = _envelope(samples, rate, frame_seconds)
+    fig.add_trace(go.Scatter(x=np.concatenate([times, times[::-1]]), y=np.concatenate([peaks, -peaks[::-1]]),
+                             fill="toself", line=dict(width=0.5, color="#4c78a8"), hoverinfo="skip"), row=1, col=1)
+    fig.add_trace(go.Heatmap(z=att, x=t, y=t, colorscale="Viridis", zmin=0.0,
+                             colorbar=dict(title=dict(text="weight"), thickness=12),
+                             hovertemplate="frame at %{y:.3f} s reads %{x:.3f} s: %{z:.3f}<extra></extra>"),
+                  row=2, col=1)
+    fig.update_yaxes(showticklabels=False, row=1, col=1)
+    fig.update_yaxes(title_text="frame reading (s)", autorange="reversed", row=2, col=1)
+    fig.update_xaxes(title_text="frame read (s)", row=2, col=1)
+    fig.update_layout(height=int(np.clip(300 + 2 * att.shape[0], 520, 1000)), showlegend=False, title=title,
+                      margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def change_figure(change, frame_seconds: float) -> go.Figure:
+    """change [n]: 1 - cosine similarity of each frame's output with and without the heads switched off."""
+    change = _array(change)
+    t = (np.arange(len(change)) + 0.5) * frame_seconds
+    fig = go.Figure(go.Scatter(x=t, y=change, mode="lines", line=dict(color="#e45756"),
+                               hovertemplate="%{x:.3f} s: %{y:.4f}<extra></extra>"))
+    fig.update_layout(height=240, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="seconds",
+                      yaxis_title="1 − cosine", title="how far each frame's output moved")
     return fig
 
 
@@ -126,11 +171,7 @@ def words_figure(samples, rate: int, words) -> go.Figure:
     """The waveform's envelope (20 ms peaks) with a band per word from its start to the next word's start
     (the last: to its end), so the audio between two words lies in a band, not in an unmarked gap that
     reads as "nothing was heard"; the table beside it keeps each word's own start and end."""
-    x = _array(samples)
-    step = max(1, int(rate * FRAME_SECONDS))
-    n = len(x) // step
-    peaks = np.abs(x[:n * step]).reshape(n, step).max(1) if n else np.zeros(0)
-    t = (np.arange(n) + 0.5) * step / rate
+    t, peaks = _envelope(samples, rate, FRAME_SECONDS)
     fig = go.Figure(go.Scatter(x=np.concatenate([t, t[::-1]]), y=np.concatenate([peaks, -peaks[::-1]]),
                                fill="toself", line=dict(width=0.5, color="#4c78a8"), hoverinfo="skip",
                                name="waveform"))

@@ -127,11 +127,18 @@ def local_folders_allowed() -> bool:
     return bool(LIMITS.allowed_model_dirs.strip())
 
 
-def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: str | None = None):
+def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: str | None = None,
+                 nav: bool = True):
     """Sidebar: bundled models of the given tasks, Hugging Face models by name (ui.hub_picker), and a
-    typed local HF folder when the deployment allows some (ATTNVIZ_ALLOWED_MODEL_DIRS). Model or None."""
+    typed local HF folder when the deployment allows some (ATTNVIZ_ALLOWED_MODEL_DIRS). Model or None.
+    `nav=False`: the page drew the sidebar's links already."""
     infos = [m for m in catalogue.list_models() if m.task in tasks]
     keys = [m.key for m in infos] + hub_picker.entries(tasks) + ([LOCAL] if local_folders_allowed() else [])
+    if not keys:   # nothing bundled of these tasks, none cached, no downloads and no folders allowed
+        st.info(f"No {' or '.join(tasks)} model is available on this server: none is in its Hugging Face cache, "
+                "and its operator allows neither downloads (ATTNVIZ_HUB) nor local folders "
+                "(ATTNVIZ_ALLOWED_MODEL_DIRS).")
+        return None
     default = default or (DEFAULT_MODEL if DEFAULT_MODEL in keys else keys[0])
     page_key = f"{MODEL_KEY}:{'/'.join(tasks)}"
     # Streamlit forgets a widget's state when a page that lacks it runs, so the last choice is
@@ -144,7 +151,8 @@ def model_picker(tasks: tuple[str, ...] = ("encoder", "lm", "vision"), default: 
     if st.session_state[page_key] not in keys:
         st.session_state[page_key] = default
     notice = st.empty()    # the main area's loading status (the sidebar's spinner is easy to miss)
-    sidebar_nav()
+    if nav:
+        sidebar_nav()
     with st.sidebar:
         choice = st.selectbox("Model", **shared_view.linked(
             page_key, format_func=lambda k: k if k not in BUNDLED else f"{k} ({BUNDLED[k]['family']})", options=keys))
@@ -203,7 +211,8 @@ def show_shape(model: Model):
     c = model.cfg
     st.caption(f"**{plain(model.info.key)}** · {c.family} · {c.n_layers} layers × {c.n_heads} heads"
                f" ({c.n_kv_heads} K/V) · d_model {c.d_model} · "
-               f"{'image ' + str(model.image_size) + ' px' if c.is_vision else str(c.max_positions) + ' positions'}"
+               f"{'image ' + str(model.image_size) + ' px' if c.is_vision else str(c.max_positions)}"
+               f"{'' if c.is_vision else ' frames' if c.is_audio else ' positions'}"
                f" · {model.num_params() / 1e6:.1f} M params")
 
 

@@ -1,7 +1,8 @@
 """The Speech page's views: Whisper tiny.en hearing a clip (bundled, uploaded or recorded), the
 log-mel spectrogram with cross-attention tokens x time under it, every head, word timestamps
 from the alignment heads (each word playable from its start), and heads switched off with the
-shared head editor. The page itself is a title plus calls to these functions."""
+shared head editor; or a speech encoder (wav2vec 2.0, HuBERT) picked by folder or name, its frames
+attending to frames (`speech_encoder_view`). The page itself is a title plus calls to these functions."""
 from __future__ import annotations
 
 import hashlib
@@ -16,9 +17,9 @@ from attnviz.analysis import head_ablation
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS, sizes
 from attnviz.figures import speech_figures
-from attnviz.ui.common import cached_result, plain, shared_cache, shared_model, sidebar_nav, view_choice
+from attnviz.ui.common import cached_result, model_picker, plain, shared_cache, shared_model, sidebar_nav, view_choice
 from attnviz.ui.head_editor import ablation_choice, head_editor, mask_key
-from attnviz.ui import shared_view
+from attnviz.ui import shared_view, speech_encoder_view
 from attnviz.ui.heads_corpus import page_tool
 from attnviz.ui.translate_page import diff_markdown
 
@@ -26,6 +27,8 @@ PAGE = "speech"
 MODEL = "whisper-tiny-en"
 CLIP = Path(__file__).resolve().parent.parent / "data" / "audio" / "hello_world.wav"
 SOURCES = ("Bundled clip", "Upload WAV / FLAC", "Record")
+KINDS = ("Whisper tiny.en (transcribes)", "Speech encoder (wav2vec2, HuBERT)")
+ENCODER_TASKS = ("audio",)     # the model picker's models for the encoder: folders and Hub names
 ALIGNMENT = "alignment heads (average)"
 MAX_PLAYERS = 40   # words with their own player; the rest are listed
 
@@ -39,6 +42,9 @@ def inputs():
     """Sidebar source and the audio -> (model, audio bytes), or None after showing why."""
     sidebar_nav()
     with st.sidebar:
+        kind = st.radio("Model", **shared_view.linked(key("kind"), options=KINDS),
+                        help="Whisper writes the text and shows where each token listened; a speech encoder "
+                             "(a wav2vec2 or HuBERT folder or Hugging Face name) shows its frames attending to frames.")
         source = st.radio("Audio", **shared_view.linked(key("source"), options=SOURCES))
         st.caption(f"Limits: {LIMITS.max_audio_bytes / 1e6:.0f} MB per file, {LIMITS.max_audio_seconds:.0f} s "
                    "(Whisper hears 30 s at a time: a longer file is cut to its first 30 s), "
@@ -64,6 +70,9 @@ def inputs():
             st.info("Press the microphone, say a sentence in English, press stop.")
             return None
         data = rec.getvalue()
+    if kind == KINDS[1]:
+        model = model_picker(tasks=ENCODER_TASKS, nav=False)
+        return None if model is None else (model, data)
     try:
         with st.spinner(f"Loading {MODEL}…"):
             model = shared_model(MODEL)
@@ -283,6 +292,9 @@ def body():
     if picked is None:
         return
     model, data = picked
+    if model.kind == "audio":
+        speech_encoder_view.body(model, data, drawn_before)
+        return
     explain(model)
     tr = transcript(model, data)
     if tr is None:

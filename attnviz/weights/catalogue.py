@@ -156,7 +156,8 @@ def from_hf(hf_model, tokenizer=None, key: str | None = None) -> Model | Seq2Seq
     net = Transformer.from_state(cfg, state)
     info = Model.describe(key or f"hf:{cfg.family}", cfg, "in-memory transformers model", net)
     return Model(net, info, tokenizer, image_mean=getattr(hf_model.config, "image_mean", None),
-                 image_std=getattr(hf_model.config, "image_std", None))
+                 image_std=getattr(hf_model.config, "image_std", None),
+                 features=fam.feature_extractor(None) if cfg.is_audio else None)   # its defaults
 
 
 def _bundled_info(key: str, cfg: Config, net) -> ModelInfo:

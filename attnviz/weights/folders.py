@@ -291,7 +291,8 @@ def _load(folder: Folder, key, source, info) -> Model | Seq2SeqModel:
             raise folder.fail(f"its tokenizer files could not be read ({type(err).__name__})") from None
     mean, std, size = image_settings(folder, entries, cfg)
     about = Model.describe(key or folder.name, cfg, source or f"local folder {folder.name}", net, **info)
-    return Model(net, about, tokenizer, image_mean=mean, image_std=std, image_size=size)
+    return Model(net, about, tokenizer, image_mean=mean, image_std=std, image_size=size,
+                 features=audio_features(folder, entries, cfg))
 
 
 def _tokenizer(folder: Folder, entries: dict):
@@ -326,6 +327,21 @@ def _load_translator(folder: Folder, entries: dict, hf_config, fam, key, source,
             raise folder.fail(f"its tokenizer files could not be read ({type(err).__name__})") from None
     return Seq2SeqModel.build(cfg, fam.weights(cfg, state), key or folder.name,
                               source or f"local folder {folder.name}", tokenizer, **info)
+
+
+def audio_features(folder: Folder, entries: dict, cfg: Config):
+    """An audio folder's feature extractor (transformers'), from preprocessor_config.json when it has one."""
+    if not cfg.is_audio:
+        return None
+    settings = folder.read_json("preprocessor_config.json") if "preprocessor_config.json" in entries else None
+    try:
+        features = family(cfg.family).feature_extractor(settings)
+    except Exception as err:
+        raise folder.fail(f"preprocessor_config.json has values transformers refuses ({str(err)[:200]})") from None
+    if getattr(features, "sampling_rate", None) != 16_000 or getattr(features, "feature_size", None) != 1:
+        raise folder.fail("preprocessor_config.json: the model must hear 16 kHz mono samples "
+                          "(sampling_rate 16000, feature_size 1)")
+    return features
 
 
 def image_settings(folder: Folder, entries: dict, cfg: Config):

@@ -2,7 +2,7 @@
 
 A family file says what it is and holds its config half and weights half, pure functions:
 - `NAME`: its label (the HF `model_type` for the families transformers knows) and `TASK`: encoder,
-  lm or vision build the core `Transformer`; translation builds `Seq2Seq` (a `Seq2SeqModel`);
+  lm, vision or audio build the core `Transformer`; translation builds `Seq2Seq` (a `Seq2SeqModel`);
   speech builds `Whisper` (a `SpeechModel`). Whatever the modules must know about the family's
   structure (post-norm, a norm after the embeddings, the positions...) the config half writes into
   the config's fields: nothing outside this folder branches on a family's name;
@@ -14,6 +14,8 @@ A family file says what it is and holds its config half and weights half, pure f
   way (whisper);
 - `SYNTHETIC` (`Transformer` families): the structural fields of a synthetic shape of the family
   (the latency pages' `synthetic:family=...`);
+- audio families (wav2vec2, hubert): `feature_extractor(settings)`: transformers' feature extractor
+  from a folder's preprocessor_config.json (a dict), or its defaults for None;
 - vision families: `image_defaults(cfg) -> (mean, std, side)` for a folder without a
   preprocessor_config.json; a family whose model has more than a vision tower (CLIP, SigLIP's text
   tower) returns (vision config, more parts...) from `config` and builds its model with
@@ -32,6 +34,7 @@ from attnviz.weights.families import (bart, beit, bergamot, bert, blip, bloom, c
                                       mistral, mixtral, mt5, olmo2, opt, phi, phi3, qwen2, qwen3, qwen3_moe, siglip, t5,
                                       vit, whisper)
 from attnviz.weights.families import deberta_v2, distilbert, electra, modernbert, mpnet, roberta, xlm_roberta
+from attnviz.weights.families import hubert, wav2vec2
 from attnviz.weights.mapper import get
 
 FAMILIES = {f.NAME: f for f in (
@@ -77,6 +80,8 @@ FAMILIES = {f.NAME: f for f in (
     mt5,
     bergamot,
     whisper,
+    wav2vec2,
+    hubert,
 )}
 HF_TASKS = (*TASKS, "translation", "speech")   # every model kind from_hf builds
 
