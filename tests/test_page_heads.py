@@ -236,10 +236,10 @@ def test_live_effect_of_a_language_model_one_scale_target_tokens_and_flips():
     at = app(model="smollm2")
     at.text_area(key="heads.text:lm").input("The capital of France is").run()
     at.text_input(key="heads.target:smollm2").input(" Paris").run()
-    at.text_input(key="heads.other:smollm2").input("▁London").run()   # the labels' space mark works too
+    at.text_input(key="heads.other:smollm2").input("▁London").run()   # SentencePiece's space mark works too
     assert not at.exception
-    p_paris = metric(at, "P(▁Paris) next")
-    diff = metric(at, "logit(▁Paris) − logit(▁London)")
+    p_paris = metric(at, "P(' Paris') next")
+    diff = metric(at, "logit(' Paris') − logit(' London')")
     assert p_paris.value.endswith("%") and float(p_paris.value[:-1]) > 5   # the full model's favourite
     assert "vs full" in diff.delta
     assert not any("flips" in w.value for w in at.warning)

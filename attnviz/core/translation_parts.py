@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnviz.core import tokens
+
 UNKNOWN = "⟨unk⟩"  # appended to the label of a source piece outside the vocabulary
 
 
@@ -20,28 +22,42 @@ class Pieces:
         if unk_id is None:
             unk_id = tokenizer.token_to_id("<unk>") if self.native else getattr(tokenizer, "unk_token_id", None)
         self.unk_id = unk_id
+        self.kind = tokens.tokenizer_kind(tokenizer)
+        if self.native:
+            specials = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        else:
+            specials = set(getattr(tokenizer, "all_special_ids", None) or [])
+        self.special_ids = (specials | {eos_id}) - {unk_id}   # an unknown piece shows the text it stands for
 
     def encode(self, text: str) -> tuple[list[int], list[str]]:
         """(ids ending with the end of sentence, labels); an unknown piece is labelled with the
         text it stands for, marked ⟨unk⟩. The text was checked first (`BaseModel.check_text`)."""
         if self.native:
             enc = self.tokenizer.encode(text)
-            ids, labels = list(enc.ids), list(enc.tokens)
-            ids.append(self.eos_id)
-            labels.append(self.label(self.eos_id))
+            ids = list(enc.ids) + [self.eos_id]
+            labels = self.labels(ids, list(enc.tokens) + [self.tokenizer.id_to_token(self.eos_id)])
         else:
             ids = list(self.tokenizer(text)["input_ids"])
-            labels = [self.label(i) for i in ids]
             if not ids or ids[-1] != self.eos_id:
                 ids.append(self.eos_id)
-                labels.append(self.label(self.eos_id))
+            labels = self.labels(ids)
         labels = [f"{lab}{UNKNOWN}" if i == self.unk_id else lab for i, lab in zip(ids, labels)]
         return ids, labels
 
+    def labels(self, ids, pieces=None) -> list[str]:
+        """Readable labels of a run of ids, as `tokens.labels` writes them (" love", not "▁love");
+        ``pieces``: the encoder's own pieces, which name an unknown piece by its text."""
+        ids = [int(i) for i in ids]
+        if pieces is not None:
+            pass
+        elif self.native:
+            pieces = [self.tokenizer.id_to_token(i) for i in ids]
+        else:
+            pieces = self.tokenizer.convert_ids_to_tokens(ids)
+        return tokens.piece_labels(pieces, [i in self.special_ids for i in ids], self.kind, ids)[0]
+
     def label(self, i: int) -> str:
-        if self.native:
-            return self.tokenizer.id_to_token(int(i)) or f"<{i}>"
-        return self.tokenizer.convert_ids_to_tokens(int(i)) or f"<{i}>"
+        return self.labels([i])[0]
 
     def decode(self, ids: list[int]) -> str:
         ids = [int(i) for i in ids if int(i) != self.eos_id]

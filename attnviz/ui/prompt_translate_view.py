@@ -7,6 +7,7 @@ import streamlit as st
 
 from attnviz.analysis import prompt_translation
 from attnviz.base import names
+from attnviz.core import tokens
 from attnviz.figures import translation_figures
 from attnviz.ui import common
 from attnviz.ui import job_controls
@@ -44,7 +45,7 @@ def target_name(result: prompt_translation.PromptTranslation):
     """format_func of the target selector; a token that holds several characters says so."""
     def name(i: int) -> str:
         label = result.target_tokens[i]
-        chars = len(label.lstrip("▁").removesuffix("…"))
+        chars = len(label.lstrip("".join(tokens.LEADING_SPACE_MARKS)).removesuffix("…"))
         return f"{i}: {label}" + (f" (one token, {chars} characters)" if chars > 1 and not label.endswith("…") else "")
     return name
 
