@@ -1,5 +1,7 @@
 """Chinese as characters: byte-level pieces merged back into the characters they spell, the
 founding notes' Chinese samples on the Attention page, and Find heads opening on 它 → 苹果."""
+import re
+
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -9,11 +11,19 @@ from attnviz.core.tokens import (PARTIAL, completed, labels, main_script, plain,
                                   vocabulary_warning)
 from attnviz.ui import common
 from attnviz.weights import catalogue
-from tests.test_page_attention import PAGE, PICKER, _rank_table, _run, _view
+from tests.test_page_attention import PAGE, PICKER, _chart, _rank_table, _run, _view
 
 APPLE = "我吃了一个苹果，它很甜"
 VASE = "他打碎了花瓶，然后把它粘好了"
 LOVE = "I love you. In Chinese: 我爱你"
+ENGLISH = "The animal didn't cross the street because it was too tired."
+# What a label must never hold: the tokenizers' space marks, byte-fallback pieces (<0xE4>), the
+# raw bytes of a byte-level piece (ä, Ã, â€), a replacement character.
+NOT_CHARACTERS = re.compile("[▁Ġ\ufffdÃÂâ¤¥¦§¨©ª«¬®¯°±²³´µ¶·¸¹º»¼½¾¿ĊĠ]|<0x[0-9A-Fa-f]{2}>")
+
+
+def _unreadable(shown: list[str]) -> list[str]:
+    return [t for t in shown if NOT_CHARACTERS.search(t)]
 
 
 
@@ -60,6 +70,34 @@ def test_spelled_ends_finds_a_word_split_over_tokens():
     assert spelled_ends(pieces, "梨") == [] and spelled_ends(pieces, "") == []
 
 
+@pytest.mark.parametrize("model_key", ["smollm2", "gemma3-270m", "e5-small", "minilm"])
+def test_labels_show_characters_never_space_marks_or_bytes_on_every_bundled_text_model(model_key):
+    """Labels read "▁love" (Gemma, e5-small); a word's space is now a plain leading space."""
+    model = common.shared_model(model_key)
+    for text in (ENGLISH, APPLE):
+        tr = model.trace(text, attentions=False)
+        assert not _unreadable(tr.tokens), tr.tokens
+        words = [t for t, s in zip(tr.tokens, tr.special) if not s]
+        if model_key == "minilm":                    # WordPiece: lower case, [UNK] for 苹果
+            assert text == APPLE or ("animal" in words and "it" in words)
+            continue
+        spelled = "".join(completed(t) for t in words)
+        assert spelled.lstrip(" ").replace(",", "，") == text       # e5-small: NFKC makes ， a ,
+        if text == ENGLISH:
+            assert " animal" in words and " it" in words
+
+
+def test_translation_labels_show_characters(request):
+    """The en→pt Marian's source and target pieces read "▁love", "▁amo": now " love", " amo"."""
+    en_pt = common.shared_model("en-pt")
+    for text in ("I love you.", ENGLISH, APPLE):
+        tr = en_pt.translate(text)
+        assert not _unreadable(tr.source_tokens + tr.target_tokens), (tr.source_tokens, tr.target_tokens)
+    tr = en_pt.translate("I love you.")
+    assert " love" in tr.source_tokens and tr.source_tokens[-1] == "</s>"
+    assert "".join(tr.target_tokens).replace("</s>", "").strip() == tr.text == "Eu te amo."
+
+
 @pytest.fixture(scope="module")
 def smollm2_page():
     at = _run(AppTest.from_file(PAGE, default_timeout=300))
@@ -83,6 +121,7 @@ def test_the_apple_sentence_shows_as_characters_on_every_text_model_that_reads_c
     at = _sample(_run(at), APPLE)
     shown = _token_caption(at).split(" tokens: ", 1)[1].replace("\\", "").split(" · ")
     assert not any(set(t) & set("�ÃèåæäçéïÂ") for t in shown), shown    # no byte garbage
+    assert not _unreadable(shown), shown                       # no ▁, Ġ or byte pieces either
     assert not any("&lt;" in t for t in shown)                 # special tokens read <s>, as typed
     assert "".join(completed(t) for t in shown if t not in ("<s>", "</s>", "<bos>")).lstrip(" ") \
         .replace(",", "，") == APPLE                         # e5-small: NFKC makes ， a ,
@@ -94,6 +133,8 @@ def test_the_apple_sentence_shows_as_characters_on_every_text_model_that_reads_c
     q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
     assert q.options[q.index].endswith(": 它") and k.options[k.index].endswith(("苹果", ": 果"))
     assert _rank_table(at).iloc[0]["weight"] > 0.4       # e5-small: layer 11, head 11 at 0.60
+    ticks = _chart(_view(at, "Detail"), "attention.detail")["layout"]["yaxis"]["ticktext"]
+    assert not _unreadable(ticks) and "它" in "".join(ticks) and ("苹果" in ticks or "苹" in ticks), ticks
 
 
 @pytest.mark.parametrize("text", [APPLE, VASE, LOVE])
