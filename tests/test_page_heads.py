@@ -493,6 +493,11 @@ def test_prune_and_measure_has_progress_and_measures_unsettled_lengths_again(mon
     assert any("Measured again" in c.value and "16, 32 tokens" in c.value for c in at.caption)
     assert not any("Not settled" in w.value for w in at.warning)   # the second runs settled
     assert frame_with(at, "speedup_q1")["full_ms_q1"].tolist() == [99.0, 99.0]
+    # milliseconds to three significant figures, as on Latency, never "4227.0381"
+    table = next(d for d in at.dataframe if "speedup_q1" in d.value.columns)
+    config = json.loads(table.proto.columns)
+    assert {c for c, v in config.items() if v.get("type_config", {}).get("format") == "%.3g"} == \
+        {"full_ms", "full_ms_q1", "full_ms_q3", "pruned_ms", "pruned_ms_q1", "pruned_ms_q3"}, config
     assert at.session_state["heads.speed:minilm:running"] is False
 
 
