@@ -156,7 +156,7 @@ def _every_titled_figure_with_a_legend():
 def test_no_figure_draws_its_legend_under_its_title():
     """A horizontal legend without a place sat above the plot, in the margin where the title is
     (token loss at y = 1.15, the Lab's training runs); every legend now hangs under the plot
-    (`render.legend_below`) or stays at the plot's right."""
+    (`layout.legend_below`) or stays at the plot's right."""
     figures = _every_titled_figure_with_a_legend()
     both = {name: fig for name, fig in figures.items() if fig.layout.title.text and _legend_shown(fig)}
     assert len(both) >= 12, sorted(set(figures) - set(both))
@@ -166,7 +166,7 @@ def test_no_figure_draws_its_legend_under_its_title():
 
 def test_every_legend_placed_by_a_figure_goes_through_the_one_helper():
     """A figure that places its legend by hand (legend=dict(...)) is how titles and legends came to
-    overlap; the figures layer places legends with `render.legend_below` only."""
+    overlap; the figures layer places legends with `layout.legend_below` only."""
     import pathlib
     import re
     from attnviz import figures

@@ -8,7 +8,7 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 
-from attnviz.figures.render import legend_below
+from attnviz.figures.layout import legend_below
 
 BAND = 25.0
 ENGINE_COLOURS = {"torch": "#1f77b4", "ncnn": "#2ca02c", "ggml": "#ff7f0e"}

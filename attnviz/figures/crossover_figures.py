@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from attnviz.figures.render import legend_below
+from attnviz.figures.layout import legend_below
 
 COLOURS = {"attention": "#d62728", "rest of the block": "#1f77b4"}
 

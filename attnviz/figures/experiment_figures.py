@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attnviz.figures.latency_figures import LOG_AXIS
-from attnviz.figures.render import legend_below
+from attnviz.figures.layout import legend_below
 
 SMOOTH = 10   # steps in the loss's moving average: per-step losses of fresh batches are noisy
 

@@ -10,7 +10,7 @@ import torch
 from attnviz.base.names import head_name
 from attnviz.figures.attention_figures import head_heatmap, token_label
 from attnviz.figures.latency_figures import LOG_AXIS
-from attnviz.figures.render import legend_below
+from attnviz.figures.layout import legend_below
 
 ORDER_COLOURS = {"importance": "#1f77b4", "random": "#ff7f0e"}
 # The live view's charts are redrawn on every head toggle, and a browser spends most of a redraw

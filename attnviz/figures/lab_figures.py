@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.render import legend_below, tick_positions
+from attnviz.figures.layout import legend_below
+from attnviz.figures.render import tick_positions
 from attnviz.figures.attention_figures import HEAD_COLOURS, head_heatmap, token_label
 from attnviz.figures.latency_figures import LOG_AXIS
 

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attnviz.base.numbers import ms
-from attnviz.figures.render import legend_below
+from attnviz.figures.layout import legend_below
 from attnviz.latency.compare import crossover_n, fit_quadratic
 from attnviz.latency.costmodel import GROUPS
 

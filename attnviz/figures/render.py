@@ -60,15 +60,6 @@ def tick_positions(n: int, max_ticks: int) -> list[int]:
     return list(range(0, n, step))
 
 
-# --- Layout ------------------------------------------------------------------------------------
-def legend_below(y: float = -0.18) -> dict:
-    """The one legend placement of every figure: horizontal, under the plot, its top at ``y`` (paper
-    units, below the x axis and its title). Plotly draws a horizontal legend above the plot by
-    default, in the top margin where the title is, so the two overlapped; one inside the plot hides
-    data."""
-    return dict(orientation="h", yanchor="top", y=y, x=0)
-
-
 # --- Colour ------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=16)
 def colour_lut(cmap: str) -> np.ndarray:

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.render import legend_below
+from attnviz.figures.layout import legend_below
 
 
 def accuracy_figure(labels: list[str], correct: list[int], totals: list[int], chance: float) -> go.Figure:

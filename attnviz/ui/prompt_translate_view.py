@@ -130,6 +130,6 @@ def cross_column(sentence: str, result: prompt_translation.PromptTranslation):
         cross.source_words, row, f"{cross.target_tokens[t]} → English words, layer {layer}, head {head}",
         highlight=int(row.argmax())), key=key("cross_row"))
     st.markdown(common.plain(
-        f"Writing “{cross.target_words[t]}” (its piece “{cross.target_tokens[t]}”), the decoder's "
+        f"Writing “{cross.target_words[t]}” (its piece “{cross.target_tokens[t].strip()}”), the decoder's "
         f"cross-attention layer {layer}, head {head} puts {weight:.2f} on “{word}”: the same link, read from "
         "an attention whose keys are the encoder's words only."))
