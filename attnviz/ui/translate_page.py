@@ -232,8 +232,8 @@ def steps(model, tr):
                                              title=f"Cross-attention at step {step} (layer {layer}, head average)"),
                       key=key("step_row"))
     label = model.pieces.label if model.pieces else str
-    tokens = [label(int(i)) for i in tr.top_ids[step]]
-    right.plotly_chart(attention_figures.bar_topk(tokens, tr.top_logprobs[step].exp(), title="Top-10 next pieces"),
+    pieces = [label(int(i)) for i in tr.top_ids[step]]
+    right.plotly_chart(attention_figures.bar_topk(pieces, tr.top_logprobs[step].exp(), title="Top-10 next pieces"),
                        key=key("step_top"))
 
 
