@@ -1,19 +1,29 @@
 """Chinese as characters: byte-level pieces merged back into the characters they spell, the
 founding notes' Chinese samples on the Attention page, and Find heads opening on 它 → 苹果."""
+import re
+
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from attnviz.analysis import head_ranking
-from attnviz.core.tokens import (PARTIAL, SPACE, completed, labels, main_script, several_characters, show, spelled_ends,
+from attnviz.core.tokens import (PARTIAL, completed, labels, main_script, plain, several_characters, show, spelled_ends,
                                   vocabulary_warning)
 from attnviz.ui import common
 from attnviz.weights import catalogue
-from tests.test_page_attention import PAGE, PICKER, _rank_table, _run, _view
+from tests.test_page_attention import PAGE, PICKER, _chart, _rank_table, _run, _view
 
 APPLE = "我吃了一个苹果，它很甜"
 VASE = "他打碎了花瓶，然后把它粘好了"
 LOVE = "I love you. In Chinese: 我爱你"
+ENGLISH = "The animal didn't cross the street because it was too tired."
+# What a label must never hold: the tokenizers' space marks, byte-fallback pieces (<0xE4>), the
+# raw bytes of a byte-level piece (ä, Ã, â€), a replacement character.
+NOT_CHARACTERS = re.compile("[▁Ġ\ufffdÃÂâ¤¥¦§¨©ª«¬®¯°±²³´µ¶·¸¹º»¼½¾¿ĊĠ]|<0x[0-9A-Fa-f]{2}>")
+
+
+def _unreadable(shown: list[str]) -> list[str]:
+    return [t for t in shown if NOT_CHARACTERS.search(t)]
 
 
 
@@ -23,7 +33,7 @@ def test_every_character_is_spelled_by_the_tokens_that_complete_it(bytelevel, te
     out, _ = labels(bytelevel, ids)
     assert len(out) == len(ids) > len(text)                     # split into bytes
     assert all("�" not in o and "Ã" not in o for o in out)      # no byte garbage
-    assert "".join(completed(o) for o in out) == show(text)    # spaces, ZWJ shown as symbols
+    assert plain("".join(completed(o) for o in out)) == plain(show(text))   # ZWJ shown as a symbol
     # every partial piece names the character it belongs to, which a later piece completes
     for n, o in enumerate(out):
         if o.endswith(PARTIAL):
@@ -33,11 +43,11 @@ def test_every_character_is_spelled_by_the_tokens_that_complete_it(bytelevel, te
 
 def test_a_piece_holding_a_space_and_the_start_of_an_emoji_says_both():
     """SmolLM2 writes " 😀" as " " + its first three bytes, then the last byte: the first piece
-    was labelled "▁" alone, so the emoji's start was lost."""
+    was labelled as the space alone, so the emoji's start was lost."""
     tokenizer = common.shared_model("smollm2").tokenizer
     ids = tokenizer("我爱你 😀", add_special_tokens=False)["input_ids"]
     out, _ = labels(tokenizer, ids)
-    assert out[-2:] == [SPACE + "😀" + PARTIAL, "😀"]
+    assert out[-2:] == [" 😀" + PARTIAL, "😀"]
     assert out[:7] == ["我…", "我", "爱…", "爱…", "爱", "你…", "你"]
 
 
@@ -47,7 +57,7 @@ def test_a_lone_combining_mark_is_drawn_on_a_dotted_circle(bytelevel):
 
 
 def test_tokens_holding_several_cjk_characters_are_named():
-    assert several_characters(["<bos>", "我", "了一个", "苹果", "▁我们", "hello"], [1, 0, 0, 0, 0, 0]) == [
+    assert several_characters(["<bos>", "我", "了一个", "苹果", " 我们", "hello"], [1, 0, 0, 0, 0, 0]) == [
         (2, "了一个", 3), (3, "苹果", 2), (4, "我们", 2)]
     assert several_characters(["苹…", "苹", "果"]) == []            # byte pieces: one character each
 
@@ -56,8 +66,36 @@ def test_spelled_ends_finds_a_word_split_over_tokens():
     pieces = ["我…", "我", "吃…", "吃", "了", "一个", "苹…", "苹…", "苹", "果", "，", "它…", "它"]
     assert spelled_ends(pieces, "苹果") == [9]
     assert spelled_ends(pieces, "它") == [12]
-    assert spelled_ends(["▁the", "▁animal", "s"], "animal") == [1]
+    assert spelled_ends([" the", " animal", "s"], "animal") == [1]
     assert spelled_ends(pieces, "梨") == [] and spelled_ends(pieces, "") == []
+
+
+@pytest.mark.parametrize("model_key", ["smollm2", "gemma3-270m", "e5-small", "minilm"])
+def test_labels_show_characters_never_space_marks_or_bytes_on_every_bundled_text_model(model_key):
+    """Labels read "▁love" (Gemma, e5-small); a word's space is now a plain leading space."""
+    model = common.shared_model(model_key)
+    for text in (ENGLISH, APPLE):
+        tr = model.trace(text, attentions=False)
+        assert not _unreadable(tr.tokens), tr.tokens
+        words = [t for t, s in zip(tr.tokens, tr.special) if not s]
+        if model_key == "minilm":                    # WordPiece: lower case, [UNK] for 苹果
+            assert text == APPLE or ("animal" in words and "it" in words)
+            continue
+        spelled = "".join(completed(t) for t in words)
+        assert spelled.lstrip(" ").replace(",", "，") == text       # e5-small: NFKC makes ， a ,
+        if text == ENGLISH:
+            assert " animal" in words and " it" in words
+
+
+def test_translation_labels_show_characters(request):
+    """The en→pt Marian's source and target pieces read "▁love", "▁amo": now " love", " amo"."""
+    en_pt = common.shared_model("en-pt")
+    for text in ("I love you.", ENGLISH, APPLE):
+        tr = en_pt.translate(text)
+        assert not _unreadable(tr.source_tokens + tr.target_tokens), (tr.source_tokens, tr.target_tokens)
+    tr = en_pt.translate("I love you.")
+    assert " love" in tr.source_tokens and tr.source_tokens[-1] == "</s>"
+    assert "".join(tr.target_tokens).replace("</s>", "").strip() == tr.text == "Eu te amo."
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +121,9 @@ def test_the_apple_sentence_shows_as_characters_on_every_text_model_that_reads_c
     at = _sample(_run(at), APPLE)
     shown = _token_caption(at).split(" tokens: ", 1)[1].replace("\\", "").split(" · ")
     assert not any(set(t) & set("�ÃèåæäçéïÂ") for t in shown), shown    # no byte garbage
+    assert not _unreadable(shown), shown                       # no ▁, Ġ or byte pieces either
     assert not any("&lt;" in t for t in shown)                 # special tokens read <s>, as typed
-    assert "".join(completed(t) for t in shown if t not in ("<s>", "</s>", "<bos>")).lstrip(SPACE) \
+    assert "".join(completed(t) for t in shown if t not in ("<s>", "</s>", "<bos>")).lstrip(" ") \
         .replace(",", "，") == APPLE                         # e5-small: NFKC makes ， a ,
     assert "苹果" in shown or ["苹", "果"] == [t for t in shown if t in ("苹", "果")]
     assert not any("vocabulary" in w.value and "[UNK]" in w.value for w in at.warning)
@@ -94,6 +133,8 @@ def test_the_apple_sentence_shows_as_characters_on_every_text_model_that_reads_c
     q, k = at.selectbox(key="attention.rank_q"), at.selectbox(key="attention.rank_k")
     assert q.options[q.index].endswith(": 它") and k.options[k.index].endswith(("苹果", ": 果"))
     assert _rank_table(at).iloc[0]["weight"] > 0.4       # e5-small: layer 11, head 11 at 0.60
+    ticks = _chart(_view(at, "Detail"), "attention.detail")["layout"]["yaxis"]["ticktext"]
+    assert not _unreadable(ticks) and "它" in "".join(ticks) and ("苹果" in ticks or "苹" in ticks), ticks
 
 
 @pytest.mark.parametrize("text", [APPLE, VASE, LOVE])
@@ -104,7 +145,7 @@ def test_the_chinese_samples_show_characters_on_smollm2(smollm2_page, text):
     caption = _token_caption(at)
     assert "�" not in caption and "Ã" not in caption and "è" not in caption
     shown = caption.split(" tokens: ", 1)[1].replace("\\", "").split(" · ")   # markdown escapes
-    assert "".join(completed(t) for t in shown).replace(SPACE, " ") == text
+    assert "".join(completed(t) for t in shown) == text
     if text == APPLE:
         assert shown[6:10] == ["苹…", "苹…", "苹", "果"]
 

@@ -80,7 +80,7 @@ def test_token_labels_escape_plotly_markup_and_show_blanks():
     assert attention_figures.token_label("<s>") == "&lt;s&gt;"          # would otherwise be a strikethrough
     assert attention_figures.token_label("</s>") == "&lt;/s&gt;"
     assert attention_figures.token_label("<|im_end|>") == "<|im_end|>"
-    assert attention_figures.token_label(" ") == "▁"   # core.tokens.WHITESPACE_SYMBOLS, as in token labels
+    assert attention_figures.token_label(" ") == "␣"   # core.tokens.WHITESPACE_SYMBOLS, as in token labels
     assert attention_figures.token_label("\n\n") == "↵↵"
     assert attention_figures.token_label("\u200b") == "<U+200B>"
     assert attention_figures.token_label("") == "∅"

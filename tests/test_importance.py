@@ -380,10 +380,10 @@ def test_one_token_as_typed_or_a_message_saying_how_it_splits():
     from attnviz.analysis.effects import single_token
     tok = WordTokenizer()
     assert single_token(tok, " Mary") == (1, None)
-    assert single_token(tok, "▁Mary") == (1, None)              # as the app's labels show it
+    assert single_token(tok, "▁Mary") == (1, None)              # as SentencePiece writes the piece
     token, note = single_token(tok, "Mary")
     assert token == 2 and "leading space" in note and "' Mary'" in note
-    with pytest.raises(ValueError, match=r"' unbelievably' is 3 tokens for this model \('▁un' \+ 'believ' \+ 'ably'\)"):
+    with pytest.raises(ValueError, match=r"' unbelievably' is 3 tokens for this model \(' un' \+ 'believ' \+ 'ably'\)"):
         single_token(tok, " unbelievably")
     with pytest.raises(ValueError, match="type a token"):
         single_token(tok, "   ")

@@ -236,10 +236,10 @@ def test_live_effect_of_a_language_model_one_scale_target_tokens_and_flips():
     at = app(model="smollm2")
     at.text_area(key="heads.text:lm").input("The capital of France is").run()
     at.text_input(key="heads.target:smollm2").input(" Paris").run()
-    at.text_input(key="heads.other:smollm2").input("▁London").run()   # the labels' space mark works too
+    at.text_input(key="heads.other:smollm2").input("▁London").run()   # SentencePiece's space mark works too
     assert not at.exception
-    p_paris = metric(at, "P(▁Paris) next")
-    diff = metric(at, "logit(▁Paris) − logit(▁London)")
+    p_paris = metric(at, "P(' Paris') next")
+    diff = metric(at, "logit(' Paris') − logit(' London')")
     assert p_paris.value.endswith("%") and float(p_paris.value[:-1]) > 5   # the full model's favourite
     assert "vs full" in diff.delta
     assert not any("flips" in w.value for w in at.warning)
@@ -493,6 +493,11 @@ def test_prune_and_measure_has_progress_and_measures_unsettled_lengths_again(mon
     assert any("Measured again" in c.value and "16, 32 tokens" in c.value for c in at.caption)
     assert not any("Not settled" in w.value for w in at.warning)   # the second runs settled
     assert frame_with(at, "speedup_q1")["full_ms_q1"].tolist() == [99.0, 99.0]
+    # milliseconds to three significant figures, as on Latency, never "4227.0381"
+    table = next(d for d in at.dataframe if "speedup_q1" in d.value.columns)
+    config = json.loads(table.proto.columns)
+    assert {c for c, v in config.items() if v.get("type_config", {}).get("format") == "%.3g"} == \
+        {"full_ms", "full_ms_q1", "full_ms_q3", "pruned_ms", "pruned_ms_q1", "pruned_ms_q3"}, config
     assert at.session_state["heads.speed:minilm:running"] is False
 
 

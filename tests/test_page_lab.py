@@ -97,8 +97,8 @@ def strongest(model_key: str, text: str = SENTENCE) -> tuple[int, int, float]:
     """(layer, head, weight) where the model's own trace sends "it" most to "animal"."""
     from attnviz.ui import common
     tr = common.shared_model(model_key).trace(text)
-    it = [t.lstrip("▁Ġ") for t in tr.tokens].index("it")
-    w = tr.attentions[:, :, it, [t.lstrip("▁Ġ") for t in tr.tokens].index("animal")]   # (L, H)
+    it = [t.lstrip(" ") for t in tr.tokens].index("it")
+    w = tr.attentions[:, :, it, [t.lstrip(" ") for t in tr.tokens].index("animal")]   # (L, H)
     layer, h = divmod(int(w.argmax()), w.shape[1])
     return layer, h, float(w.max())
 

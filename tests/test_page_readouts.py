@@ -177,7 +177,8 @@ def test_the_target_token_box_is_capped_before_tokenising():
     with pytest.raises(ValueError) as err:
         effects.single_token(tok, " Mary had a little lamb whose fleece was white as snow")
     message = str(err.value)                                   # 12 tokens: the first 8 quoted, then a count
-    assert "is 12 tokens" in message and "'ce' + 4 more), not one" in message and message.count("▁") == 7
+    assert "is 12 tokens" in message and "'ce' + 4 more), not one" in message and "▁" not in message \
+        and message.startswith("' Mary had a little lamb whose fleece was white as snow' is 12 tokens for this model (' Mary' + ' had' + ")
     at = view(app(), "Attribution")
     box = at.text_input(key="readouts.target")
     assert box.proto.max_chars == effects.TOKEN_CHARS

@@ -53,7 +53,7 @@ def hand_diff(model, pair, kind, layer, unit):
 
 def test_the_pair_parts_where_the_translations_do(en_pt, pair):
     assert pair.clean_text == "O gato preto dorme no sofá." and pair.corrupted_text.startswith("O cão")
-    assert (pair.prefix, pair.target_label, pair.minus_label) == (["▁O"], "▁gato", "▁cão")
+    assert (pair.prefix, pair.target_label, pair.minus_label) == ([" O"], " gato", " cão")
     assert pair.clean_diff > 0 > pair.corrupted_diff
     t = en_pt.trace(patching_translate.SAMPLE_CORRUPTED, target=[pair.feed[0, 1].item(), pair.minus])
     assert int(t.top_ids[1, 0]) == pair.minus        # the corrupted source's own choice there

@@ -1,9 +1,9 @@
 """Readouts of a `Translation`: word-level alignment from cross-attention, and how two
 translations differ (word diff, first differing step).
 
-Pieces are grouped into words the way SentencePiece writes them: a piece starting with "▁" (or
-byte-level BPE's "Ġ") opens a word; punctuation and the end of sentence are words of their own,
-so "amo." aligns "amo" and "." separately.
+Pieces are grouped into words the way SentencePiece writes them: a label starting with a space
+(or "␣", or a raw piece's "▁" / "Ġ") opens a word; punctuation and the end of sentence are words
+of their own, so "amo." aligns "amo" and "." separately.
 """
 from __future__ import annotations
 

@@ -123,7 +123,11 @@ def connect(scheduler: str):
         # in the last bits otherwise): ATTNVIZ_WORKER_THREADS sets it.
         threads = str(worker_threads())
         spawn_env = {"distributed.nanny.pre-spawn-environ.OMP_NUM_THREADS": threads,
-                     "distributed.nanny.pre-spawn-environ.MKL_NUM_THREADS": threads}
+                     "distributed.nanny.pre-spawn-environ.MKL_NUM_THREADS": threads,
+                     # a worker is handed its next batch only when it is free (none queued behind the
+                     # one it runs), so the dearest-first order decides who runs what and a phase
+                     # does not end with one worker still holding two batches while the other waits
+                     "distributed.scheduler.worker-saturation": 1.0}
         try:
             with dask.config.set(spawn_env):
                 cluster = distributed.LocalCluster(n_workers=local_workers(scheduler), threads_per_worker=1,

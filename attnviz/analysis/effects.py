@@ -251,7 +251,8 @@ TOKEN_CHARS, QUOTED_PIECES = 64, 8
 
 
 def single_token(tokenizer, text: str) -> tuple[int, str | None]:
-    """The id of the ONE token a user typed (" Mary", or "▁Mary" as the labels show it), and a
+    """The id of the ONE token a user typed (" Mary", as the labels show it; "▁Mary" and "Ġmary"
+    as tokenizers write pieces are read too), and a
     note when a leading space would name a different token. ValueError saying how the text
     tokenizes when it is not exactly one token."""
     if tokenizer is None:
@@ -280,7 +281,7 @@ def single_token(tokenizer, text: str) -> tuple[int, str | None]:
         spaced = plain_ids(tokenizer, " " + word)
         if len(spaced) == 1 and spaced[0] != ids[0]:
             note = (f"'{word}' is read without a leading space; after a word the model predicts "
-                    f"' {word}' (another token): type it with the space, or as ▁{word}")
+                    f"' {word}' (another token): type it with the space")
     return int(ids[0]), note
 
 

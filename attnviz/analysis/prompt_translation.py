@@ -92,7 +92,7 @@ def translate(model, sentence: str, examples=EXAMPLES, languages=LANGUAGES, max_
     rows = torch.stack([torch.stack([step.attention[..., g].sum(-1) for g in groups], -1)
                         for step in gen.steps[:end]]) if end else torch.zeros(0, model.cfg.n_layers, model.cfg.n_heads, len(groups))
     text = model.tokenizer.decode(gen.ids[:end]).strip()
-    return PromptTranslation(prompt, text, gen.prompt_tokens, [w.lstrip(tokens.SPACE) for w in words], groups,
+    return PromptTranslation(prompt, text, gen.prompt_tokens, [w.lstrip("".join(tokens.LEADING_SPACE_MARKS)) for w in words], groups,
                              written[:end], rows)
 
 

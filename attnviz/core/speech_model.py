@@ -167,7 +167,7 @@ class SpeechModel(Seq2SeqModel):
                                          heard.samples)
         ids = out.ids.tolist()
         text = self.pieces.decode(ids).strip() if self.pieces else " ".join(map(str, ids))
-        return Transcript(text=text, tokens=[self.pieces.label(i) if self.pieces else str(i) for i in ids],
+        return Transcript(text=text, tokens=self.pieces.labels(ids) if self.pieces else [str(i) for i in ids],
                           ids=out.ids, logprobs=out.logprobs, cross_attentions=out.cross, encoder_attentions=enc_att,
                           words=words, features=feats, audio=heard, audio_frames=audio_frames,
                           alignment_heads=self.alignment_heads, stopped=out.stopped)

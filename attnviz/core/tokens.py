@@ -15,10 +15,20 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
-SPACE = "▁"  # leading-space marker (as SentencePiece shows it)
-LEADING_SPACE_MARKS = (SPACE, "Ġ")  # how pieces start a word: SentencePiece's and byte-level BPE's
+# A label shows the characters its token spells. A word-initial space stays a plain space
+# (" love"): plotly axes and tables draw it as nothing, so the word reads as itself, and code can
+# still tell a word start. Any other whitespace is drawn with a symbol, so a token of whitespace
+# only is never blank: "␣" (open box, the usual sign for a typed space) for a space, ↵ for a
+# newline, ⇥ for a tab. The tokenizers' own marks (SentencePiece's ▁, byte-level BPE's Ġ) are
+# never shown.
+WORD_SPACE = " "
+SPACE_SYMBOL = "␣"
 # The one table of whitespace symbols: token labels, figure axes and exports all show these.
-WHITESPACE_SYMBOLS = {" ": SPACE, "\n": "↵", "\r": "⏎", "\t": "⇥"}
+WHITESPACE_SYMBOLS = {" ": SPACE_SYMBOL, "\n": "↵", "\r": "⏎", "\t": "⇥"}
+# How a label, a raw piece or a typed token starts with a space: the labels' plain space, the
+# symbol of a whitespace-only label, and the raw marks of SentencePiece and byte-level BPE (read
+# when typed or found in a vocabulary, never written into a label).
+LEADING_SPACE_MARKS = (WORD_SPACE, SPACE_SYMBOL, "▁", "Ġ")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -52,6 +62,8 @@ def _byte_decoder() -> dict[str, int]:
 def tokenizer_kind(tokenizer) -> str:
     """'bytelevel', 'sentencepiece' or 'wordpiece', from the fast tokenizer's decoder."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None and hasattr(tokenizer, "id_to_token"):   # a `tokenizers.Tokenizer` itself
+        backend = tokenizer
     decoder = type(getattr(backend, "decoder", None)).__name__ if backend is not None else ""
     text = repr(getattr(backend, "decoder", ""))
     if "ByteLevel" in decoder or "ByteLevel" in text:
@@ -72,6 +84,22 @@ def show(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def label_text(text: str) -> str:
+    """How a token's text is labelled: one word-initial space kept as a plain space, every other
+    whitespace or invisible character made visible (`show`); a whitespace-only token is all
+    symbols ("␣", "␣␣", "↵")."""
+    if text[:1] == WORD_SPACE and text[1:] and not text[1:].isspace():
+        return WORD_SPACE + show(text[1:])
+    return show(text)
+
+
+def plain(label: str) -> str:
+    """The text a complete label stands for: whitespace symbols back to the characters."""
+    for ch, symbol in WHITESPACE_SYMBOLS.items():
+        label = label.replace(symbol, ch)
+    return label
 
 
 def piece_bytes(piece: str, kind: str) -> bytes:
@@ -95,25 +123,41 @@ def labels(tokenizer, ids: list[int]) -> tuple[list[str], list[bool]]:
     """(labels, is_special) for token ids. A byte-level (or byte-fallback) tokenizer's pieces are
     decoded back into the characters they spell: the token that completes a character shows it,
     every earlier piece of it shows it followed by PARTIAL ("苹…", "苹…", "苹"), after whatever
-    complete characters that piece also holds ("▁😀…" for a space plus the emoji's first bytes)."""
+    complete characters that piece also holds (" 😀…" for a space plus the emoji's first bytes).
+    Spaces and whitespace are shown as `label_text` says: " love", never "▁love" or "Ġlove"."""
     special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    pieces = tokenizer.convert_ids_to_tokens(list(ids))
-    kind = tokenizer_kind(tokenizer)
-    out: list[str] = [""] * len(ids)
     special = [i in special_ids for i in ids]
+    pieces = tokenizer.convert_ids_to_tokens(list(ids))
+    return piece_labels(pieces, special, tokenizer_kind(tokenizer), ids)
+
+
+def _shown(text: str, own: str | None = None) -> str:
+    """The label of a token spelling ``text``, of which ``own`` (default: all) it completes."""
+    shown = label_text(text)
+    own = text if own is None else own
+    if unicodedata.category(own[:1] or "a") in ("Mn", "Me"):  # it would draw on nothing
+        shown = DOTTED_CIRCLE + shown
+    return shown
+
+
+def piece_labels(pieces: list, special: list[bool], kind: str, ids=None) -> tuple[list[str], list[bool]]:
+    """`labels` of a tokenizer's raw pieces (``kind`` from `tokenizer_kind`); a None piece is
+    labelled by its id."""
+    ids = list(ids) if ids is not None else list(range(len(pieces)))
+    out: list[str] = [""] * len(pieces)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     pending: list[tuple[int, str]] = []  # (token, its complete text) of a character not yet complete
 
     def finish(char: str):
         for p, before in pending:
-            out[p] = before + char + PARTIAL
+            out[p] = _shown(before + char, before) + PARTIAL
         pending.clear()
 
     for n, (tid, piece) in enumerate(zip(ids, pieces)):
         piece = piece if piece is not None else f"<{tid}>"
         if special[n]:
             if pending:  # a dangling partial character before a special token
-                finish(show(decoder.decode(b"", final=True)) or "�")
+                finish(decoder.decode(b"", final=True) or "�")
                 decoder.reset()
             out[n] = piece
             continue
@@ -122,22 +166,19 @@ def labels(tokenizer, ids: list[int]) -> tuple[list[str], list[bool]]:
             continue
         text = decoder.decode(piece_bytes(piece, kind))
         if text and pending:
-            finish(show(text[0]))
-        shown = show(text)
-        if unicodedata.category(text[:1] or "a") in ("Mn", "Me"):  # it would draw on nothing
-            shown = DOTTED_CIRCLE + shown
+            finish(text[0])
         if decoder.getstate()[0]:  # this token also starts a character a later token completes
-            pending.append((n, shown))
+            pending.append((n, text))
         else:
-            out[n] = shown
+            out[n] = _shown(text)
     if pending:
-        finish(show(decoder.decode(b"", final=True)) or "�")
-    return out, special
+        finish(decoder.decode(b"", final=True) or "�")
+    return out, list(special)
 
 
 def completed(label: str) -> str:
     """The characters a token label says its token completes: the label without the character
-    it only starts or continues ("▁😀…" -> "▁", "苹…" -> "", "苹" -> "苹")."""
+    it only starts or continues (" 😀…" -> " ", "苹…" -> "", "苹" -> "苹")."""
     label = label.removeprefix(DOTTED_CIRCLE)
     if not label.endswith(PARTIAL):
         return label

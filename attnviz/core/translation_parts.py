@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnviz.core import tokens
+
 UNKNOWN = "⟨unk⟩"  # appended to the label of a source piece outside the vocabulary
 
 
@@ -27,6 +29,12 @@ class Pieces:
         self.unk_id = unk_id
         self.two_sided = "target_spm" in (getattr(tokenizer, "vocab_files_names", None) or {})
         self.lock = threading.Lock()
+        self.kind = tokens.tokenizer_kind(tokenizer)
+        if self.native:
+            specials = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        else:
+            specials = set(getattr(tokenizer, "all_special_ids", None) or [])
+        self.special_ids = (specials | {eos_id}) - {unk_id}   # an unknown piece shows the text it stands for
 
     def encode(self, text: str, target: bool = False) -> tuple[list[int], list[str]]:
         """(ids ending with the end of sentence, labels) of a source text, or of a target text
@@ -34,24 +42,32 @@ class Pieces:
         text was checked first (`BaseModel.check_text`)."""
         if self.native:
             enc = self.tokenizer.encode(text)
-            ids, labels = list(enc.ids), list(enc.tokens)
-            ids.append(self.eos_id)
-            labels.append(self.label(self.eos_id))
+            ids = list(enc.ids) + [self.eos_id]
+            labels = self.labels(ids, list(enc.tokens) + [self.tokenizer.id_to_token(self.eos_id)])
         else:
             with self.lock:
                 side = {"text_target": text} if target and self.two_sided else {"text": text}
                 ids = list(self.tokenizer(**side)["input_ids"])
-            labels = [self.label(i) for i in ids]
             if not ids or ids[-1] != self.eos_id:
                 ids.append(self.eos_id)
-                labels.append(self.label(self.eos_id))
+            labels = self.labels(ids)
         labels = [f"{lab}{UNKNOWN}" if i == self.unk_id else lab for i, lab in zip(ids, labels)]
         return ids, labels
 
+    def labels(self, ids, pieces=None) -> list[str]:
+        """Readable labels of a run of ids, as `tokens.labels` writes them (" love", not "▁love");
+        ``pieces``: the encoder's own pieces, which name an unknown piece by its text."""
+        ids = [int(i) for i in ids]
+        if pieces is not None:
+            pass
+        elif self.native:
+            pieces = [self.tokenizer.id_to_token(i) for i in ids]
+        else:
+            pieces = self.tokenizer.convert_ids_to_tokens(ids)
+        return tokens.piece_labels(pieces, [i in self.special_ids for i in ids], self.kind, ids)[0]
+
     def label(self, i: int) -> str:
-        if self.native:
-            return self.tokenizer.id_to_token(int(i)) or f"<{i}>"
-        return self.tokenizer.convert_ids_to_tokens(int(i)) or f"<{i}>"
+        return self.labels([i])[0]
 
     def decode(self, ids: list[int]) -> str:
         ids = [int(i) for i in ids if int(i) != self.eos_id]

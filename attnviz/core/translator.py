@@ -149,7 +149,7 @@ class Seq2SeqModel(BaseModel):
             ids = self.check_ids(x, "source").tolist()
             if ids[-1] != self.cfg.eos_id:
                 ids.append(self.cfg.eos_id)
-            labels = [self.pieces.label(i) for i in ids] if self.pieces else [str(i) for i in ids]
+            labels = self.pieces.labels(ids) if self.pieces else [str(i) for i in ids]
         cut = max(0, len(ids) - limit)
         if cut:  # keep the first limit - 1 pieces and the end of sentence
             ids, labels = ids[:limit - 1] + ids[-1:], labels[:limit - 1] + labels[-1:]
@@ -288,9 +288,9 @@ class Seq2SeqModel(BaseModel):
 
     def _result(self, src, labels, cut, out: Decoded, enc_att, n_max, beam) -> Translation:
         ids = out.ids.tolist()
-        label = self.pieces.label if self.pieces else str
         text = self.pieces.decode(ids) if self.pieces else " ".join(map(str, ids))
-        return Translation(text=text, source_tokens=labels, target_tokens=[label(i) for i in ids],
+        targets = self.pieces.labels(ids) if self.pieces else [str(i) for i in ids]
+        return Translation(text=text, source_tokens=labels, target_tokens=targets,
                            source_ids=src, target_ids=out.ids, cross_attentions=out.cross,
                            encoder_attentions=enc_att, logprobs=out.logprobs, top_ids=out.top_ids,
                            top_logprobs=out.top_logprobs, self_attentions=out.self_att, stopped=out.stopped,

@@ -17,6 +17,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from attnviz.analysis.stats import ROLES
+from attnviz.figures import layout
 from attnviz.figures.render import apply_colormap, image_png, overview_geometry, overview_image, tick_positions, visible_token
 
 MAX_TICK_LABELS = 60          # beyond this, show every k-th token label (hover still names all)
@@ -359,8 +360,7 @@ def head_rank_figure(ranking: pd.DataFrame, top: int = 20, title: str = "") -> g
     figure.update_yaxes(tickmode="array", tickvals=positions, ticktext=names, autorange="reversed")
     figure.update_xaxes(title="attention weight on the key", range=[0, 1.05])
     figure.update_layout(title=title, barmode="group", height=int(np.clip(34 * len(shown) + 120, 220, 800)),
-                         legend=dict(orientation="h", y=-0.08, yanchor="top"),
-                         margin=dict(l=10, r=10, t=50 if title else 20, b=60))
+                         legend=layout.legend_below(-0.08), margin=dict(l=10, r=10, t=50 if title else 20, b=60))
     return figure
 
 

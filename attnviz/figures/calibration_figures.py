@@ -8,6 +8,8 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 
+from attnviz.figures.layout import legend_below
+
 BAND = 25.0
 ENGINE_COLOURS = {"torch": "#1f77b4", "ncnn": "#2ca02c", "ggml": "#ff7f0e"}
 
@@ -39,5 +41,5 @@ def calibration_figure(runs: pd.DataFrame) -> go.Figure:
               f"{worst:.1f}%)", height=max(320, 34 * len(order) + 140),
         xaxis=dict(title="predicted ÷ published − 1 (%)", range=[-BAND * 1.6, BAND * 1.6], zeroline=False),
         yaxis=dict(title="", categoryorder="array", categoryarray=order[::-1]),
-        legend=dict(orientation="h", y=-0.2), margin=dict(l=10, r=10, t=50, b=10))
+        legend=legend_below(-0.2), margin=dict(l=10, r=10, t=50, b=10))
     return fig

@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from attnviz.figures.layout import legend_below
+
 COLOURS = {"attention": "#d62728", "rest of the block": "#1f77b4"}
 
 
@@ -43,7 +45,7 @@ def crossover_figure(rows: pd.DataFrame, measured_n: float | None, modelled_n: f
               f"one block's timing gives the model's per-block crossover{note}; the whole model crosses later "
               "(embeddings and the LM head are rest)</sup>",
         xaxis_title="sequence length n (tokens)", yaxis_title="milliseconds per block",
-        legend=dict(orientation="h", yanchor="top", y=-0.18), margin=dict(t=80, b=10), hovermode="x unified")
+        legend=legend_below(), margin=dict(t=80, b=10), hovermode="x unified")
     fig.update_xaxes(type="log", minorloglabels="complete", tickvals=ns, ticktext=[str(int(n)) for n in ns],
                      range=[np.log10(min(ns) * 0.9), np.log10(max(ns) * 1.1)])
     fig.update_yaxes(type="log", minorloglabels="complete")  # never "5" for both 0.5 and 500

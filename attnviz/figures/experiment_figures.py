@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attnviz.figures.latency_figures import LOG_AXIS
+from attnviz.figures.layout import legend_below
 
 SMOOTH = 10   # steps in the loss's moving average: per-step losses of fresh batches are noisy
 
@@ -57,7 +58,7 @@ def curves_figure(runs: dict[str, tuple[list[float], list[tuple[int, float]]]], 
     figure.update_yaxes(**LOG_AXIS, title="cross-entropy (nats, log scale)", row=1, col=1)
     figure.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=2)
     figure.update_xaxes(title="step")
-    figure.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.25))
+    figure.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), legend=legend_below(-0.25))
     return figure
 
 

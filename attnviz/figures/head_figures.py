@@ -10,6 +10,7 @@ import torch
 from attnviz.base.names import head_name
 from attnviz.figures.attention_figures import head_heatmap, token_label
 from attnviz.figures.latency_figures import LOG_AXIS
+from attnviz.figures.layout import legend_below
 
 ORDER_COLOURS = {"importance": "#1f77b4", "random": "#ff7f0e"}
 # The live view's charts are redrawn on every head toggle, and a browser spends most of a redraw
@@ -53,7 +54,7 @@ def curve_figure(summary: pd.DataFrame, metric: str, log_y: bool = False) -> go.
         figure.update_yaxes(title=METRIC_LABELS.get(metric, metric))
     # the legend under the plot: a page's title goes above it, and a legend there sat under the title
     figure.update_layout(height=420, margin=dict(l=10, r=10, t=30, b=10),
-                         legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
+                         legend=legend_below(-0.22))
     return figure
 
 
@@ -74,7 +75,7 @@ def token_loss_figure(tokens: list[str], loss_full, loss_masked, max_ticks: int 
     figure.update_xaxes(tickmode="array", tickvals=x[::step], ticktext=labels[::step], tickangle=-60, **LIVE_AXES)
     figure.update_yaxes(title="loss (nats)", **LIVE_AXES)
     figure.update_layout(barmode="group", height=320, margin=dict(l=10, r=10, t=30, b=10),
-                         legend=dict(orientation="h", y=1.15))
+                         legend=legend_below(-0.3))
     return figure
 
 
@@ -184,5 +185,5 @@ def mark_off_heads(figure: go.Figure, keep) -> go.Figure:
             marker=dict(symbol="x-thin", size=12, line=dict(width=2, color="white")),
             text=[head_name(layer, h) for layer, h in off], hovertemplate="%{text} is off<extra></extra>",
             showlegend=True))
-        figure.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))   # never under a title
+        figure.update_layout(legend=legend_below())
     return figure

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from attnviz.figures.layout import legend_below
 from attnviz.figures.render import tick_positions
 from attnviz.figures.attention_figures import HEAD_COLOURS, head_heatmap, token_label
 from attnviz.figures.latency_figures import LOG_AXIS
@@ -114,7 +115,7 @@ def loss_figure(losses, history: list[tuple[int, float]] | None = None) -> go.Fi
                                          side="right", range=[0, 1.02], tickformat=".0%", showgrid=False))
     figure.update_xaxes(title="step")
     figure.update_layout(height=320, margin=dict(l=10, r=60 if history else 10, t=10, b=10),
-                         legend=dict(x=0.6, y=0.95))
+                         legend=legend_below(-0.2))
     return figure
 
 

@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attnviz.base.numbers import ms
+from attnviz.figures.layout import legend_below
 from attnviz.latency.compare import crossover_n, fit_quadratic
 from attnviz.latency.costmodel import GROUPS
 
@@ -180,7 +181,7 @@ def _symbols(series) -> list[int]:
 
 def _layout(fig: go.Figure, title: str, y: str, log: bool = False) -> go.Figure:
     fig.update_layout(title=title, xaxis_title="sequence length n (tokens)", yaxis_title=y,
-                      legend=dict(orientation="h", yanchor="top", y=-0.18), margin=dict(t=50, b=10),
+                      legend=legend_below(), margin=dict(t=50, b=10),
                       hovermode="x unified")
     if log:
         fig.update_xaxes(**LOG_AXIS)
@@ -303,7 +304,7 @@ def growth_figure(df: pd.DataFrame, y: str = "median_ms", title: str = "Growth o
     fig.update_xaxes(**LOG_AXIS, tickvals=ns, ticktext=[str(int(n)) for n in ns],
                      range=[np.log10(min(ns) * 0.9), np.log10(max(ns) * 1.1)])
     fig.update_layout(title=title + " (log-log: the dotted line is slope 1, linear; the dashed line slope 2, "
-                      "quadratic)", legend=dict(orientation="h", yanchor="top", y=-0.18), margin=dict(t=70, b=10))
+                      "quadratic)", legend=legend_below(), margin=dict(t=70, b=10))
     return fig
 
 
@@ -363,7 +364,7 @@ def decode_figure(df: pd.DataFrame) -> go.Figure:
                         **device_style(b, measured, per_device[b]))
     fig.update_layout(title="Generation speed against KV-cache depth (tg at -d depth)" + _note(
         tg.groupby(keys).ngroups if len(tg) else 0), xaxis_title="tokens already in the cache (depth)",
-        yaxis_title="generated tokens / s", legend=dict(orientation="h", yanchor="top", y=-0.18),
+        yaxis_title="generated tokens / s", legend=legend_below(),
         margin=dict(t=50, b=10))
     fig.update_yaxes(**LOG_AXIS)
     return fig

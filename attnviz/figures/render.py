@@ -40,7 +40,7 @@ _INVISIBLE_CATEGORIES = {"Cf", "Cc", "Zl", "Zp"}
 # --- Labels ------------------------------------------------------------------------------------
 def visible_token(token: str) -> str:
     """A label that is never blank: tokens made only of whitespace or invisible characters get
-    visible symbols (▁ ↵ <U+200B>: core.tokens.WHITESPACE_SYMBOLS); ordinary tokens, CJK and emoji come back unchanged."""
+    visible symbols (␣ ↵ <U+200B>: core.tokens.WHITESPACE_SYMBOLS); ordinary tokens, CJK and emoji come back unchanged."""
     token = str(token)
     if token == "":
         return "∅"

@@ -51,8 +51,8 @@ def _array(values) -> np.ndarray:
 
 
 def token_labels(tokens: list[str]) -> list[str]:
-    """Unique y labels (plotly merges equal category labels): 'Ġworld' -> '3 ·world'."""
-    return [f"{i} {t.replace('Ġ', '·')}" for i, t in enumerate(tokens)]
+    """Unique y labels (plotly merges equal category labels): ' world' -> '3 world'."""
+    return [f"{i} {t.lstrip(' ') or t}" for i, t in enumerate(tokens)]
 
 
 def spectrogram_and_attention(features, rows, tokens: list[str], audio_frames: int, words=(),

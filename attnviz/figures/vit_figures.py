@@ -7,6 +7,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from attnviz.figures.layout import legend_below
+
 
 def accuracy_figure(labels: list[str], correct: list[int], totals: list[int], chance: float) -> go.Figure:
     """Held-out accuracy per configuration (%), each bar labelled with its exact count, and chance."""
@@ -34,7 +36,7 @@ def flops_figure(labels: list[str], counted: list[int], computed: list[int]) -> 
                textposition="auto")])
     figure.update_yaxes(title="attention FLOPs per image", rangemode="tozero")
     figure.update_layout(title="Attention FLOPs (scores and weighted sum, all layers)", barmode="group",
-                         height=360, margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.15))
+                         height=360, margin=dict(l=10, r=10, t=40, b=10), legend=legend_below(-0.15))
     return figure
 
 

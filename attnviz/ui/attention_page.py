@@ -170,8 +170,8 @@ def follow_text(model_id: str, cap: TextCapture) -> list[int]:
 
 
 def word(token: str) -> str:
-    """A token as a plain lower-case word: no leading-space mark (Ġ, ▁), no ## continuation."""
-    return token.lstrip("Ġ▁ ").removeprefix("##").lower()
+    """A token as a plain lower-case word: no leading space, no ## continuation."""
+    return token.lstrip("".join(tokens.LEADING_SPACE_MARKS)).removeprefix("##").lower()
 
 
 def default_pair(cap: TextCapture, content: list[int]) -> tuple[int, int, int, int]:

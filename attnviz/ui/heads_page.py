@@ -118,7 +118,8 @@ class View:
         other = self.chosen_token(t2, "minus token (logit difference)", K(f"other:{self.mkey}"), top[1],
                                   names[1], f"e.g. ' John' — empty: {names[1]}")
         nums = effects.last_position(full, masked, target, other)
-        tn, on = (common.plain(n) for n in effects.token_names(tok, [target, other]))
+        # quoted: a label's word space is part of the token (' Paris' and 'Paris' are two tokens)
+        tn, on = (f"'{common.plain(n)}'" for n in effects.token_names(tok, [target, other]))
         points = 100 * (nums['prob_masked'] - nums['prob_full'])
         t3.metric(f"P({tn}) next, masked", f"{nums['prob_masked']:.1%}", **metric_delta(
             points, f"{points:+.1f} pts vs full {nums['prob_full']:.1%}", "higher", 1))

@@ -285,7 +285,7 @@ def prune_tool(view, keep):
     c2.metric("heads kept", f"{sp.heads_kept} / {sp.heads_total}")
     modelled = sp.modelled()
     st.plotly_chart(head_figures.latency_figure(sp.table, modelled), key=K("latency"))
-    st.dataframe(sp.table, hide_index=True, key=K("speed_table"))
+    st.dataframe(sp.table, hide_index=True, key=K("speed_table"), column_config=common.ms_columns(sp.table.columns))
     csv_download("Speed-up CSV", sp.table, f"pruning-speedup-{view.mkey}.csv", K("speed_csv"))
     st.caption("Medians of the runs; *_q1 / *_q3: their first and third quartiles (the IQR); speedup: "
                "median of the per-round ratios full / pruned. bound: the most pruning can give when "
@@ -300,7 +300,8 @@ def prune_tool(view, keep):
                    "or the speed-up exceeds its bound — timing noise on a busy machine. Raise the runs per "
                    "length or measure when the machine is quiet.")
     st.caption("Raspberry Pi 4 / 5, modelled by attnviz.latency.costmodel (a roofline model, not measured):")
-    st.dataframe(modelled, hide_index=True, key=K("pi_table"))
+    st.dataframe(modelled, hide_index=True, key=K("pi_table"),
+                 column_config=common.ms_columns(modelled.columns) if modelled is not None else None)
 
 
 def tools(view, keep, more=None):

@@ -35,8 +35,7 @@ TABLE = ["backend", "engine", "dtype", "measured", "model", "variant", "seq_len"
 
 
 # milliseconds to three significant figures; what peak_mem_mb counts, said where it is read
-TABLE_COLUMNS = {**{c: st.column_config.NumberColumn(c, format="%.3g", help="milliseconds") for c in
-                    ("median_ms", "p10_ms", "p90_ms")},
+TABLE_COLUMNS = {**common.ms_columns(("median_ms", "p10_ms", "p90_ms")),
                  "peak_mem_mb": st.column_config.NumberColumn(
                      "peak_mem_mb (activations)", format="%.3g", help="peak of the activations and workspace of one "
                      "forward pass, in MB: the model's weights are not counted (they are the same at every length)"),

@@ -7,6 +7,7 @@ import streamlit as st
 
 from attnviz.analysis import prompt_translation
 from attnviz.base import names
+from attnviz.core import tokens
 from attnviz.figures import translation_figures
 from attnviz.ui import common
 from attnviz.ui import job_controls
@@ -44,7 +45,7 @@ def target_name(result: prompt_translation.PromptTranslation):
     """format_func of the target selector; a token that holds several characters says so."""
     def name(i: int) -> str:
         label = result.target_tokens[i]
-        chars = len(label.lstrip("▁").removesuffix("…"))
+        chars = len(label.lstrip("".join(tokens.LEADING_SPACE_MARKS)).removesuffix("…"))
         return f"{i}: {label}" + (f" (one token, {chars} characters)" if chars > 1 and not label.endswith("…") else "")
     return name
 
@@ -129,6 +130,6 @@ def cross_column(sentence: str, result: prompt_translation.PromptTranslation):
         cross.source_words, row, f"{cross.target_tokens[t]} → English words, layer {layer}, head {head}",
         highlight=int(row.argmax())), key=key("cross_row"))
     st.markdown(common.plain(
-        f"Writing “{cross.target_words[t]}” (its piece “{cross.target_tokens[t]}”), the decoder's "
+        f"Writing “{cross.target_words[t]}” (its piece “{cross.target_tokens[t].strip()}”), the decoder's "
         f"cross-attention layer {layer}, head {head} puts {weight:.2f} on “{word}”: the same link, read from "
         "an attention whose keys are the encoder's words only."))

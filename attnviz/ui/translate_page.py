@@ -13,6 +13,7 @@ import torch
 from attnviz.analysis import alignment, head_ablation
 from attnviz.base import memory, names
 from attnviz.base.limits import LIMITS
+from attnviz.core import tokens
 from attnviz.figures import attention_figures
 from attnviz.figures import translation_figures
 from attnviz.ui import hub_picker, kept_inputs, patching_view, prompt_translate_view, shared_view
@@ -221,8 +222,9 @@ def steps(model, tr):
     else:
         step = 0
     layer = st.selectbox("Layer", index=c.n_dec_layers - 1, **shared_view.linked(key("step_layer"), options=range(c.n_dec_layers)))
-    written = "".join(tr.target_tokens[:step]).replace("▁", " ").strip() or "(nothing yet)"
-    st.markdown(f"Written so far: **{plain(written)}** — now choosing **{plain(tr.target_tokens[step])}** "
+    written = tokens.plain("".join(tr.target_tokens[:step])).strip() or "(nothing yet)"
+    # markdown bold needs no space inside its stars: the label's word space is dropped
+    st.markdown(f"Written so far: **{plain(written)}** — now choosing **{plain(tr.target_tokens[step].strip())}** "
                 f"(log-probability {float(tr.logprobs[step]):.3f})")
     left, right = st.columns(2)
     row = tr.cross_attentions[layer, :, step].mean(0)
@@ -230,8 +232,8 @@ def steps(model, tr):
                                              title=f"Cross-attention at step {step} (layer {layer}, head average)"),
                       key=key("step_row"))
     label = model.pieces.label if model.pieces else str
-    tokens = [label(int(i)) for i in tr.top_ids[step]]
-    right.plotly_chart(attention_figures.bar_topk(tokens, tr.top_logprobs[step].exp(), title="Top-10 next pieces"),
+    pieces = [label(int(i)) for i in tr.top_ids[step]]
+    right.plotly_chart(attention_figures.bar_topk(pieces, tr.top_logprobs[step].exp(), title="Top-10 next pieces"),
                        key=key("step_top"))
 
 
