@@ -49,7 +49,7 @@ def timed_phase(key: str, texts: list[str], phase: str, params: dict) -> tuple[f
     """(seconds, forward-tokens, mean tokens) of one phase over the texts, in batches as a run makes them."""
     model = corpus_engine.worker_model(key)
     tokens = corpus_tasks.item_tokens(model, texts)
-    chunks = corpus_plan.batches(list(enumerate(texts)), tokens)
+    chunks = corpus_plan.batches(list(enumerate(texts)), tokens, corpus_plan.texts_per_task(params))
     run = dict(params, phase=phase)
     corpus_tasks.batch_task(key, run, chunks[0][0], chunks[0][1])          # first shapes, untimed
     start = time.perf_counter()

@@ -231,3 +231,12 @@ def test_each_phase_is_priced_at_its_own_measured_rate():
     est = budget.estimate(plan)
     assert est["seconds_left"] == pytest.approx(10.0) and est["seconds_total"] == pytest.approx(40.0)
     assert not budget.exhausted(100.0) and budget.exhausted(800.0)   # 30 s + 80 s would pass 100 s
+
+
+def test_a_masked_batch_carries_as_many_texts_as_fit_its_rows():
+    per = corpus_plan.TEXTS_PER_TASK
+    assert corpus_plan.texts_per_task({}) == per                                  # gradients: the texts
+    assert corpus_plan.texts_per_task({"codes": ["m"]}) == per                    # one mask: 2 rows a text
+    assert corpus_plan.texts_per_task({"codes": [str(i) for i in range(24)]}) == 1   # a curve: 25 rows a text
+    assert corpus_plan.texts_per_task({"codes": ["m"] * 200}) == 1                # never fewer than one
+    assert corpus_plan.texts_per_task({"codes": ["m"]}, per_task=2) == 2          # a caller's smaller batches stay

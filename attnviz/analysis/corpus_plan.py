@@ -23,6 +23,11 @@ import numpy as np
 
 TEXTS_PER_TASK = 4      # texts a batch carries: 4 x 128 tokens of an LM's logits with their gradient stay < 1 GB
 BATCH_MULTIPLE = 2      # batches come in multiples of two, so two workers (a 2-core machine) share them evenly
+# (text, mask) rows a masked batch carries: a pruning curve's 25 masks x 4 texts made batches of 5-9 s,
+# the last of a phase kept one of two workers waiting up to 3 s, and two workers slowed each other
+# ~25 % on the large activations; 1 text x 25 masks (300+ token rows a product, the kernels'
+# plateau) gave two local workers 1.7x one, against 1.5x at 2 texts a batch
+MASK_ROWS = 32
 GRADIENT_FORWARDS = 3   # a forward and its backward, as forwards (the backward's two products per one)
 PROBE_FORWARDS = 2      # each encoder probe of the Gauss-Newton diagonal: one more backward
 # Seconds a forward-token takes in each phase, against a masked forward's: on a quiet 2-core machine a
@@ -48,6 +53,13 @@ def batches(items: list[tuple[int, object]], tokens: list[int] | None,
     n = min(len(order), n + n % BATCH_MULTIPLE if n > 1 else n)
     groups = [list(g) for g in np.array_split(np.arange(len(order)), n)]
     return [(order[g[0]][0], [order[i] for i in g]) for g in groups if len(g)]
+
+
+def texts_per_task(params: dict, per_task: int = TEXTS_PER_TASK) -> int:
+    """Texts a batch of a phase carries (`params` the phase's): a masked batch (`params["codes"]`,
+    the masks each text runs under besides the full model) as many as fit MASK_ROWS rows."""
+    codes = params.get("codes")
+    return per_task if not codes else max(1, min(per_task, MASK_ROWS // (1 + len(codes))))
 
 
 def distinct_masks(run_kind: str, fractions, orders: int) -> int:

@@ -209,7 +209,7 @@ class _Phases:
         todo = [(i, item) for i, item in enumerate(self.corpus.items) if i not in results]
         if self.stopped:
             return results
-        chunks = corpus_plan.batches(todo, self.tokens, self.per_task)
+        chunks = corpus_plan.batches(todo, self.tokens, corpus_plan.texts_per_task(params, self.per_task))
         left = {first: self.plan.of(phase, [i for i, _ in chunk]) for first, chunk in chunks}
         # the dearest batches first (Dask runs them in the order submitted): the last to finish are
         # the cheapest, so no worker waits long on another's long batch at the end of a phase
