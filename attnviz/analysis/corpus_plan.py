@@ -31,10 +31,10 @@ MASK_ROWS = 32
 GRADIENT_FORWARDS = 3   # a forward and its backward, as forwards (the backward's two products per one)
 PROBE_FORWARDS = 2      # each encoder probe of the Gauss-Newton diagonal: one more backward
 # Seconds a forward-token takes in each phase, against a masked forward's: on a quiet 2-core machine a
-# gradient pass's products reached 0.46-0.54 of the fp32 matmul peak and a masked forward's 0.72-0.81
+# gradient pass's products reached 0.63 of the fp32 matmul peak and a masked forward's 0.77
 # (bench/corpus_speed.py). A phase not measured yet is priced from the rate of one that was, at this
-# ratio: a pruning curve priced from its first (gradient) batch alone came out 1.5x long.
-PACE = {"importance": 1.5, "scored": 1.0}
+# ratio: a pruning curve priced from its first (gradient) batch at the gradient's own rate came out 1.5x long.
+PACE = {"importance": 1.2, "scored": 1.0}
 
 
 def pace(phase: str | None) -> float:

@@ -17,7 +17,7 @@ from attnviz.base.timing import measure
 from attnviz.latency.costmodel import op_counts
 
 # of the matmul peak a corpus run's masked forwards reach before it measured its own rate: batched runs
-# on a quiet 2-core machine reached 0.72-0.81 of it (gradient passes 0.46-0.54: `corpus_plan.PACE`);
+# on a quiet 2-core machine reached 0.72-0.81 of it (gradient passes 0.46-0.63: `corpus_plan.PACE`);
 # 0.25 priced them 3x long
 ASSUMED_SHARE = 0.75
 PEAK_SIZE = 1024         # square fp32 products: large enough to reach the kernels' plateau
