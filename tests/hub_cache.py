@@ -63,6 +63,20 @@ def edit_config(folder: Path, **changes):
     (folder / "config.json").write_text(json.dumps(config))
 
 
+def offline_for_test(monkeypatch, root: Path, converted: Path | None = None) -> Path:
+    """For one test: HF_HUB_CACHE at `root` (and ATTNVIZ_CACHE at `converted`), every Hub call an
+    AssertionError (a test that allows one patches it again)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    if converted is not None:
+        monkeypatch.setenv("ATTNVIZ_CACHE", str(converted))
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a Hub call was made")
+    monkeypatch.setattr(hub, "HfApi", no_network)
+    monkeypatch.setattr(hub, "snapshot_download", no_network)
+    return root
+
+
 @contextlib.contextmanager
 def offline_cache(root: Path):
     """HF_HUB_CACHE pointed at `root` with every Hub call made impossible, for as long as a module's

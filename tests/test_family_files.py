@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attnviz
-from attnviz.weights import hub
+from tests import hub_cache
 from tests.hub_cache import lay_out, model_folder
 from tests.test_parity import DECODERS, ENCODERS, TOL, VISION, VOCAB, inputs, reference, tiny
 
@@ -16,15 +16,7 @@ ROWS = ["llama", *DECODERS]
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    root = tmp_path / "hf" / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(root))
-    monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path / "converted"))
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("a Hub call was made")
-    monkeypatch.setattr(hub, "HfApi", no_network)
-    monkeypatch.setattr(hub, "snapshot_download", no_network)
-    return root
+    return hub_cache.offline_for_test(monkeypatch, tmp_path / "hf" / "hub", tmp_path / "converted")
 
 
 def reference_logits(hf, ids):

@@ -20,14 +20,7 @@ from tests.test_parity import close, reference
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """An empty HF cache that this test's process reads; no Hub call may happen unless a test allows it."""
-    root = tmp_path / "hf" / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(root))
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("a Hub call was made")
-    monkeypatch.setattr(hub, "HfApi", no_network)
-    monkeypatch.setattr(hub, "snapshot_download", no_network)
-    return root
+    return hub_cache.offline_for_test(monkeypatch, tmp_path / "hf" / "hub")
 
 
 def cached_model(cache, tmp_path, repo="org/tiny", family="gpt2", commit=MAIN, refs=("main",), shift=0.0,

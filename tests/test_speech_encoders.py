@@ -10,8 +10,8 @@ import torch
 import transformers as tf
 
 import attnviz
-from attnviz.weights import hub
 from attnviz.weights.families import convert
+from tests import hub_cache
 from tests.hub_cache import lay_out
 from tests.test_parity import AUDIO, TOL, inputs, reference, tiny
 
@@ -20,15 +20,7 @@ RATE = 16_000
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    root = tmp_path / "hf" / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(root))
-    monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path / "converted"))
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("a Hub call was made")
-    monkeypatch.setattr(hub, "HfApi", no_network)
-    monkeypatch.setattr(hub, "snapshot_download", no_network)
-    return root
+    return hub_cache.offline_for_test(monkeypatch, tmp_path / "hf" / "hub", tmp_path / "converted")
 
 
 def samples(n: int = 1600, seed: int = 4) -> np.ndarray:
